@@ -1,0 +1,1 @@
+"""The demo: a complete gradsync training script on a real (bundled) dataset."""

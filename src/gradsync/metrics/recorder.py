@@ -1,0 +1,210 @@
+"""Per-step records: measured on each rank, gathered every few steps, aggregated on every rank.
+
+Gathering once every `log_every` steps (one small object all-gather) instead of every step
+keeps metrics off the critical path; every rank gets the aggregated rows, so the summary is
+the same everywhere and no rank waits on rank 0's file writes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gradsync.config import MetricsConfig
+from gradsync.errors import GradsyncError
+from gradsync.metrics.sinks import JsonlSink, ProgressDisplay, TensorBoardSink
+from gradsync.metrics.timing import Clock, Mark
+
+# Keys gradsync writes into every row; user-logged values may not shadow them.
+RESERVED_KEYS = frozenset(
+    {
+        "step", "epoch", "samples", "samples_per_s", "step_time_s", "step_time_max_s",
+        "slowest_rank", "slowest_rank_busy_s", "exposed_comm_s", "exposed_comm_share", "reductions", "skipped",
+        "grad_norm", "lr",
+    }
+)
+
+
+@dataclass
+class StepRecord:
+    """What one rank measured during one optimizer step. Timestamps stay marks until resolved."""
+
+    step: int
+    epoch: int
+    start: Mark
+    end: Mark | None = None
+    samples: int = 0
+    reductions: int = 0
+    skipped: str | None = None  # "overflow", "nonfinite" or "empty" when no update was applied
+    grad_norm: float | None = None
+    lr: float | None = None
+    exposed: list[tuple[Mark, Mark]] = field(default_factory=list)
+    values: dict[str, list[Any]] = field(default_factory=dict)  # key -> [weighted sum, weight]
+
+    def add_value(self, key: str, value: Any, weight: float) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise GradsyncError(
+                    f"trainer.log({key}=...) takes scalars; got a tensor of shape "
+                    f"{tuple(value.shape)}. Log value.mean() or similar."
+                )
+            value = value.detach().float().reshape(())
+        else:
+            value = float(value)
+        total = self.values.setdefault(key, [0.0, 0.0])
+        total[0] = total[0] + value * weight
+        total[1] += weight
+
+    def resolve(self, clock: Clock) -> dict[str, Any]:
+        """Plain numbers (JSON-ready); waits for the step's device work on CUDA."""
+        assert self.end is not None, "a step record is resolved only after its step ended"
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "samples": self.samples,
+            "step_time_s": clock.seconds(self.start, self.end),
+            "exposed_comm_s": sum(clock.seconds(a, b) for a, b in self.exposed),
+            "reductions": self.reductions,
+            "skipped": self.skipped,
+            "grad_norm": self.grad_norm,
+            "lr": self.lr,
+            "values": {k: float(s) / w for k, (s, w) in self.values.items() if w > 0},
+        }
+
+
+def aggregate(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for one optimizer step from every rank's record of it.
+
+    The gradient all-reduce synchronises ranks every step, so their wall-clock step times come
+    out nearly equal: a fast rank spends the difference waiting inside the reduction. The
+    slowest rank is therefore the one *busiest* outside communication (step time minus
+    exposed communication); the others wait for it.
+    """
+    first = per_rank[0]
+    times = [r["step_time_s"] for r in per_rank]
+    busy = [r["step_time_s"] - r["exposed_comm_s"] for r in per_rank]
+    slowest = max(range(len(busy)), key=busy.__getitem__)
+    samples = sum(r["samples"] for r in per_rank)
+    mean_time = statistics.fmean(times)
+    mean_exposed = statistics.fmean(r["exposed_comm_s"] for r in per_rank)
+    row: dict[str, Any] = {"step": first["step"], "epoch": first["epoch"]}
+    for key in sorted({k for r in per_rank for k in r["values"]}):
+        row[key] = statistics.fmean(r["values"][key] for r in per_rank if key in r["values"])
+    row.update(
+        samples=samples,
+        samples_per_s=samples / max(times) if max(times) > 0 else 0.0,
+        step_time_s=mean_time,
+        step_time_max_s=max(times),
+        slowest_rank=slowest,
+        slowest_rank_busy_s=busy[slowest],
+        exposed_comm_s=mean_exposed,
+        exposed_comm_share=mean_exposed / mean_time if mean_time > 0 else 0.0,
+        reductions=first["reductions"],
+        skipped=first["skipped"],
+        grad_norm=first["grad_norm"],
+        lr=first["lr"],
+    )
+    return row
+
+
+class MetricsRecorder:
+    """Collects this rank's step records and turns them into rows, totals and a summary."""
+
+    def __init__(
+        self,
+        config: MetricsConfig,
+        clock: Clock,
+        *,
+        rank: int,
+        world_size: int,
+        distributed: bool,
+        control_group: Any,
+        run_dir: Path,
+        logger: Any,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.world_size = world_size
+        self._distributed = distributed and world_size > 1
+        self._group = control_group
+        self._buffer: list[dict[str, Any]] = []
+        self._sinks: list[Any] = []
+        if rank == 0:
+            if config.jsonl:
+                self._sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
+            if config.tensorboard:
+                self._sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        self.progress = ProgressDisplay(logger, enabled=rank == 0 and config.progress)
+        self.last_row: dict[str, Any] | None = None
+        self._steps = 0
+        self._skips: dict[str, int] = {}
+        self._samples = 0
+        self._time = 0.0
+        self._step_time_sum = 0.0
+        self._exposed_sum = 0.0
+
+    def add(self, record: StepRecord) -> None:
+        resolved = record.resolve(self.clock)
+        self._buffer.append(resolved)
+        self.progress.advance(resolved)
+        if len(self._buffer) >= self.config.log_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Gather buffered steps from every rank and write them. Collective: all ranks call it."""
+        if self._distributed:
+            per_rank: list[Any] = [None] * self.world_size
+            dist.all_gather_object(per_rank, self._buffer, group=self._group)
+        else:
+            per_rank = [self._buffer]
+        self._buffer = []
+        lengths = [len(records) for records in per_rank]
+        if len(set(lengths)) > 1:
+            raise GradsyncError(
+                "ranks recorded different numbers of optimizer steps since the last gather "
+                f"({', '.join(f'rank {r}: {n}' for r, n in enumerate(lengths))}): their training "
+                "loops diverged. Make skip/stop decisions with trainer.agree_any() so every rank "
+                "takes them together."
+            )
+        for records in zip(*per_rank):
+            row = aggregate(list(records))
+            self._count(row)
+            for sink in self._sinks:
+                sink.write(row)
+            self.last_row = row
+        if self.last_row is not None and lengths[0]:
+            self.progress.report(self.last_row)
+
+    def _count(self, row: dict[str, Any]) -> None:
+        self._steps += 1
+        if row["skipped"]:
+            self._skips[row["skipped"]] = self._skips.get(row["skipped"], 0) + 1
+        self._samples += row["samples"]
+        self._time += row["step_time_max_s"]
+        self._step_time_sum += row["step_time_s"]
+        self._exposed_sum += row["exposed_comm_s"]
+
+    def summary(self) -> dict[str, Any]:
+        """Totals over every step gathered so far (identical on every rank)."""
+        return {
+            "world_size": self.world_size,
+            "steps": self._steps,
+            "skipped_steps": sum(self._skips.values()),
+            "skip_reasons": dict(self._skips),
+            "samples": self._samples,
+            "samples_per_s": self._samples / self._time if self._time > 0 else 0.0,
+            "mean_step_time_s": self._step_time_sum / self._steps if self._steps else 0.0,
+            "exposed_comm_share": self._exposed_sum / self._step_time_sum if self._step_time_sum > 0 else 0.0,
+            "loss": None if self.last_row is None else self.last_row.get("loss"),
+        }
+
+    def close(self) -> None:
+        self.progress.close()
+        for sink in self._sinks:
+            sink.close()
+        self._sinks = []

@@ -1,0 +1,611 @@
+"""The training-loop core: one model, one optimizer, micro-steps and optimizer steps.
+
+A user keeps their own loop; the trainer supplies the parts that are easy to get subtly wrong
+in data-parallel training:
+
+- gradients are all-reduced once per optimizer step: every micro-step but a window's last runs
+  its forward *and* backward under DDP's `no_sync()`;
+- each micro-batch's loss is weighted by its share of the window's samples, so accumulated
+  gradients equal those of one big batch, the short last window of an epoch included;
+- mixed precision: autocast, fp16 loss scaling, gradients unscaled before clipping, and
+  steps skipped on overflow or non-finite gradients counted and logged;
+- ranks that agree to skip a batch (`agree_any`) stay in step, even when the skipped batch was
+  the one that should have reduced the gradients;
+- per-step metrics, including the gradient communication backward did not hide.
+
+Data flows top to bottom: `prepare` wraps the model and builds the loader, `epochs` sets each
+epoch, `step` opens a micro-step whose exit runs the optimizer at a window's boundary.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import inspect
+import math
+from collections import defaultdict
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from gradsync.accumulation import Window, plan_window
+from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
+from gradsync.config import TrainerConfig
+from gradsync.data import DistributedLoader, EvalLoader
+from gradsync.distributed import join_process_group, plan_distributed, shutdown
+from gradsync.errors import ConfigError, GradsyncError
+from gradsync.log import configure_logging
+from gradsync.metrics import Clock, CommTimer, MetricsRecorder, StepRecord
+from gradsync.metrics.recorder import RESERVED_KEYS
+from gradsync.rundir import fresh_run_dir
+from gradsync.precision import MixedPrecision, check_precision_supported
+from gradsync.seeding import rank_seed, seed_everything
+
+# Beyond this many, skipped steps are only counted (metrics, summary), not logged one by one.
+_SKIPS_LOGGED = 10
+
+
+class Trainer:
+    """Data-parallel training around the user's own loop. Build it with `gradsync.setup()`."""
+
+    def __init__(self, config: TrainerConfig) -> None:
+        self.config = config
+        planned = plan_distributed(config.device, config.backend)
+        check_precision_supported(config.precision, planned.device)
+        self.dist = join_process_group(planned, config.timeout_s)
+        self.logger = configure_logging(self.dist.rank)
+        self._closed = False
+        atexit.register(self._leave_at_exit)
+        with self._failing_together():
+            self.run_dir = self._agree_on_run_dir()
+        seed_everything(config.seed)
+        self.precision = MixedPrecision(config.precision, self.dist.device)
+        self.clock = Clock(self.dist.device)
+        self.metrics = MetricsRecorder(
+            config.metrics,
+            self.clock,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+            distributed=self.dist.has_process_group,
+            control_group=self.dist.control_group,
+            run_dir=self.run_dir,
+            logger=self.logger,
+        )
+        self.model: nn.Module | None = None  # the user's module, unwrapped
+        self.ddp_model: DistributedDataParallel | None = None  # None at world size 1
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self.loader: DistributedLoader | None = None
+        self.comm_timer: CommTimer | None = None
+        self.optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
+        self._window: Window | None = None  # the window being accumulated
+        self._record: StepRecord | None = None  # its metrics
+        self._finished: StepRecord | None = None  # the last closed step, still open to log()
+        self._reductions_at_start = 0
+        self._micro_samples = 0  # samples in the latest micro-batch (weight of log() values)
+        self._last_micro_step: tuple[int, int] | None = None  # (loader pass, batch index)
+        self._last_step_end: Any = None
+        self._skips_logged = 0
+        self.logger.info(
+            f"world size {self.world_size} | backend {self.dist.backend or 'none (single process)'}"
+            f" | device {self.device} | precision {config.precision}"
+            f" | accumulation {config.accumulation_steps} | run dir {self.run_dir}"
+        )
+
+    # -- where this process stands -------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    # -- setting up ------------------------------------------------------------------------
+
+    def _agree_on_run_dir(self) -> Path:
+        """Check every rank got the same options and take rank 0's run directory.
+
+        Ranks started with different options would diverge silently (or hang) later; here it
+        costs one small gather at start-up and fails on every rank with the differing fields.
+        """
+        proposal = self.config.run_dir or str(fresh_run_dir()) if self.is_main else self.config.run_dir
+        description = self.config.describe()
+        if self.dist.has_process_group and self.world_size > 1:
+            reports: list[Any] = [None] * self.world_size
+            dist.all_gather_object(reports, (description, proposal), group=self.dist.control_group)
+            differing = sorted(
+                key for key in description if any(r[0][key] != description[key] for r in reports)
+            )
+            if differing:
+                details = "; ".join(
+                    f"{key}: " + ", ".join(f"rank {r}={rep[0][key]!r}" for r, rep in enumerate(reports))
+                    for key in differing
+                )
+                raise ConfigError(
+                    f"ranks were started with different options ({details}). Every rank must "
+                    "run the same configuration; check rank-dependent arguments or environment."
+                )
+            proposal = reports[0][1]
+        run_dir = Path(proposal)
+        if self.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+
+    def prepare(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset: Any,
+        *,
+        batch_size: int,
+        shuffle: bool = True,
+        remainder: str = "pad",
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        num_workers: int = 0,
+    ) -> tuple[nn.Module, torch.optim.Optimizer, DistributedLoader]:
+        """Wrap `model` for data parallelism and build this rank's loader over `dataset`.
+
+        `batch_size` is per rank and per micro-step: an optimizer step sees
+        batch_size x accumulation_steps x world_size samples. `remainder` says what happens to
+        samples that do not divide by the world size ("pad" repeats a few, "drop" leaves them
+        out).
+
+        Returns the model to call in the loop (DDP-wrapped when world size > 1), the optimizer
+        (unchanged) and the loader. Checks run on every rank and fail on every rank together.
+        """
+        if self._closed:
+            raise GradsyncError(
+                "this trainer is closed (by close(), or by an error every rank raised); start "
+                "again with gradsync.setup()."
+            )
+        if self.model is not None:
+            raise GradsyncError("prepare() was already called: one trainer trains one model.")
+        error: GradsyncError | None = None
+        loader = None
+        try:
+            self._check_model_and_optimizer(model, optimizer)
+            loader = DistributedLoader(
+                dataset,
+                batch_size,
+                rank=self.rank,
+                world_size=self.world_size,
+                device=self.device,
+                seed=self.config.seed,
+                shuffle=shuffle,
+                remainder=remainder,
+                collate_fn=collate_fn,
+                num_workers=num_workers,
+            )
+        except GradsyncError as exc:
+            error = exc
+        with self._failing_together():
+            raise_if_any_rank_failed(error, self.dist.control_group)
+            if self.world_size > 1:
+                self._check_same_model_on_every_rank(model)
+        assert loader is not None
+        if self.world_size > 1:
+            self.ddp_model = self._wrap(model)
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        # Every rank started from the same seed so models are built equal; from here on each
+        # rank draws its own stream, so dropout masks differ across replicas as they would
+        # across the samples of one big batch.
+        seed_everything(rank_seed(self.config.seed, self.rank))
+        return self.ddp_model or model, optimizer, loader
+
+    def _check_model_and_optimizer(self, model: Any, optimizer: Any) -> None:
+        if isinstance(model, DistributedDataParallel):
+            raise ConfigError("pass the plain model to prepare(); gradsync wraps it in DDP itself.")
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"prepare() expects an nn.Module as the model, got {type(model).__name__}.")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(
+                f"prepare() expects a torch.optim.Optimizer, got {type(optimizer).__name__}."
+            )
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ConfigError("the model has no parameter that requires a gradient: nothing to train.")
+        for kind, named in (("parameter", model.named_parameters()), ("buffer", model.named_buffers())):
+            for name, tensor in named:
+                if not _same_device(tensor.device, self.device):
+                    raise ConfigError(
+                        f"model {kind} '{name}' is on {tensor.device} but this rank trains on "
+                        f"{self.device}; call model.to(trainer.device) before prepare()."
+                    )
+        owned = {id(p) for p in model.parameters()}
+        for group in optimizer.param_groups:
+            if any(id(p) not in owned for p in group["params"]):
+                raise ConfigError(
+                    "the optimizer holds parameters that are not the model's (was it built for "
+                    "another copy of the model?). Build it from model.parameters() of the model "
+                    "you pass to prepare()."
+                )
+
+    def _check_same_model_on_every_rank(self, model: nn.Module) -> None:
+        layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
+        layouts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(layouts, layout, group=self.dist.control_group)
+        for rank, other in enumerate(layouts):
+            if other != layouts[0]:
+                detail = next(
+                    (f"'{a[0]}' {a[1]} {a[2]} on rank 0 vs '{b[0]}' {b[1]} {b[2]} on rank {rank}"
+                     for a, b in zip(layouts[0], other) if a != b),
+                    f"{len(layouts[0])} parameters on rank 0 vs {len(other)} on rank {rank}",
+                )
+                raise ConfigError(
+                    f"the model differs across ranks ({detail}). Every rank must build the same "
+                    "model; check rank-dependent code in its construction."
+                )
+
+    def _wrap(self, model: nn.Module) -> DistributedDataParallel:
+        options = self.config.ddp
+        ddp_model = DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            bucket_cap_mb=options.bucket_cap_mb,
+            find_unused_parameters=options.find_unused_parameters,
+            **_buffer_sync_option(options.sync_buffers),
+            gradient_as_bucket_view=options.gradient_as_bucket_view,
+            static_graph=options.static_graph,
+        )
+        self.comm_timer = CommTimer(self.clock, options.comm_hook, options.comm_hook_state)
+        self.comm_timer.register(ddp_model, process_group=None)
+        return ddp_model
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch (the last accumulation window may be short)."""
+        return math.ceil(len(self._require_prepared("steps_per_epoch")) / self.config.accumulation_steps)
+
+    def set_scheduler(self, scheduler: Any) -> None:
+        """Step this learning-rate scheduler once per applied optimizer step.
+
+        A step skipped for overflow or non-finite gradients does not advance the schedule.
+        Build it after prepare() when it needs the run's length: epochs x steps_per_epoch.
+        """
+        self._require_prepared("set_scheduler()")
+        if getattr(scheduler, "optimizer", None) is not self.optimizer:
+            raise ConfigError(
+                "the scheduler does not drive the optimizer passed to prepare(); build it from "
+                "that optimizer."
+            )
+        self.scheduler = scheduler
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def epochs(self, num_epochs: int) -> Iterator[int]:
+        """Yield epoch numbers, setting the loader's shuffle for each one.
+
+        At the end of an epoch, a window whose last batches were skipped still gets its
+        optimizer step; after the last epoch, buffered metrics are written.
+        """
+        loader = self._require_prepared("epochs()")
+        if not isinstance(num_epochs, int) or num_epochs < 0:
+            raise ConfigError(f"epochs({num_epochs!r}): use a non-negative integer.")
+        self.metrics.progress.set_total(num_epochs * self.steps_per_epoch)
+        for epoch in range(num_epochs):
+            loader.set_epoch(epoch)
+            self._last_step_end = self.clock.mark()  # time between epochs (evaluation) is not a step
+            yield epoch
+            if self._window is not None:
+                self._close_window(reduced=False)
+            self._commit_finished()
+        self.metrics.flush()
+
+    def step(self) -> "MicroStep":
+        """Open the micro-step for the batch just taken from the loader.
+
+        Use it as `with trainer.step() as step: ... step.backward(loss)`. A micro-step whose
+        body never calls `step.backward` counts as skipped (take that decision with
+        `agree_any` so every rank skips together).
+        """
+        loader = self._require_prepared("step()")
+        if not loader.in_epoch:
+            raise GradsyncError(
+                "trainer.step() belongs inside `for batch in loader:` over the loader returned by "
+                "prepare(); it takes its place in the accumulation window from the loader."
+            )
+        here = (loader.pass_id, loader.position - 1)
+        if here == self._last_micro_step:
+            raise GradsyncError(
+                "trainer.step() was opened twice for the same batch; open one micro-step per batch."
+            )
+        self._last_micro_step = here
+        if self._window is not None and not self._window.contains(*here):
+            # The window's boundary batch was skipped: its gradients still await reduction.
+            self._close_window(reduced=False)
+        if self._window is None:
+            self._open_window(*here)
+        window = self._window
+        assert window is not None
+        self._micro_samples = loader.batch_size_at(here[1])
+        return MicroStep(self, self._micro_samples, is_boundary=here[1] == window.last_batch)
+
+    def _open_window(self, pass_id: int, batch_index: int) -> None:
+        assert self.loader is not None
+        self._commit_finished()
+        self._window = plan_window(
+            pass_id, batch_index, len(self.loader), self.config.accumulation_steps, self.loader.batch_size_at
+        )
+        start = self._last_step_end if self._last_step_end is not None else self.clock.mark()
+        self._record = StepRecord(step=self.optimizer_steps + 1, epoch=self.loader.epoch, start=start)
+        self._reductions_at_start = self.comm_timer.reductions if self.comm_timer else 0
+
+    def _backward(self, loss: torch.Tensor, samples: int) -> None:
+        window, record = self._window, self._record
+        assert window is not None and record is not None
+        weight = window.weight(samples)
+        if self.comm_timer is not None:
+            self.comm_timer.start_backward()
+        self.precision.backward(loss if weight == 1.0 else loss * weight)
+        if self.comm_timer is not None and (ready := self.comm_timer.last_ready()) is not None:
+            record.exposed.append((ready, self.clock.mark()))
+        window.applied_samples += samples
+
+    def _close_window(self, reduced: bool) -> bool:
+        """Reduce (if DDP did not), clip and step the optimizer; True if an update was applied."""
+        window, record = self._window, self._record
+        assert window is not None and record is not None and self.optimizer is not None
+        self._window = self._record = None
+        self.optimizer_steps += 1
+        reductions = self.comm_timer.reductions - self._reductions_at_start if self.comm_timer else 0
+        applied = False
+        if window.applied_samples == 0:
+            record.skipped = "empty"
+        else:
+            if not reduced and self.ddp_model is not None:
+                start = self.clock.mark()
+                self._all_reduce_gradients()
+                record.exposed.append((start, self.clock.mark()))
+                reductions += 1
+            applied = self._apply_update(window, record)
+        self.optimizer.zero_grad(set_to_none=True)
+        record.samples = window.applied_samples
+        record.reductions = reductions
+        record.lr = self.optimizer.param_groups[0].get("lr")
+        record.end = self.clock.mark()
+        self._last_step_end = record.end
+        self._finished = record
+        return applied
+
+    def _apply_update(self, window: Window, record: StepRecord) -> bool:
+        assert self.optimizer is not None and self.model is not None
+        self.precision.unscale_(self.optimizer)
+        if window.applied_samples != window.planned_samples:
+            # Skipped micro-batches: rescale so the applied ones carry the whole window's weight.
+            correction = window.correction()
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(correction)
+        grads_finite = True
+        if self.config.max_grad_norm is not None:
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            record.grad_norm = float(norm)
+            grads_finite = math.isfinite(record.grad_norm)
+        applied = self.precision.step(self.optimizer, grads_finite)
+        if applied:
+            if self.scheduler is not None:
+                self.scheduler.step()
+        else:
+            record.skipped = "overflow" if self.precision.scaler is not None else "nonfinite"
+            self._log_skip(record)
+        return applied
+
+    def _all_reduce_gradients(self) -> None:
+        """Average accumulated gradients across ranks by hand.
+
+        Needed only when the batch that should have ended a window under DDP was skipped, so
+        no synced backward ran. A rank without a gradient for a parameter contributes zeros.
+        """
+        assert self.model is not None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        by_dtype: dict[torch.dtype, list[nn.Parameter]] = defaultdict(list)
+        for p in params:
+            by_dtype[p.dtype].append(p)
+        for group in by_dtype.values():
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group])
+            dist.all_reduce(flat)
+            flat.div_(self.world_size)
+            offset = 0
+            for p in group:
+                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+
+    def _log_skip(self, record: StepRecord) -> None:
+        # Every rank skips the same steps (their reduced gradients are identical): rank 0 says it.
+        self._skips_logged += 1
+        if self._skips_logged > _SKIPS_LOGGED or not self.is_main:
+            return
+        if record.skipped == "overflow":
+            assert self.precision.scaler is not None
+            why = (f"fp16 gradients overflowed; the loss scale is now {self.precision.scaler.get_scale():g} "
+                   "(a few such steps at the start are normal while the scale calibrates)")
+        else:
+            why = f"the gradient norm is {record.grad_norm} (not finite)"
+        more = " Further skips are only counted in the metrics." if self._skips_logged == _SKIPS_LOGGED else ""
+        self.logger.warning(f"optimizer step {record.step} skipped: {why}.{more}")
+
+    def _commit_finished(self) -> None:
+        if self._finished is not None:
+            record, self._finished = self._finished, None
+            self.metrics.add(record)
+
+    def _require_prepared(self, what: str) -> DistributedLoader:
+        if self.loader is None:
+            raise GradsyncError(f"call trainer.prepare(model, optimizer, dataset, ...) before trainer.{what}")
+        return self.loader
+
+    # -- values, agreement, evaluation -----------------------------------------------------
+
+    def log(self, values: Mapping[str, Any] | None = None, /, **named: Any) -> None:
+        """Attach scalar values to the current optimizer step.
+
+        Values logged on several micro-steps of one window are averaged (weighted by their
+        micro-batch sizes), then averaged across ranks. A key without "/" is written under
+        train/ in TensorBoard; "eval/accuracy" keeps its own section.
+        """
+        record = self._record or self._finished
+        if record is None:
+            raise GradsyncError("trainer.log() attaches values to a training step; call it after trainer.step().")
+        for key, value in {**(values or {}), **named}.items():
+            if key in RESERVED_KEYS:
+                raise GradsyncError(f"trainer.log(): '{key}' is a metric gradsync writes itself; pick another name.")
+            record.add_value(key, value, self._micro_samples)
+
+    def agree_any(self, flag: bool | torch.Tensor) -> bool:
+        """True on every rank if `flag` is true on any rank (one small all-reduce)."""
+        return agree_any(flag)
+
+    def agree_all(self, flag: bool | torch.Tensor) -> bool:
+        """True on every rank if `flag` is true on every rank (one small all-reduce)."""
+        return agree_all(flag)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's module inside a DDP wrapper: evaluate with it, so no collective runs."""
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def eval_loader(
+        self, dataset: Any, *, batch_size: int, collate_fn: Callable[[list[Any]], Any] | None = None
+    ) -> EvalLoader:
+        """This rank's share of an evaluation set: every sample exactly once across ranks."""
+        return EvalLoader(
+            dataset, batch_size, rank=self.rank, world_size=self.world_size, device=self.device,
+            collate_fn=collate_fn,
+        )
+
+    def sum_over_ranks(self, *values: float | torch.Tensor) -> tuple[float, ...]:
+        """Sum scalars (e.g. correct and total counts) over every rank, in one all-reduce."""
+        device = torch.device("cuda", torch.cuda.current_device()) if self.dist.backend == "nccl" else torch.device("cpu")
+        totals = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+        if self.dist.has_process_group and self.world_size > 1:
+            dist.all_reduce(totals)
+        return tuple(totals.tolist())
+
+    # -- the end -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _failing_together(self) -> Iterator[None]:
+        """Around checks every rank runs at the same point and that fail on every rank together:
+        leave the process group cleanly (all ranks are here) before the error ends the process."""
+        try:
+            yield
+        except GradsyncError:
+            self._closed = True
+            shutdown(self.dist, barrier=True)
+            raise
+
+    def _leave_at_exit(self) -> None:
+        # A script that never called close() must still not abort in the group's destructor.
+        if not self._closed:
+            self._closed = True
+            shutdown(self.dist, barrier=False)
+
+    def summary(self) -> dict[str, Any]:
+        """Totals over the run so far, identical on every rank: steps, skips, samples/s, comm share."""
+        return self.metrics.summary()
+
+    def close(self) -> None:
+        """Write the last metrics and leave the process group. Collective: every rank calls it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._window is not None:
+            self.logger.info("the last accumulation window was left unfinished; its gradients are dropped")
+            self._window = self._record = None
+            if self.optimizer is not None:
+                self.optimizer.zero_grad(set_to_none=True)
+        self._commit_finished()
+        self.metrics.flush()
+        self.metrics.close()
+        shutdown(self.dist)
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            # Peers may be stuck in a collective this rank will never join: any collective here
+            # would hang. Keep what was written and leave the group without waiting for anyone.
+            self._closed = True
+            self.metrics.close()
+            shutdown(self.dist, barrier=False)
+
+
+class MicroStep:
+    """One micro-batch: forward and backward run inside; on exit at a window's last micro-batch
+    the gradients have been reduced and the optimizer steps.
+
+    `stepped` tells, after exit, whether an optimizer update was applied.
+    """
+
+    def __init__(self, trainer: Trainer, samples: int, is_boundary: bool) -> None:
+        self._trainer = trainer
+        self.samples = samples
+        self.is_boundary = is_boundary
+        self.backward_done = False
+        self.stepped = False
+        self._stack = ExitStack()
+
+    def __enter__(self) -> "MicroStep":
+        trainer = self._trainer
+        if not self.is_boundary and trainer.ddp_model is not None:
+            # Forward too, not just backward: DDP decides at forward time whether to reduce.
+            self._stack.enter_context(trainer.ddp_model.no_sync())
+        self._stack.enter_context(trainer.precision.autocast())
+        return self
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate the micro-batch's mean loss, weighted by its share of the window."""
+        if self.backward_done:
+            raise GradsyncError("step.backward() was called twice in one micro-step; call it once per batch.")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise GradsyncError(
+                "step.backward() takes the micro-batch's scalar loss (a mean over its samples); got "
+                + (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__)
+                + "."
+            )
+        self._trainer._backward(loss, self.samples)
+        self.backward_done = True
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._stack.close()
+        if exc_type is None and self.is_boundary:
+            self.stepped = self._trainer._close_window(reduced=self.backward_done)
+
+
+def _buffer_sync_option(enabled: bool) -> dict[str, bool]:
+    # torch 2.13 renamed DDP's `broadcast_buffers` to `forward_sync_buffers` (and warns on the
+    # old name); both mean "sync buffers before every forward".
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": enabled}
+    return {"broadcast_buffers": enabled}
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+def setup(config: TrainerConfig | None = None, **options: Any) -> Trainer:
+    """Join the process group (or run alone) and return a Trainer.
+
+    Pass options as keywords (`setup(accumulation_steps=4, precision="bf16")`) or a whole
+    `TrainerConfig`; see `TrainerConfig` for each option.
+    """
+    if config is not None and options:
+        raise ConfigError("pass either a TrainerConfig or keyword options to setup(), not both.")
+    return Trainer(config if config is not None else TrainerConfig.from_kwargs(**options))

@@ -1,0 +1,87 @@
+"""The process group: single process without a launcher, torchrun's environment, timeouts."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gradsync
+from gradsync import ConfigError, GradsyncError
+from gradsync.distributed import choose_backend, plan_distributed, read_launcher_env
+from tests.harness import launch
+
+
+def _describe_process():
+    trainer = gradsync.setup(seed=0)
+    info = {
+        "rank": trainer.rank,
+        "world_size": trainer.world_size,
+        "device": str(trainer.device),
+        "initialized": dist.is_initialized(),
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+    }
+    trainer.close()
+    info["destroyed"] = not dist.is_initialized()
+    return info
+
+
+def test_plain_process_without_launcher_runs_alone_with_no_process_group():
+    (info,) = launch(_describe_process, 1, launcher=False)
+    assert info == {
+        "rank": 0, "world_size": 1, "device": "cpu", "initialized": False, "backend": None,
+        "destroyed": True,
+    }
+
+
+def test_launcher_environment_joins_a_gloo_group_on_cpu(world_size):
+    infos = launch(_describe_process, world_size)
+    assert [i["rank"] for i in infos] == list(range(world_size))
+    for info in infos:
+        assert info["world_size"] == world_size
+        assert info["initialized"] and info["backend"] == "gloo" and info["device"] == "cpu"
+        assert info["destroyed"], "close() must leave the process group"
+
+
+def _late_peer(timeout_s):
+    trainer = gradsync.setup(timeout_s=timeout_s)
+    if trainer.rank == 1:
+        time.sleep(timeout_s + 8)  # never joins the barrier in time
+        return {"waited": None}
+    started = time.monotonic()
+    try:
+        dist.barrier()
+    except RuntimeError as exc:
+        return {"waited": time.monotonic() - started, "error": str(exc)[:200]}
+    return {"waited": None, "error": "barrier returned without the peer"}
+
+
+def test_timeout_is_the_users_not_the_backends_thirty_minutes():
+    rank0, _ = launch(_late_peer, 2, timeout_s=3, timeout=60)
+    assert rank0["waited"] is not None, rank0
+    assert 2.5 < rank0["waited"] < 10
+
+
+def test_incomplete_launcher_environment_is_a_clear_error():
+    with pytest.raises(GradsyncError, match="MASTER_ADDR, MASTER_PORT not set"):
+        read_launcher_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    with pytest.raises(GradsyncError, match="RANK must be in"):
+        read_launcher_env({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "x", "MASTER_PORT": "1"})
+    assert read_launcher_env({}) is None
+
+
+def test_backend_follows_the_device():
+    assert choose_backend(None, torch.device("cpu")) == "gloo"
+    with pytest.raises(ConfigError, match="only moves CUDA tensors"):
+        choose_backend("nccl", torch.device("cpu"))
+    plan = plan_distributed(
+        None, None,
+        {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+    )
+    assert (plan.rank, plan.world_size, plan.backend) == (1, 2, "gloo" if not torch.cuda.is_available() else "nccl")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cuda_requested_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ConfigError, match="no usable CUDA device"):
+        plan_distributed("cuda", None, {})
