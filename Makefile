@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test clean
+.PHONY: demo test bench-overhead clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# Not part of `make test`: timings belong in benchmarks, reported as side-by-side ratios.
+bench-overhead: $(STAMP)
+	$(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/trainer_overhead.py
 
 clean:
 	rm -rf $(VENV) gradsync_runs .pytest_cache

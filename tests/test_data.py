@@ -109,3 +109,9 @@ def test_eval_loader_sees_every_sample_exactly_once(world_size):
         for (batch,) in EvalLoader(indexed(23), 4, rank=rank, world_size=world_size, device=torch.device("cpu")):
             seen += batch.tolist()
     assert sorted(seen) == list(range(23))
+
+
+def test_worker_processes_load_the_same_batches():
+    in_process = loaders(30, 2, batch_size=4)[1]
+    with_workers = loaders(30, 2, batch_size=4, num_workers=2)[1]
+    assert epoch_samples(with_workers) == epoch_samples(in_process)
