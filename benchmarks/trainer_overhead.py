@@ -14,7 +14,6 @@ import statistics
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset

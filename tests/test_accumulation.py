@@ -6,7 +6,6 @@ reference that takes one big-batch SGD step per window over exactly those sample
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import Dataset

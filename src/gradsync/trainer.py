@@ -62,7 +62,7 @@ class Trainer:
         self._closed = False
         atexit.register(self._leave_at_exit)
         with self._failing_together():
-            self.run_dir = self._agree_on_run_dir()
+            self.run_dir = self._check_options_and_choose_run_dir()
         seed_everything(config.seed)
         self.precision = MixedPrecision(config.precision, self.dist.device)
         self.clock = Clock(self.dist.device)
@@ -117,13 +117,15 @@ class Trainer:
 
     # -- setting up ------------------------------------------------------------------------
 
-    def _agree_on_run_dir(self) -> Path:
+    def _check_options_and_choose_run_dir(self) -> Path:
         """Check every rank got the same options and take rank 0's run directory.
 
         Ranks started with different options would diverge silently (or hang) later; here it
         costs one small gather at start-up and fails on every rank with the differing fields.
         """
-        proposal = self.config.run_dir or str(fresh_run_dir()) if self.is_main else self.config.run_dir
+        proposal = self.config.run_dir
+        if proposal is None and self.is_main:
+            proposal = str(fresh_run_dir())
         description = self.config.describe()
         if self.dist.has_process_group and self.world_size > 1:
             reports: list[Any] = [None] * self.world_size
@@ -205,7 +207,7 @@ class Trainer:
         # rank draws its own stream, so dropout masks differ across replicas as they would
         # across the samples of one big batch.
         seed_everything(rank_seed(self.config.seed, self.rank))
-        return self.ddp_model or model, optimizer, loader
+        return (self.ddp_model if self.ddp_model is not None else model), optimizer, loader
 
     def _check_model_and_optimizer(self, model: Any, optimizer: Any) -> None:
         if isinstance(model, DistributedDataParallel):
