@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-overhead clean
+.PHONY: demo test bench-overhead bench-run-overhead clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ test: $(STAMP)
 # Not part of `make test`: timings belong in benchmarks, reported as side-by-side ratios.
 bench-overhead: $(STAMP)
 	$(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/trainer_overhead.py
+
+bench-run-overhead: $(STAMP)
+	$(BIN)/python benchmarks/run_overhead.py
 
 clean:
 	rm -rf $(VENV) gradsync_runs .pytest_cache

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from gradsync.cli import demo
+from gradsync.run import launcher
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,5 +16,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.add_parser(commands)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    commands.add_parser(
+        "run",
+        add_help=False,
+        help="torchrun with a diagnosis of every hang and crash (gradsync run -h for its options)",
+    )
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        # torchrun's own parser takes the rest (its options, then the script and its arguments).
+        return launcher.main(argv[1:])
+    args = parser.parse_args(argv)
     return args.run(args)

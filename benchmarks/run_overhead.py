@@ -1,0 +1,180 @@
+"""What `gradsync run` costs over plain torchrun on a healthy DDP job, measured side by side.
+
+Two measurements, both ratios of median step times (2 processes, Gloo):
+
+1. whole launches: the same training script is launched by `torchrun` and by `gradsync run`,
+   alternating (ABBA order) for several rounds so that drift hits both alike. This includes
+   everything (recorder, snapshot thread, the launcher's monitor) but between-launch noise on a
+   small machine is several percent.
+2. in one job: the same processes alternate blocks of steps on two identical models, one
+   built and trained with the recorder installed (and its snapshot thread running), one
+   without. Noise cancels much better, so this pins down the recorder's own cost.
+
+Run with `make bench-run-overhead` or `python benchmarks/run_overhead.py [--rounds 4]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def build_model(width: int):
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, width), torch.nn.BatchNorm1d(width), torch.nn.ReLU(),
+        torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10),
+    )
+
+
+def timed_steps(model, optimizer, x, y, steps: int) -> list[float]:
+    import torch
+
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def slowest_rank_median(times: list[float]) -> float:
+    import torch
+    import torch.distributed as dist
+
+    median = torch.tensor([statistics.median(times)])
+    dist.all_reduce(median, op=dist.ReduceOp.MAX)  # the job runs at its slowest rank's pace
+    return median.item()
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    model = DistributedDataParallel(build_model(args.width))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    x, y = torch.randn(args.batch_size, 256, generator=generator), torch.randint(0, 10, (args.batch_size,), generator=generator)
+    timed_steps(model, optimizer, x, y, args.warmup)
+    median = slowest_rank_median(timed_steps(model, optimizer, x, y, args.steps))
+    if dist.get_rank() == 0:
+        Path(args.result).write_text(json.dumps({"median_step_s": median}))
+    dist.destroy_process_group()
+
+
+def in_process_worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gradsync.run.options import RunOptions
+    from gradsync.run.recorder import CollectiveRecorder, install
+    from gradsync.run.worker import SnapshotWriter
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    recorder = CollectiveRecorder()
+    options = RunOptions(run_dir=Path(args.result).parent / "in_process")
+    identity = {"rank": rank, "attempt": 0, "pid": 0}
+    plain = DistributedDataParallel(build_model(args.width))
+    uninstall = install(recorder)
+    recorded = DistributedDataParallel(build_model(args.width))
+    uninstall()
+    models = {name: (m, torch.optim.SGD(m.parameters(), lr=0.01)) for name, m in (("plain", plain), ("recorded", recorded))}
+    generator = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(args.batch_size, 256, generator=generator), torch.randint(0, 10, (args.batch_size,), generator=generator)
+    times = {"plain": [], "recorded": []}
+    for block in range(args.blocks):
+        for name in ("plain", "recorded") if block % 2 == 0 else ("recorded", "plain"):
+            model, optimizer = models[name]
+            if name == "plain":
+                block_times = timed_steps(model, optimizer, x, y, args.steps_per_block)
+            else:
+                uninstall = install(recorder)
+                writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
+                writer.start()
+                block_times = timed_steps(model, optimizer, x, y, args.steps_per_block)
+                writer.stopped.set()
+                uninstall()
+            if block > 0:  # the first block of each is warm-up
+                times[name] += block_times
+    medians = {name: slowest_rank_median(t) for name, t in times.items()}
+    if rank == 0:
+        Path(args.result).write_text(json.dumps(medians))
+    dist.destroy_process_group()
+
+
+def launch(launcher: list[str], args: argparse.Namespace, result: Path) -> float:
+    """One whole job under `launcher`; its slowest rank's median step time."""
+    command = [
+        *launcher, "--standalone", "--nproc-per-node", "2", __file__, "--worker", "--result", str(result),
+        "--steps", str(args.steps), "--warmup", str(args.warmup), "--width", str(args.width),
+        "--batch-size", str(args.batch_size),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads(result.read_text())["median_step_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds of whole launches")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--blocks", type=int, default=21, help="alternating blocks in the one-job measurement")
+    parser.add_argument("--steps-per-block", type=int, default=50)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--in-process-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.in_process_worker:
+        in_process_worker(args)
+        return
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as scratch:
+        gradsync_run = [sys.executable, "-m", "gradsync", "run", "--run-dir", str(Path(scratch) / "run")]
+        plain_times, watched_times = [], []
+        for round_ in range(args.rounds):
+            order = ("plain", "watched") if round_ % 2 == 0 else ("watched", "plain")
+            got = {name: launch(torchrun if name == "plain" else gradsync_run, args, Path(scratch) / f"{name}.json") for name in order}
+            plain_times.append(got["plain"])
+            watched_times.append(got["watched"])
+            print(f"launch round {round_ + 1}: torchrun {got['plain'] * 1e3:.2f} ms/step, gradsync run "
+                  f"{got['watched'] * 1e3:.2f} ms/step, ratio {got['watched'] / got['plain']:.3f}", flush=True)
+        launches = statistics.median(watched_times) / statistics.median(plain_times)
+        result = Path(scratch) / "in_process.json"
+        subprocess.run(
+            [*torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--in-process-worker", "--result", str(result),
+             "--blocks", str(args.blocks), "--steps-per-block", str(args.steps_per_block), "--width", str(args.width),
+             "--batch-size", str(args.batch_size)],
+            check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        medians = json.loads(result.read_text())
+    print(f"whole launches: gradsync run / torchrun = {launches:.3f} (median of {args.rounds} launches each, {args.steps} steps)")
+    print(f"in one job: recorder on / off = {medians['recorded'] / medians['plain']:.3f} "
+          f"({medians['plain'] * 1e3:.2f} vs {medians['recorded'] * 1e3:.2f} ms/step, {args.blocks - 1} blocks of "
+          f"{args.steps_per_block} steps each)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+"""`gradsync run`: a torchrun that explains every hang and crash of an unmodified script.
+
+- `recorder`: what each worker communicated (every collective, DDP's buckets and broadcasts).
+- `worker`: the worker entry point that installs the recorder and runs the user's script.
+- `files`: the run-directory files through which workers and launcher share state.
+- `monitor`: the launcher-side watcher (stalls, drift) and `analysis`: the diagnosis rules.
+- `report`: diagnosis.json and the terminal summary; `launcher`: the command itself.
+"""

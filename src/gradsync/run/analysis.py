@@ -1,0 +1,633 @@
+"""From what every rank recorded to one diagnosis: what went wrong, on which rank, at which line.
+
+Pure functions over the workers' snapshots and exit records (plus what torchrun's agent knows
+about exit codes), so every rule is testable without starting a process. The order of the
+questions matters: a rank that crashed by itself is the cause and the "Connection closed by
+peer" of the others its consequence; without a crash, the first collective where the ranks'
+sequences differ explains hangs and mismatch errors; without either, the ranks' positions
+(one finished, one stuck outside any collective) do.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("error", "warning")
+
+# Errors a rank gets because another rank left, crashed or misbehaved, not because of its own code.
+_CONSEQUENCE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|closed by remote|timed out|"
+    r"[Tt]imeout|Socket|ECONNRESET|remote process exited|communicator was aborted|NCCL error|"
+    r"Application timeout caused pair closure|failed to recv|failed to send",
+)
+# What Gloo and NCCL say when the two sides of one collective are different collectives.
+_MISMATCH_SYMPTOM = re.compile(r"op\.preamble\.length|collective mismatch|[Mm]ismatch|size mismatch")
+_CONSEQUENCE_TYPES = {"DistNetworkError", "DistBackendError", "DistStoreError"}
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
+_UNUSED_HINT = re.compile(r"did not receive grad|Expected to have finished reduction in the prior iteration")
+
+
+@dataclass
+class Finding:
+    """One thing gradsync found, in the shape of `diagnosis.json`'s findings."""
+
+    category: str
+    severity: str
+    ranks: list[int]
+    message: str
+    suggestion: str
+    locations: dict[str, str] = field(default_factory=dict)
+    collective: str | None = None
+    step: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if not data["details"]:
+            del data["details"]
+        return data
+
+
+@dataclass
+class RankView:
+    """Everything known about one rank when the diagnosis is made."""
+
+    rank: int
+    snapshot: dict[str, Any] | None = None  # the exit record when there is one, else the last snapshot
+    exit: dict[str, Any] | None = None
+    exitcode: int | None = None  # from torchrun's agent; negative: killed by that signal
+    signal: str | None = None
+    stopped_by_gradsync: bool = False
+    alive: bool = False
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return (self.snapshot or {}).get("records", [])
+
+    @property
+    def location(self) -> str | None:
+        return (self.snapshot or {}).get("location")
+
+    def waiting_on(self) -> dict[str, Any] | None:
+        """The collective this rank is blocked in, if any."""
+        recent = self.records[-16:]
+        for record in recent:
+            if record["state"] == "entered":
+                return record
+        for record in recent:
+            if record["state"] in ("issued", "failed") and record["seq"] is not None:
+                return record
+        return None
+
+    def exception(self) -> dict[str, Any] | None:
+        return self.exit if self.exit and self.exit.get("status") == "exception" else None
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.exit) and self.exit.get("status") == "finished"
+
+
+def describe(record: dict[str, Any]) -> str:
+    """'all_reduce #12 (DDP gradient bucket 0, float32[1234])' for a record."""
+    inside = ", ".join(part for part in (record.get("kind"), record.get("signature")) if part)
+    number = f" #{record['seq']}" if record.get("seq") is not None else ""
+    group = "" if record.get("group") == "default" else f" on {record.get('group')}"
+    return f"{record['op']}{number}{group}" + (f" ({inside})" if inside else "")
+
+
+def is_consequence(exception: dict[str, Any]) -> bool:
+    return exception["type"] in _CONSEQUENCE_TYPES or bool(_CONSEQUENCE.search(exception["message"]))
+
+
+def is_mismatch_symptom(exception: dict[str, Any]) -> bool:
+    return bool(_MISMATCH_SYMPTOM.search(exception["message"]))
+
+
+# -- comparing sequences ----------------------------------------------------------------------
+
+
+@dataclass
+class Divergence:
+    """The first collective where the ranks' sequences on one group differ."""
+
+    group: str
+    seq: int
+    records: dict[int, dict[str, Any]]  # rank -> its record at seq
+    before_window: bool = False  # diverged earlier than the records kept (found by checkpoint CRC)
+
+
+def _key(record: dict[str, Any]) -> tuple:
+    return (record["op"], record["signature"], record["kind"])
+
+
+def find_divergence(views: dict[int, RankView]) -> Divergence | None:
+    """The earliest collective, over all groups, at which two ranks' records disagree."""
+    found: list[Divergence] = []
+    groups = {g for v in views.values() for g in (v.snapshot or {}).get("groups", {})}
+    for group in sorted(groups):
+        by_rank = {
+            rank: {r["seq"]: r for r in view.records if r["group"] == group and r["seq"] is not None}
+            for rank, view in views.items()
+            if group in (view.snapshot or {}).get("groups", {})
+        }
+        if len(by_rank) < 2:
+            continue
+        seqs = sorted({seq for records in by_rank.values() for seq in records})
+        for seq in seqs:
+            present = {rank: records[seq] for rank, records in by_rank.items() if seq in records}
+            if len(present) >= 2 and len({_key(r) for r in present.values()}) > 1:
+                found.append(Divergence(group, seq, present))
+                break
+        else:
+            early = _checkpoint_divergence(views, group)
+            if early is not None:
+                found.append(early)
+    return min(found, key=lambda d: d.seq) if found else None
+
+
+def _checkpoint_divergence(views: dict[int, RankView], group: str) -> Divergence | None:
+    """Ranks whose recorded windows agree may still have diverged earlier: compare CRC checkpoints."""
+    checkpoints: dict[int, dict[int, int]] = {}
+    for rank, view in views.items():
+        state = (view.snapshot or {}).get("groups", {}).get(group)
+        if state:
+            checkpoints[rank] = {seq: crc for seq, crc in state["checkpoints"]}
+    common = sorted(set.intersection(*(set(c) for c in checkpoints.values()))) if len(checkpoints) > 1 else []
+    for seq in common:
+        if len({c[seq] for c in checkpoints.values()}) > 1:
+            return Divergence(group, seq, {}, before_window=True)
+    return None
+
+
+def _odd_ones_out(records: dict[int, dict[str, Any]]) -> list[int]:
+    """The ranks that did the unusual thing: a minority call site, or a user collective facing DDP's."""
+    by_site: dict[tuple, list[int]] = {}
+    for rank, record in records.items():
+        by_site.setdefault((_key(record), record.get("site")), []).append(rank)
+    sizes = sorted(len(ranks) for ranks in by_site.values())
+    if len(sizes) > 1 and sizes[0] < sizes[-1]:
+        return sorted(r for ranks in by_site.values() if len(ranks) == sizes[0] for r in ranks)
+    user = sorted(rank for rank, record in records.items() if not record["kind"].startswith("DDP"))
+    if 0 < len(user) < len(records):
+        return user
+    # DDP's own collectives during a forward that does not train (evaluation through the wrapper).
+    not_training = sorted(rank for rank, record in records.items() if "(eval" in record["kind"] or "no_grad)" in record["kind"])
+    if 0 < len(not_training) < len(records):
+        return not_training
+    return sorted(records)
+
+
+# -- the diagnosis ------------------------------------------------------------------------------
+
+
+SUGGEST_SAME_COLLECTIVES = (
+    "Every rank must call the same collectives in the same order. Keep collectives out of "
+    "rank-dependent branches (e.g. move dist.barrier() out of `if rank == 0:`), give every rank "
+    "the same number of batches (DistributedSampler with drop_last=True, or gradsync's "
+    "DistributedLoader), and decide to skip a batch or stop early on all ranks together "
+    "(gradsync's agree_any, or an all_reduce of the flag)."
+)
+
+
+def diagnose(
+    views: dict[int, RankView],
+    *,
+    trigger: str,
+    now: float,
+    world_size: int | None = None,
+    stragglers: list[Finding] | None = None,
+) -> dict[str, Any]:
+    """The diagnosis of one attempt of a job; `trigger` is 'stall', 'failure' or 'exit'."""
+    findings: list[Finding] = []
+    lines: dict[int, str] = {}
+    divergence = find_divergence(views)
+
+    crashes = [v for v in views.values() if _crash_cause(v, divergence)]
+    teardown = [v for v in views.values() if v.finished and v.exitcode not in (None, 0)]
+    everyone_finished = all(v.finished for v in views.values())
+    if crashes:
+        first = min(crashes, key=_failure_time)
+        findings.append(_crash_finding(first, views))
+    elif divergence is not None and (trigger != "exit" or everyone_finished):
+        findings.append(_divergence_finding(divergence, views, trigger))
+    elif trigger in ("stall", "failure") and not everyone_finished:
+        finding = _position_finding(views, now, trigger)
+        if finding is not None:
+            findings.append(finding)
+    if teardown and not crashes:
+        findings.append(_teardown_finding(teardown, views))
+    findings += _health_findings(views)
+    findings += stragglers or []
+
+    failed_job = trigger == "stall" or any(
+        v.exitcode not in (None, 0) and v not in teardown and not v.stopped_by_gradsync for v in views.values()
+    )
+    if failed_job and not any(f.severity == "error" for f in findings):
+        findings.insert(0, _unexplained_failure(views, trigger))
+    for rank, view in sorted(views.items()):
+        lines[rank] = _rank_line(view, now, divergence, crashes)
+    status = "failed" if any(f.severity == "error" for f in findings) else "ok"
+    return {
+        "status": status,
+        "trigger": trigger,
+        "world_size": world_size or len(views),
+        "findings": [f.as_dict() for f in findings],
+        "ranks": {str(rank): line for rank, line in lines.items()},
+    }
+
+
+def _failure_time(view: RankView) -> float:
+    if view.exit and view.exit.get("time"):
+        return view.exit["time"]
+    return (view.snapshot or {}).get("time", float("inf"))
+
+
+def _crash_cause(view: RankView, divergence: Divergence | None) -> bool:
+    """Did this rank fail by itself (not because a peer left or the collectives mismatched)?"""
+    if view.stopped_by_gradsync:
+        return False
+    exception = view.exception()
+    if exception is not None:
+        if is_consequence(exception):
+            return False
+        if divergence is not None and (is_mismatch_symptom(exception) or _failed_in_collective(view, divergence)):
+            return False
+        return True
+    if view.exit and view.exit.get("status") == "exit_code":
+        return True
+    killed = view.exit is None and view.exitcode is not None and view.exitcode < 0 and view.signal is not None
+    # Gloo aborts the process (SIGABRT) when the two sides of a collective differ in size.
+    return killed and not (divergence is not None and _failed_in_collective(view, divergence))
+
+
+def _failed_in_collective(view: RankView, divergence: Divergence) -> bool:
+    """Did this rank fail, or die, inside a collective at or after the point of divergence?"""
+    return any(
+        r["state"] in ("failed", "entered", "issued") and r["group"] == divergence.group and (r["seq"] or 0) >= divergence.seq
+        for r in view.records
+    )
+
+
+def _crash_finding(view: RankView, views: dict[int, RankView]) -> Finding:
+    exception = view.exception()
+    others = [r for r in sorted(views) if r != view.rank]
+    consequence = (
+        f" The other ranks' errors ({', '.join(f'rank {r}' for r in others)}) are consequences: they lost "
+        "their peer in the middle of a collective." if others else ""
+    )
+    if exception is not None:
+        unused = _unused_from_ddp_error(view, exception)
+        if unused is not None:
+            names = ", ".join(unused) or "(see the message)"
+            return Finding(
+                "unused_parameters",
+                "error",
+                [view.rank],
+                f"DDP stopped rank {view.rank}: parameters got no gradient in the previous iteration "
+                f"({names}), so its gradient reduction never finished.{consequence}",
+                "Make the forward pass use every parameter that requires a gradient, freeze the unused "
+                "ones (requires_grad=False), or pass find_unused_parameters=True to DDP (it costs an "
+                "extra graph traversal and some overlap each step).",
+                locations={str(view.rank): exception["location"] or view.location or "?"},
+                details={"parameters": unused},
+            )
+        where = exception["location"] or view.location or "?"
+        return Finding(
+            "rank_crashed",
+            "error",
+            [view.rank],
+            f"Rank {view.rank} failed first: {exception['type']}: {_first_line(exception['message'])} "
+            f"(at {where}).{consequence}",
+            "Fix the error on that rank; the other ranks only stopped because it left.",
+            locations={str(view.rank): where},
+            step=(view.snapshot or {}).get("backward_passes"),
+            details={"exception": exception["type"]},
+        )
+    if view.exit and view.exit.get("status") == "exit_code":
+        where = view.location or _last_site(view) or "?"
+        return Finding(
+            "rank_crashed",
+            "error",
+            [view.rank],
+            f"Rank {view.rank} called sys.exit({view.exit.get('code')}) while the others still needed it.{consequence}",
+            "Exit with an error on every rank together, or fix what made this rank exit.",
+            locations={str(view.rank): where},
+        )
+    where = _last_site(view) or view.location or "?"
+    return Finding(
+        "rank_crashed",
+        "error",
+        [view.rank],
+        f"Rank {view.rank} was killed by {view.signal or 'a signal'} (exit code {view.exitcode}); its last "
+        f"recorded position was {where}. Out-of-memory kills (SIGKILL), segmentation faults (SIGSEGV) and "
+        f"aborts (SIGABRT) look like this.{consequence}",
+        "Check the system log on that host (dmesg for the OOM killer) and the rank's own output.",
+        locations={str(view.rank): where},
+        step=(view.snapshot or {}).get("backward_passes"),
+    )
+
+
+def _unused_from_ddp_error(view: RankView, exception: dict[str, Any]) -> list[str] | None:
+    if not _UNUSED_HINT.search(exception["message"]):
+        return None
+    order = ((view.snapshot or {}).get("ddp_parameters") or [[]])[0]
+    match = _UNUSED_INDICES.search(exception["message"])
+    if match is None:
+        return []
+    indices = [int(i) for i in match.group(1).split()]
+    return [order[i] if i < len(order) else f"#{i}" for i in indices]
+
+
+def _divergence_finding(divergence: Divergence, views: dict[int, RankView], trigger: str) -> Finding:
+    group = "the default group" if divergence.group == "default" else divergence.group
+    if divergence.before_window:
+        return Finding(
+            "desync",
+            "error",
+            sorted(views),
+            f"The ranks' collective sequences on {group} differ at or before collective #{divergence.seq}, "
+            "earlier than the recorded window: the ranks paired different collectives with each other.",
+            SUGGEST_SAME_COLLECTIVES,
+            locations={str(r): v.location or "?" for r, v in views.items()},
+        )
+    records = divergence.records
+    locations = {str(rank): record.get("site") or "?" for rank, record in sorted(records.items())}
+    for rank, view in views.items():
+        locations.setdefault(str(rank), view.location or _last_site(view) or "?")
+    ranks = _odd_ones_out(records)
+    sides = "; ".join(f"rank {rank}: {describe(record)} at {record.get('site') or '?'}" for rank, record in sorted(records.items()))
+    ops = {r["op"] for r in records.values()}
+    sites = {r.get("site") for r in records.values()}
+    signatures = {(r["op"], r["signature"]) for r in records.values()}
+    collective = "/".join(sorted(ops))
+    if len(ops) == 1 and len(signatures) == 1:
+        # Same op, same tensors, different context: DDP's broadcast during eval on one rank and
+        # during training on another. Nothing fails; the ranks are simply no longer in step.
+        return Finding(
+            "desync",
+            "error",
+            ranks,
+            f"Collective #{divergence.seq} on {group} paired different things across ranks ({sides}). "
+            "The backend cannot tell, so nothing failed, but from here on the ranks exchange data out of "
+            "step (e.g. rank 0's evaluation-time buffer broadcast was matched with a training one).",
+            "Evaluate through the underlying module (ddp.module) when only some ranks evaluate, or "
+            "run the DDP wrapper's forward on every rank. " + SUGGEST_SAME_COLLECTIVES,
+            locations=locations,
+            collective=collective,
+        )
+    if len(ops) == 1 and len(sites) == 1:
+        return Finding(
+            "shape_mismatch",
+            "error",
+            sorted(records),
+            f"Collective #{divergence.seq} on {group} is the same {collective} on every rank but with "
+            f"different tensors ({sides}).",
+            "Make the tensor shape and dtype identical on every rank (pad to a common size, or use "
+            "all_gather_object / pass the sizes first for variable-size data).",
+            locations=locations,
+            collective=collective,
+        )
+    verb = "hung" if trigger == "stall" else "failed"
+    return Finding(
+        "collective_mismatch",
+        "error",
+        ranks,
+        f"The job {verb} because the ranks' collectives stopped matching at collective #{divergence.seq} "
+        f"on {group}: {sides}.",
+        SUGGEST_SAME_COLLECTIVES,
+        locations=locations,
+        collective=collective,
+    )
+
+
+def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> Finding | None:
+    waiting = {r: v for r, v in views.items() if v.waiting_on() is not None and not v.finished}
+    finished = {r: v for r, v in views.items() if v.finished or (v.exit and v.exit.get("status") == "finished")}
+    running = {r: v for r, v in views.items() if v.alive and r not in waiting and r not in finished}
+    locations = {str(r): _where(v) for r, v in sorted(views.items())}
+    waits = "; ".join(f"rank {r} waits in {describe(v.waiting_on())} at {v.waiting_on().get('site') or '?'}" for r, v in sorted(waiting.items()))
+    if finished and (waiting or trigger == "failure"):
+        counts = ", ".join(f"rank {r}: {(v.snapshot or {}).get('collectives', '?')}" for r, v in sorted(views.items()))
+        return Finding(
+            "rank_exited",
+            "error",
+            sorted(finished),
+            f"{_ranks_text(finished)} finished the script while the other ranks still expected "
+            f"{'it' if len(finished) == 1 else 'them'} in collectives ({waits or 'they lost their peer'}). "
+            f"Collectives issued per rank: {counts}. A rank left the training loop early: fewer batches, a "
+            "rank-local early stop or a skipped step.",
+            SUGGEST_SAME_COLLECTIVES,
+            locations=locations,
+        )
+    if running and waiting:
+        stuck = "; ".join(f"rank {r} at {v.location or '?'}" for r, v in sorted(running.items()))
+        return Finding(
+            "rank_stuck",
+            "error",
+            sorted(running),
+            f"{_ranks_text(running)} stopped making progress outside any collective ({stuck}) while "
+            f"the others wait for it ({waits}).",
+            "Look at what that rank runs at that line (its full stack is in diagnosis.json): a "
+            "blocking call only it makes (sleep, input, a lock, a file or network read, a data "
+            "loader worker that died).",
+            locations=locations,
+            details={"stacks": {str(r): (v.snapshot or {}).get("stack", [])[-12:] for r, v in sorted(running.items())}},
+        )
+    if waiting:
+        return Finding(
+            "hang",
+            "error",
+            sorted(waiting),
+            f"Every rank waits in a collective and none progresses ({waits}); their recorded sequences "
+            "agree, so the backend or the network is not delivering (a peer on another host, a firewall, "
+            "a wrong network interface).",
+            "Run `gradsync doctor` on the same hosts; check NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME.",
+            locations=locations,
+        )
+    return None
+
+
+def _teardown_finding(teardown: list[RankView], views: dict[int, RankView]) -> Finding:
+    # torchrun's agent stops the remaining workers with SIGTERM once one has failed: those are
+    # not crashes of their own.
+    teardown = [v for v in teardown if v.signal != "SIGTERM"] or teardown
+    names = ", ".join(f"rank {v.rank} ({v.signal or f'exit code {v.exitcode}'})" for v in teardown)
+    return Finding(
+        "teardown_failure",
+        "warning",
+        sorted(v.rank for v in teardown),
+        f"Every rank finished its script; afterwards {names} crashed while shutting down (process-group "
+        "teardown at interpreter exit). Training results are complete.",
+        "Call dist.destroy_process_group() at the end of the script on every rank; a crash there is a "
+        "known Gloo teardown race and does not affect what the script produced.",
+        locations={str(v.rank): v.location or "?" for v in teardown},
+    )
+
+
+def _health_findings(views: dict[int, RankView]) -> list[Finding]:
+    findings = []
+    nonfinite = {r: v.snapshot["first_nonfinite"] for r, v in views.items() if (v.snapshot or {}).get("first_nonfinite")}
+    if nonfinite:
+        first_step = min(info["step"] for info in nonfinite.values())
+        origin = {r: info for r, info in nonfinite.items() if info["step"] == first_step}
+        names = sorted({name for info in origin.values() for name in info["parameters"]})
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        findings.append(
+            Finding(
+                "nonfinite_gradients",
+                "warning",
+                sorted(origin),
+                f"{_ranks_text(origin)} produced non-finite (NaN/inf) gradients first, at backward pass "
+                f"{first_step}, before averaging spread them to every rank; parameters: {shown or '?'}.",
+                "Check that rank's data and loss at that step (a bad sample, log of zero, a too-large "
+                "learning rate); skip non-finite steps on all ranks together (gradsync's Trainer does), "
+                "or use a GradScaler for fp16.",
+                locations={str(r): info.get("site") or "?" for r, info in origin.items()},
+                step=first_step,
+                details={"parameters": names},
+            )
+        )
+    unused = {r: v.snapshot["unused_parameters"] for r, v in views.items() if (v.snapshot or {}).get("unused_parameters")}
+    if unused:
+        names = list(dict.fromkeys(n for ns in unused.values() for n in ns))
+        findings.append(
+            Finding(
+                "unused_parameters",
+                "warning",
+                sorted(unused),
+                f"These parameters never got a gradient: {', '.join(names)}. With "
+                "find_unused_parameters=True DDP still reduces them (zeros) and walks the graph every step.",
+                "Remove or freeze (requires_grad=False) parameters the forward never uses; then "
+                "find_unused_parameters can be turned off, which gives back overlap.",
+                details={"parameters": names},
+            )
+        )
+    return findings
+
+
+def _unexplained_failure(views: dict[int, RankView], trigger: str) -> Finding:
+    failed = sorted(r for r, v in views.items() if v.exitcode not in (None, 0)) or sorted(views)
+    return Finding(
+        "rank_crashed",
+        "error",
+        failed,
+        "The job " + ("stopped making progress" if trigger == "stall" else "failed") + " and the records do "
+        "not show why: " + "; ".join(f"rank {r} {_rank_line(views[r], 0, None, [])}" for r in failed) + ".",
+        "Read the ranks' own output above; rerun with a shorter --stall-timeout to catch the moment.",
+        locations={str(r): _where(views[r]) for r in failed},
+    )
+
+
+def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashes: list[RankView]) -> str:
+    exception = view.exception()
+    if exception is not None:
+        where = exception["location"] or view.location or "?"
+        if view in crashes:
+            return f"failed first: {exception['type']}: {_first_line(exception['message'])[:160]} (at {where})"
+        symptom = _CONSEQUENCE.search(exception["message"]) or _MISMATCH_SYMPTOM.search(exception["message"])
+        failed = next((r for r in reversed(view.records) if r["state"] == "failed"), None)
+        inside = f" in {describe(failed)}" if failed else ""
+        said = f'"{symptom.group(0)}"' if symptom else f"{exception['type']}"
+        return f"failed as a consequence ({said}){inside} at {where}"
+    if view.finished:
+        tail = f"; crashed afterwards ({view.signal or view.exitcode})" if view.exitcode not in (None, 0) else ""
+        return f"finished its script after {(view.snapshot or {}).get('collectives', '?')} collectives{tail}"
+    waiting = view.waiting_on()
+    if view.signal and not view.stopped_by_gradsync and view.exit is None:
+        return f"killed by {view.signal}; last seen at {_last_site(view) or view.location or '?'}"
+    if waiting is not None:
+        since = f" for {now - waiting['entered']:.0f} s" if now else ""
+        return f"waiting in {describe(waiting)} at {waiting.get('site') or '?'}{since}"
+    if view.snapshot is None:
+        return "never reported (it died before the recorder started, or runs on another host)"
+    return f"running outside collectives at {view.location or '?'}"
+
+
+def _where(view: RankView) -> str:
+    waiting = view.waiting_on()
+    return (waiting or {}).get("site") or view.location or _last_site(view) or "?"
+
+
+def _last_site(view: RankView) -> str | None:
+    for record in reversed(view.records):
+        if record.get("site"):
+            return record["site"]
+    return None
+
+
+def _ranks_text(ranks: dict[int, Any] | list[int]) -> str:
+    ranks = sorted(ranks)
+    return ("Rank " if len(ranks) == 1 else "Ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else ""
+
+
+# -- stragglers ----------------------------------------------------------------------------------
+
+
+class StragglerTracker:
+    """How late each rank arrives at collectives, from the enter times in successive snapshots.
+
+    The rank everyone waits for arrives last; a rank that is typically late by a good share of
+    the step is a straggler (slow data loading, a throttled GPU, a noisy neighbour).
+    """
+
+    def __init__(self, ratio: float, min_s: float, max_samples: int = 4000):
+        self.ratio = ratio
+        self.min_s = min_s
+        self.max_samples = max_samples
+        self.entered: dict[tuple[str, int], dict[int, float]] = {}
+        self.lateness: dict[int, list[float]] = {}
+        self.starts: list[float] = []
+        self.done: set[tuple[str, int]] = set()
+
+    def observe(self, snapshots: dict[int, dict[str, Any]]) -> None:
+        ranks = set(snapshots)
+        if len(ranks) < 2:
+            return
+        for rank, snapshot in snapshots.items():
+            for record in snapshot.get("records", []):
+                if record["seq"] is None or record["group"] != "default":
+                    continue
+                key = (record["group"], record["seq"])
+                if key not in self.done:
+                    self.entered.setdefault(key, {})[rank] = record["entered"]
+        for key in sorted(k for k, times in self.entered.items() if set(times) >= ranks):
+            times = self.entered.pop(key)
+            first = min(times.values())
+            self.starts.append(first)
+            for rank, entered in times.items():
+                self.lateness.setdefault(rank, []).append(entered - first)
+            self.done.add(key)
+        for samples in self.lateness.values():
+            del samples[: max(0, len(samples) - self.max_samples)]
+        del self.starts[: max(0, len(self.starts) - self.max_samples)]
+
+    def findings(self) -> list[Finding]:
+        if len(self.starts) < 10:
+            return []
+        gaps = [b - a for a, b in zip(self.starts, self.starts[1:]) if b > a]
+        typical_gap = statistics.median(gaps) if gaps else 0.0
+        typical = {rank: statistics.median(samples) for rank, samples in self.lateness.items() if samples}
+        limit = max(self.min_s, self.ratio * typical_gap)
+        slow = sorted(rank for rank, late in typical.items() if late > limit)
+        if not slow or len(slow) == len(typical):
+            return []
+        text = ", ".join(f"rank {r} by {typical[r] * 1000:.0f} ms" for r in slow)
+        return [
+            Finding(
+                "straggler",
+                "warning",
+                slow,
+                f"The other ranks typically wait for {text} at each collective (the typical interval "
+                f"between collectives is {typical_gap * 1000:.0f} ms, measured over {len(self.starts)} collectives).",
+                "Look at what only that rank does (extra logging or evaluation, slower data loading, a "
+                "shared or throttled device); the whole job runs at the slowest rank's pace.",
+                details={"typical_lateness_s": {str(r): round(typical[r], 4) for r in typical}},
+            )
+        ]

@@ -1,0 +1,121 @@
+"""Where the workers and the launcher of `gradsync run` meet: files in the run directory.
+
+The process group may be the thing that is stuck, so state never travels through it. Each
+worker rewrites a small JSON snapshot of its recorder every second (write to a temporary file,
+then rename, so a reader never sees half a file) and leaves an exit record when its script ends.
+Its collectives go, as they happen, into a fixed-size ring of slots in a memory-mapped file: a
+worker killed by SIGKILL or aborted inside Gloo still leaves its last collectives behind (the
+page cache outlives the process), at the cost of a memcpy per record.
+Files are grouped by restart attempt, so a restarted group never mixes with the one it replaces.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+DIAGNOSIS_FILE = "diagnosis.json"
+OPTIONS_FILE = "run_options.json"
+
+
+def attempt_dir(run_dir: Path, attempt: int) -> Path:
+    return run_dir / "workers" / f"attempt{attempt}"
+
+
+def snapshot_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    return attempt_dir(run_dir, attempt) / f"rank{rank}.json"
+
+
+def ring_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    return attempt_dir(run_dir, attempt) / f"rank{rank}.ring"
+
+
+def exit_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    return attempt_dir(run_dir, attempt) / f"rank{rank}.exit.json"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomically replace `path` with `data` as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, default=str))
+    os.replace(temporary, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def latest_attempt(run_dir: Path) -> int | None:
+    attempts = [int(p.name.removeprefix("attempt")) for p in (run_dir / "workers").glob("attempt*") if p.name[7:].isdigit()]
+    return max(attempts) if attempts else None
+
+
+RING_SLOT_BYTES = 512
+RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "state", "entered", "finished", "crc", "error")
+
+
+class RingWriter:
+    """The last `slots` collectives of one worker, one JSON array per fixed-size slot."""
+
+    def __init__(self, path: Path, slots: int):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.slots = slots
+        with open(path, "w+b") as handle:
+            handle.truncate(slots * RING_SLOT_BYTES)
+            self.memory = mmap.mmap(handle.fileno(), slots * RING_SLOT_BYTES)
+
+    def write(self, record) -> None:
+        data = json.dumps([getattr(record, name) for name in RECORD_FIELDS]).encode()
+        if len(data) >= RING_SLOT_BYTES:  # an enormous signature: keep what identifies the record
+            record_fields = [getattr(record, name) for name in RECORD_FIELDS]
+            record_fields[4] = record_fields[4][:200]
+            record_fields[11] = (record_fields[11] or "")[:100] or None
+            data = json.dumps(record_fields).encode()[: RING_SLOT_BYTES - 1]
+        start = (record.index % self.slots) * RING_SLOT_BYTES
+        self.memory[start : start + RING_SLOT_BYTES] = data.ljust(RING_SLOT_BYTES, b"\0")
+
+
+def read_ring(path: Path) -> list[dict]:
+    """The records left in a ring file, oldest first (a slot being rewritten at death is skipped)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return []
+    records = []
+    for start in range(0, len(raw), RING_SLOT_BYTES):
+        slot = raw[start : start + RING_SLOT_BYTES].rstrip(b"\0")
+        if slot:
+            try:
+                records.append(dict(zip(RECORD_FIELDS, json.loads(slot))))
+            except ValueError:
+                continue
+    return sorted(records, key=lambda r: r["index"])
+
+
+def read_attempt(run_dir: Path, attempt: int) -> tuple[dict[int, dict], dict[int, dict]]:
+    """Every rank's latest snapshot and exit record of one attempt, keyed by global rank.
+
+    Each gets the rank's recorded collectives from its ring file under "records".
+    """
+    snapshots: dict[int, dict] = {}
+    exits: dict[int, dict] = {}
+    for path in attempt_dir(run_dir, attempt).glob("rank*.json"):
+        name = path.name.removeprefix("rank")
+        data = read_json(path)
+        if data is None:
+            continue
+        if name.endswith(".exit.json"):
+            exits[int(name.removesuffix(".exit.json"))] = data
+        else:
+            snapshots[int(name.removesuffix(".json"))] = data
+    for rank, data in (*snapshots.items(), *exits.items()):
+        data["records"] = read_ring(ring_path(run_dir, attempt, rank))
+        data["collectives"] = data["records"][-1]["index"] + 1 if data["records"] else 0
+    return snapshots, exits

@@ -1,0 +1,198 @@
+"""The launcher side of `gradsync run`: watch the workers' published state while torchrun's agent runs.
+
+It reads the snapshots the workers leave in the run directory (never the process group, which
+may be the stuck thing), notices a stall long before the backend's timeout, diagnoses it, and
+stops the workers so torchrun's agent ends (or restarts) the job. It also follows the ranks'
+collective checkpoints while the job is healthy, to warn about drift as soon as it shows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gradsync.run import files
+from gradsync.run.analysis import RankView, StragglerTracker, diagnose
+from gradsync.run.options import RunOptions
+
+GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping a stalled job
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has exited; its parent (the agent) has not reaped it yet
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class Monitor(threading.Thread):
+    """Polls the latest attempt's worker files; on a stall, diagnoses and stops the workers."""
+
+    def __init__(self, options: RunOptions, report: Callable[[dict[str, Any], Path], None]):
+        super().__init__(name="gradsync-monitor", daemon=True)
+        self.options = options
+        self.report = report
+        self.run_dir = Path(options.run_dir)
+        self.poll_s = min(0.5, options.snapshot_interval_s)
+        self.stopped = threading.Event()
+        self.attempt: int | None = None
+        self.stall_diagnoses: dict[int, dict[str, Any]] = {}
+        self.stopped_pids: set[int] = set()
+        self.trackers: dict[int, StragglerTracker] = {}
+        self.drift_warned = False
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception as error:  # the monitor must never take the job down with it
+                print(f"gradsync run: monitor error (the job continues unwatched): {error!r}", file=sys.stderr)
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.is_alive():
+            self.join(timeout=5)
+
+    def tracker(self, attempt: int) -> StragglerTracker:
+        if attempt not in self.trackers:
+            self.trackers[attempt] = StragglerTracker(self.options.straggler_ratio, self.options.straggler_min_s)
+        return self.trackers[attempt]
+
+    def poll(self) -> None:
+        attempt = files.latest_attempt(self.run_dir)
+        if attempt is None:
+            return
+        self.attempt = attempt
+        snapshots, exits = files.read_attempt(self.run_dir, attempt)
+        if not snapshots or attempt in self.stall_diagnoses:
+            return
+        expected = max(s.get("local_world_size", 1) for s in snapshots.values())
+        if len(snapshots) < expected:
+            return  # still starting
+        self.tracker(attempt).observe(snapshots)
+        self._warn_on_drift(snapshots)
+        now = time.time()
+        idle = {rank: now - self._last_active(snapshots[rank], exits.get(rank)) for rank in snapshots}
+        alive = [rank for rank in snapshots if rank not in exits and pid_alive(snapshots[rank]["pid"])]
+        if alive and min(idle.values()) >= self.options.stall_timeout_s:
+            self._on_stall(attempt, snapshots, exits, alive, now)
+
+    @staticmethod
+    def _last_active(snapshot: dict[str, Any], exit_record: dict[str, Any] | None) -> float:
+        if exit_record is not None:
+            return exit_record["exit"]["time"]
+        if not pid_alive(snapshot["pid"]):
+            return snapshot["time"]
+        return snapshot["last_progress"]
+
+    def _warn_on_drift(self, snapshots: dict[int, dict[str, Any]]) -> None:
+        if self.drift_warned:
+            return
+        for group in {g for s in snapshots.values() for g in s.get("groups", {})}:
+            checkpoints = [dict(map(tuple, s["groups"][group]["checkpoints"])) for s in snapshots.values() if group in s.get("groups", {})]
+            if len(checkpoints) < 2:
+                continue
+            for seq in sorted(set.intersection(*(set(c) for c in checkpoints))):
+                if len({c[seq] for c in checkpoints}) > 1:
+                    self.drift_warned = True
+                    where = "the default group" if group == "default" else group
+                    print(
+                        f"gradsync run: warning: the ranks' collective sequences on {where} differ at or "
+                        f"before collective #{seq}; the diagnosis at exit will say where.",
+                        file=sys.stderr,
+                    )
+                    return
+
+    def _on_stall(self, attempt: int, snapshots, exits, alive: list[int], now: float) -> None:
+        views = build_views(snapshots, exits, failures={}, stopped=set())
+        for rank in alive:
+            views[rank].alive = True
+        diagnosis = diagnose(views, trigger="stall", now=now, world_size=_world_size(snapshots), stragglers=self.tracker(attempt).findings())
+        diagnosis["stall_timeout_s"] = self.options.stall_timeout_s
+        diagnosis["attempt"] = attempt
+        self.stall_diagnoses[attempt] = diagnosis
+        self.report(diagnosis, self.run_dir)
+        pids = [snapshots[rank]["pid"] for rank in alive]
+        self.stopped_pids.update(pids)
+        _stop(pids)
+
+    def final(self, failures: dict[int, Any]) -> dict[str, Any]:
+        """The diagnosis of the last attempt once torchrun's agent returned (`failures`: its failures)."""
+        attempt = files.latest_attempt(self.run_dir)
+        if attempt is None:
+            return {
+                "status": "failed" if failures else "ok",
+                "trigger": "failure" if failures else "exit",
+                "findings": [],
+                "ranks": {},
+                "note": "no worker reported: they failed before the recorder started (see their output above)",
+            }
+        snapshots, exits = files.read_attempt(self.run_dir, attempt)
+        if attempt in self.stall_diagnoses:
+            diagnosis = self.stall_diagnoses[attempt]
+        else:
+            views = build_views(snapshots, exits, failures, self.stopped_pids)
+            tracker = self.tracker(attempt)
+            tracker.observe(snapshots)
+            diagnosis = diagnose(
+                views,
+                trigger="failure" if failures else "exit",
+                now=time.time(),
+                world_size=_world_size(snapshots),
+                stragglers=tracker.findings(),
+            )
+        diagnosis["attempt"] = attempt
+        return diagnosis
+
+
+def _world_size(snapshots: dict[int, dict[str, Any]]) -> int:
+    return max(s.get("world_size", 1) for s in snapshots.values())
+
+
+def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int]) -> dict[int, RankView]:
+    """Join each rank's files with what the agent saw (exit code, signal) and what gradsync stopped."""
+    views = {}
+    for rank in sorted(set(snapshots) | set(exits) | set(failures)):
+        exit_record = exits.get(rank)
+        snapshot = exit_record or snapshots.get(rank)
+        failure = failures.get(rank)
+        exitcode = getattr(failure, "exitcode", None)
+        views[rank] = RankView(
+            rank=rank,
+            snapshot=snapshot,
+            exit=(exit_record or {}).get("exit"),
+            exitcode=exitcode,
+            signal=failure.signal_name() if exitcode is not None and exitcode < 0 else None,
+            stopped_by_gradsync=snapshot is not None and snapshot.get("pid") in stopped,
+        )
+    return views
+
+
+def _stop(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + GRACE_S
+    while time.time() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

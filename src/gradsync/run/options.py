@@ -1,0 +1,66 @@
+"""Options of `gradsync run` that go beyond torchrun's, typed and checked at the command line.
+
+The launcher writes them to the run directory and passes that file's path on each worker's
+command line, so workers are configured by something the user can read, not by hidden
+environment variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradsync.errors import ConfigError
+from gradsync.run import files
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the diagnosing launcher watches for.
+
+    `stall_timeout_s`: a job in which no rank makes progress for this long is stopped and
+    diagnosed; well below the backend's own timeout (Gloo: 30 min, NCCL: 10 min), above the
+    longest legitimate pause (evaluation or checkpointing while the other ranks wait).
+    `straggler_ratio`: a rank whose typical lateness at collectives exceeds this share of the
+    typical step is reported as a straggler (when also over `straggler_min_s`).
+    """
+
+    run_dir: Path
+    stall_timeout_s: float = 120.0
+    ring_size: int = 256
+    straggler_ratio: float = 0.2
+    straggler_min_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not self.stall_timeout_s >= 1:
+            raise ConfigError(
+                f"--stall-timeout {self.stall_timeout_s:g}: give at least 1 second (the default, "
+                "120 s, leaves room for evaluation or checkpointing on one rank)."
+            )
+        if self.ring_size < 16:
+            raise ConfigError(f"ring_size={self.ring_size}: keep at least 16 collectives per rank.")
+        if not 0 < self.straggler_ratio < 10:
+            raise ConfigError(f"straggler_ratio={self.straggler_ratio}: use a share of the step, e.g. 0.2.")
+
+    @property
+    def snapshot_interval_s(self) -> float:
+        """How often workers publish their state: often enough to detect a stall promptly."""
+        return min(1.0, self.stall_timeout_s / 5)
+
+    def save(self) -> Path:
+        path = Path(self.run_dir) / files.OPTIONS_FILE
+        data = dataclasses.asdict(self)
+        data["run_dir"] = str(self.run_dir)
+        files.write_json(path, data)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunOptions":
+        data = files.read_json(Path(path))
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a gradsync run options file (written by `gradsync run`).")
+        known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        data["run_dir"] = Path(data["run_dir"])
+        return cls(**data)

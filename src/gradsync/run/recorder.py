@@ -1,0 +1,474 @@
+"""The collective recorder: what every worker under `gradsync run` has communicated, and where.
+
+It wraps the public `torch.distributed` collectives, DDP's gradient buckets (as a comm hook) and
+DDP's buffer broadcasts, so it sees the same thing whatever the backend. For each collective it
+keeps, in a ring buffer, a per-group sequence number, the op, what must agree across ranks
+(dtype/shape, root, reduce op, train/eval for DDP's broadcasts), the user's file:line and the
+state. A CRC of that sequence per group lets ranks be compared without talking to each other.
+
+Recording happens on the training hot path, so it stays at a few microseconds per collective:
+slotted records, a cached user-frame lookup, no locks (the GIL orders the few shared writes, and
+readers only take a copy).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import zlib
+from collections import deque
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from gradsync.run.callsite import caller_location
+from gradsync.run.files import RECORD_FIELDS
+
+# Point-to-point messages pair one sender with one receiver, so they legitimately differ between
+# ranks: recorded (a rank stuck in recv is worth naming) but kept out of the compared sequence.
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
+UNUSED_CHECK_PASSES = 50  # backward passes watched for parameters that never get a gradient
+
+
+class Record:
+    """One collective on one rank."""
+
+    __slots__ = RECORD_FIELDS
+
+    def __init__(self, index: int, group: str, seq: int | None, op: str, signature: str, kind: str, site: str | None):
+        self.index = index
+        self.group = group
+        self.seq = seq
+        self.op = op
+        self.signature = signature
+        self.kind = kind
+        self.site = site
+        self.state = "entered"
+        self.entered = time.time()
+        self.finished: float | None = None
+        self.crc: int | None = None
+        self.error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class GroupSequence:
+    """The compared sequence of one process group on this rank: count and running CRC."""
+
+    __slots__ = ("ranks", "seq", "crc", "checkpoints")
+
+    def __init__(self, ranks: list[int]):
+        self.ranks = ranks
+        self.seq = 0
+        self.crc = 0
+        self.checkpoints: deque[tuple[int, int]] = deque(maxlen=256)
+
+
+class CollectiveRecorder:
+    """Per-process record of collectives, heartbeat and DDP health facts, read by the snapshot thread."""
+
+    def __init__(self, ring_size: int = 256):
+        self.ring: deque[Record] = deque(maxlen=ring_size)
+        self.count = 0
+        self.groups: dict[str, GroupSequence] = {}
+        self.in_flight: list[Record] = []  # blocking collectives being executed (nesting is possible)
+        self.last_progress = time.time()
+        self.phase = "starting"
+        self.backward_passes = 0
+        self.first_nonfinite: dict[str, Any] | None = None
+        self.nonfinite_passes = 0
+        self.ddp_models: list[DDPWatch] = []
+        self._group_keys: dict[int, str] = {}
+        self.sink: Any = None  # receives every record as it changes (the worker's ring file)
+
+    # -- recording --------------------------------------------------------------------------
+
+    def group_key(self, group: Any) -> str:
+        if group is None or group is dist.GroupMember.WORLD:
+            return "default"
+        key = self._group_keys.get(id(group))
+        if key is None:
+            key = self._group_keys[id(group)] = f"group {getattr(group, 'group_name', id(group))}"
+        return key
+
+    def _sequence(self, key: str, group: Any) -> GroupSequence:
+        sequence = self.groups.get(key)
+        if sequence is None:
+            try:
+                ranks = dist.get_process_group_ranks(group if group is not None else dist.GroupMember.WORLD)
+            except (RuntimeError, ValueError, AttributeError):
+                ranks = []
+            sequence = self.groups[key] = GroupSequence(sorted(ranks))
+        return sequence
+
+    def enter(self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None) -> Record:
+        key = self.group_key(group)
+        if op in POINT_TO_POINT:
+            seq = None
+        else:
+            sequence = self._sequence(key, group)
+            sequence.seq += 1
+            seq = sequence.seq
+            sequence.crc = zlib.crc32(f"{op}|{signature}|{kind}".encode(), sequence.crc)
+            if seq % CHECKPOINT_EVERY == 0:
+                sequence.checkpoints.append((seq, sequence.crc))
+        record = Record(self.count, key, seq, op, signature, kind, site or caller_location())
+        if seq is not None:
+            record.crc = self.groups[key].crc
+        self.count += 1
+        self.ring.append(record)
+        self.last_progress = record.entered
+        if self.sink is not None:
+            self.sink.write(record)
+        return record
+
+    def finish(self, record: Record, error: BaseException | None = None) -> None:
+        record.finished = self.last_progress = time.time()
+        if error is None:
+            record.state = "finished"
+        else:
+            record.state = "failed"
+            record.error = f"{type(error).__name__}: {error}"[:500]
+        if self.sink is not None:
+            self.sink.write(record)
+
+    def run_blocking(self, record: Record, call: Callable[[], Any]) -> Any:
+        self.in_flight.append(record)
+        try:
+            result = call()
+        except BaseException as error:
+            self.finish(record, error)
+            raise
+        finally:
+            self.in_flight.pop()
+        self.finish(record)
+        return result
+
+    def finish_when_done(self, record: Record, work: Any) -> None:
+        """An async collective is finished when its Work completes (Gloo and NCCL give a future)."""
+        record.state = "issued"
+        try:
+            future = work.get_future()
+        except (RuntimeError, AttributeError):
+            return  # Gloo's send/recv have no future; they stay 'issued'
+        future.add_done_callback(lambda _: self.finish(record))
+
+    def note_nonfinite(self, bucket_index: int, parameters: list[str], site: str | None, passes_ago: int = 0) -> None:
+        self.nonfinite_passes += 1
+        if self.first_nonfinite is None:
+            self.first_nonfinite = {
+                "step": self.backward_passes + 1 - passes_ago,
+                "parameters": parameters,
+                "bucket": bucket_index,
+                "site": site,
+                "time": time.time(),
+            }
+
+    # -- views for the snapshot thread ------------------------------------------------------
+
+    def recent(self, limit: int) -> list[dict[str, Any]]:
+        return [record.as_dict() for record in list(self.ring)[-limit:]]
+
+    def group_states(self) -> dict[str, dict[str, Any]]:
+        return {
+            key: {"ranks": s.ranks, "seq": s.seq, "crc": s.crc, "checkpoints": [list(c) for c in s.checkpoints]}
+            for key, s in list(self.groups.items())
+        }
+
+    def unused_parameters(self) -> list[str]:
+        return [name for watch in self.ddp_models for name in watch.never_used()]
+
+
+# -- what must agree across ranks, per collective -----------------------------------------------
+
+
+def _tensor_text(tensor: Any) -> str:
+    if not isinstance(tensor, torch.Tensor):
+        return type(tensor).__name__
+    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+
+
+def _reduce_op_text(op: Any) -> str:
+    return getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+
+
+def _arg(args: tuple, kwargs: dict, position: int, name: str, default: Any = None) -> Any:
+    return args[position] if len(args) > position else kwargs.get(name, default)
+
+
+def _root(args: tuple, kwargs: dict, position: int, name: str) -> str:
+    value = _arg(args, kwargs, position, name)
+    return f" {name}={value}" if value is not None else ""
+
+
+# op name -> (position of the group argument, function giving the agreed signature, async position)
+_SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
+    "all_reduce": (2, lambda a, k: f"{_tensor_text(_arg(a, k, 0, 'tensor'))} op={_reduce_op_text(_arg(a, k, 1, 'op', dist.ReduceOp.SUM))}", 3),
+    "broadcast": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "src"), 3),
+    "reduce": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "dst"), 4),
+    "all_gather": (2, lambda a, k: _tensor_text(_arg(a, k, 1, "tensor")), 3),
+    "all_gather_into_tensor": (2, lambda a, k: _tensor_text(_arg(a, k, 1, "input_tensor")), 3),
+    "gather": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 2, "dst"), 4),
+    "scatter": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 2, "src"), 4),
+    "reduce_scatter": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "output")), 4),
+    "reduce_scatter_tensor": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "output")), 4),
+    "all_to_all": (2, lambda a, k: f"{len(_arg(a, k, 1, 'input_tensor_list') or ())} tensors", 3),
+    "all_to_all_single": (4, lambda a, k: str(getattr(_arg(a, k, 1, "input"), "dtype", "")).removeprefix("torch."), 5),
+    "barrier": (0, lambda a, k: "", 1),
+    "monitored_barrier": (0, lambda a, k: "", None),
+    "all_gather_object": (2, lambda a, k: "", None),
+    "broadcast_object_list": (2, lambda a, k: _root(a, k, 1, "src").strip(), None),
+    "gather_object": (3, lambda a, k: _root(a, k, 2, "dst").strip(), None),
+    "scatter_object_list": (3, lambda a, k: _root(a, k, 2, "src").strip(), None),
+    "send": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "dst"), None),
+    "recv": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "src"), None),
+    "isend": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "dst"), None),
+    "irecv": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "src"), None),
+}
+_ALWAYS_ASYNC = frozenset({"isend", "irecv"})
+
+
+def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) -> Callable:
+    group_position, signature_of, async_position = _SIGNATURES[op]
+
+    @functools.wraps(original)
+    def recorded(*args, **kwargs):
+        record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs))
+        is_async = op in _ALWAYS_ASYNC or (
+            async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
+        )
+        if not is_async:
+            return recorder.run_blocking(record, lambda: original(*args, **kwargs))
+        try:
+            work = original(*args, **kwargs)
+        except BaseException as error:
+            recorder.finish(record, error)
+            raise
+        if work is None:
+            recorder.finish(record)
+        else:
+            recorder.finish_when_done(record, work)
+        return work
+
+    recorded.__gradsync_original__ = original
+    return recorded
+
+
+def _wrap_phase(recorder: CollectiveRecorder, phase: str, original: Callable) -> Callable:
+    @functools.wraps(original)
+    def with_phase(*args, **kwargs):
+        recorder.phase = phase
+        return original(*args, **kwargs)
+
+    with_phase.__gradsync_original__ = original
+    return with_phase
+
+
+# -- DDP ---------------------------------------------------------------------------------------
+
+
+class DDPWatch:
+    """Names and usage of one DDP model's parameters, for findings that name them as the user does."""
+
+    def __init__(self, ddp: DistributedDataParallel):
+        self.names: dict[int, str] = {}
+        for name, parameter in ddp.module.named_parameters():
+            self.names.setdefault(id(parameter), name)
+        # DDP's own error messages give parameter indices in this order.
+        self.reducer_order = [self.names.get(id(p), "?") for p in ddp._module_parameters if p.requires_grad]
+        self.used: set[int] = set()
+        self.passes = 0
+        self.pending_checks: list[tuple[torch.Tensor, int, list[str], str | None]] = []
+        self.watches_usage = ddp.find_unused_parameters
+        self._usage_hooks = []
+        if self.watches_usage:
+            # DDP silently reduces zeros for parameters that get no gradient; count who really gets
+            # one for a while, then stop watching (the hooks cost a call per parameter per pass).
+            self._usage_hooks = [
+                p.register_post_accumulate_grad_hook(self._mark_used) for p in ddp._module_parameters if p.requires_grad
+            ]
+            self.watched = [id(p) for p in ddp._module_parameters if p.requires_grad]
+
+    def _mark_used(self, parameter: torch.Tensor) -> None:
+        self.used.add(id(parameter))
+
+    def pass_done(self) -> None:
+        self.passes += 1
+        if self._usage_hooks and self.passes >= UNUSED_CHECK_PASSES:
+            for handle in self._usage_hooks:
+                handle.remove()
+            self._usage_hooks = []
+
+    def never_used(self) -> list[str]:
+        if not self.watches_usage or self.passes == 0:
+            return []
+        return [self.names.get(key, "?") for key in self.watched if key not in self.used]
+
+
+def _nonfinite_names(bucket: dist.GradBucket, watch: DDPWatch) -> list[str]:
+    return [
+        watch.names.get(id(parameter), "?")
+        for parameter, gradient in zip(bucket.parameters(), bucket.gradients())
+        if not bool(torch.isfinite(gradient).all())
+    ]
+
+
+def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group: Any, hook: Callable) -> Callable:
+    def recording_hook(state, bucket):
+        buffer = bucket.buffer()
+        record = recorder.enter(
+            "all_reduce",
+            group,
+            f"{str(buffer.dtype).removeprefix('torch.')}[{buffer.numel()}]",
+            kind=f"DDP gradient bucket {bucket.index()}",
+        )
+        # Checked before the reduction spreads it: the rank and parameter where it started.
+        total = buffer.sum(dtype=torch.float32)
+        if buffer.device.type == "cpu":
+            if not bool(torch.isfinite(total)):
+                recorder.note_nonfinite(bucket.index(), _nonfinite_names(bucket, watch), record.site)
+        else:
+            # Reading the flag now would stall the CPU until the GPU catches up; read it one
+            # pass later, when the kernels are long done, and name the bucket's parameters.
+            names = [watch.names.get(id(p), "?") for p in bucket.parameters()]
+            watch.pending_checks.append((torch.isfinite(total), bucket.index(), names, record.site))
+            if bucket.index() == 0 and len(watch.pending_checks) > 1:
+                for flag, index, bucket_names, site in watch.pending_checks[:-1]:
+                    if not bool(flag):
+                        recorder.note_nonfinite(index, bucket_names, site, passes_ago=1)
+                watch.pending_checks = watch.pending_checks[-1:]
+        if bucket.is_last():
+            recorder.backward_passes += 1
+            watch.pass_done()
+        try:
+            future = hook(state, bucket)
+        except BaseException as error:
+            recorder.finish(record, error)
+            raise
+        record.state = "issued"
+
+        def done(reduced):
+            try:
+                value = reduced.value()
+            except BaseException as error:
+                recorder.finish(record, error)
+                raise
+            recorder.finish(record)
+            return value
+
+        return future.then(done)
+
+    recording_hook.__qualname__ = getattr(hook, "__qualname__", "hook")
+    return recording_hook
+
+
+def _default_allreduce_hook(state: Any, bucket: dist.GradBucket):
+    # What DDP does without a hook: average the bucket across the group.
+    group = state if state is not None else dist.GroupMember.WORLD
+    buffer = bucket.buffer().div_(dist.get_world_size(group))
+    return dist.distributed_c10d.all_reduce(buffer, group=state, async_op=True).get_future().then(lambda f: f.value()[0])
+
+
+def _patch_ddp(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:
+    originals = []
+
+    def replace(name: str, make: Callable[[Callable], Callable]) -> None:
+        original = getattr(DistributedDataParallel, name)
+        originals.append((DistributedDataParallel, name, original))
+        setattr(DistributedDataParallel, name, make(original))
+
+    def make_init(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            parameters = [p for p in (args[0] if args else kwargs["module"]).parameters() if p.requires_grad]
+            record = recorder.enter(
+                "broadcast",
+                kwargs.get("process_group"),
+                f"{len(parameters)} parameters, {sum(p.numel() for p in parameters)} elements",
+                kind="DDP construction (parameter check and broadcast)",
+            )
+            recorder.run_blocking(record, lambda: original(self, *args, **kwargs))
+            self._gradsync_watch = DDPWatch(self)
+            self._gradsync_hooked = False
+            recorder.ddp_models.append(self._gradsync_watch)
+
+        return __init__
+
+    def make_register(original):
+        @functools.wraps(original)
+        def register_comm_hook(self, state, hook):
+            self._gradsync_hooked = True
+            return original(self, state, _bucket_recording_hook(recorder, self._gradsync_watch, self.process_group, hook))
+
+        return register_comm_hook
+
+    def make_builtin(original):
+        @functools.wraps(original)
+        def _register_builtin_comm_hook(self, comm_hook_type):
+            self._gradsync_hooked = True  # a C++ hook cannot be wrapped: its buckets go unrecorded
+            return original(self, comm_hook_type)
+
+        return _register_builtin_comm_hook
+
+    def make_forward(original):
+        @functools.wraps(original)
+        def forward(self, *args, **kwargs):
+            if not self._gradsync_hooked:
+                self._gradsync_hooked = True
+                DistributedDataParallel.register_comm_hook(self, self.process_group, _default_allreduce_hook)
+            return original(self, *args, **kwargs)
+
+        return forward
+
+    def make_sync_buffers(original):
+        @functools.wraps(original)
+        def _sync_buffers(self):
+            # Whether the forward trains or evaluates is part of what must agree: rank 0 evaluating
+            # through the wrapper alone pairs its broadcast with another rank's training one.
+            mode = "train" if self.training else "eval"
+            grad = "grad" if torch.is_grad_enabled() else "no_grad"
+            record = recorder.enter(
+                "broadcast",
+                self.process_group,
+                f"{len(self.modules_buffers)} buffers",
+                kind=f"DDP buffer broadcast ({mode}, {grad})",
+            )
+            return recorder.run_blocking(record, lambda: original(self))
+
+        return _sync_buffers
+
+    replace("__init__", make_init)
+    replace("register_comm_hook", make_register)
+    replace("_register_builtin_comm_hook", make_builtin)
+    replace("forward", make_forward)
+    replace("_sync_buffers", make_sync_buffers)
+    return originals
+
+
+def install(recorder: CollectiveRecorder) -> Callable[[], None]:
+    """Patch torch.distributed and DDP to record into `recorder`; returns a function that undoes it.
+
+    Must run before the user's script imports names from torch.distributed, which is why the
+    worker entry point installs it before running the script.
+    """
+    originals: list[tuple[Any, str, Any]] = []
+    for op in _SIGNATURES:
+        original = getattr(dist, op)
+        originals.append((dist, op, original))
+        setattr(dist, op, _wrap_collective(recorder, op, original))
+    for name, phase in (("init_process_group", "running"), ("destroy_process_group", "teardown")):
+        original = getattr(dist, name)
+        originals.append((dist, name, original))
+        setattr(dist, name, _wrap_phase(recorder, phase, original))
+    originals += _patch_ddp(recorder)
+
+    def uninstall() -> None:
+        for owner, name, original in reversed(originals):
+            setattr(owner, name, original)
+
+    return uninstall
+

@@ -1,0 +1,64 @@
+"""Showing a diagnosis: `diagnosis.json` for tools, a short block on the terminal for people.
+
+The terminal block reads in ten seconds: the verdict, one line per rank (where it is, what it
+waits for), then what to change. Warnings of a healthy run get one short block each.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from gradsync.run import files
+
+WIDTH = 100
+
+
+def write(diagnosis: dict[str, Any], run_dir: Path) -> Path:
+    path = Path(run_dir) / files.DIAGNOSIS_FILE
+    files.write_json(path, diagnosis)
+    attempt = diagnosis.get("attempt")
+    if attempt is not None:
+        files.write_json(files.attempt_dir(Path(run_dir), attempt) / files.DIAGNOSIS_FILE, diagnosis)
+    return path
+
+
+def _wrapped(text: str, indent: str) -> str:
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def render(diagnosis: dict[str, Any], path: Path | None = None) -> str:
+    findings = diagnosis["findings"]
+    errors = [f for f in findings if f["severity"] == "error"]
+    warnings = [f for f in findings if f["severity"] == "warning"]
+    lines = []
+    if errors:
+        first = errors[0]
+        ranks = ", ".join(str(r) for r in first["ranks"])
+        lines.append(f"gradsync run: FAILED: {first['category']} (rank{'s' if len(first['ranks']) > 1 else ''} {ranks})")
+        lines.append(_wrapped(first["message"], "  "))
+        for rank, line in sorted(diagnosis.get("ranks", {}).items(), key=lambda item: int(item[0])):
+            lines.append(_wrapped(f"rank {rank}: {line}", "  "))
+        lines.append(_wrapped(f"fix: {first['suggestion']}", "  "))
+        for other in errors[1:]:
+            lines.append(_wrapped(f"also {other['category']} (ranks {other['ranks']}): {other['message']}", "  "))
+    else:
+        ranks = diagnosis.get("ranks", {})
+        verdict = f"ok: {len(ranks)} rank{'s' if len(ranks) != 1 else ''} finished"
+        if warnings:
+            verdict += f", {len(warnings)} warning{'s' if len(warnings) > 1 else ''}"
+        lines.append(f"gradsync run: {verdict}")
+    for warning in warnings:
+        lines.append(_wrapped(f"warning: {warning['category']} (ranks {warning['ranks']}): {warning['message']}", "  "))
+        lines.append(_wrapped(f"fix: {warning['suggestion']}", "    "))
+    if path is not None:
+        lines.append(f"  diagnosis: {path}")
+    return "\n".join(lines)
+
+
+def publish(diagnosis: dict[str, Any], run_dir: Path) -> None:
+    """Write the diagnosis and print it to stderr (where torchrun prints its own errors)."""
+    path = write(diagnosis, run_dir)
+    print(render(diagnosis, path), file=sys.stderr, flush=True)

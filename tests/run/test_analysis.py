@@ -1,0 +1,117 @@
+"""The diagnosis rules on hand-made rank states: each rule, and the order in which they apply."""
+
+from gradsync.run.analysis import RankView, StragglerTracker, diagnose, find_divergence, is_consequence
+
+
+def record(seq, op="all_reduce", signature="float32[8] op=SUM", kind="", site="train.py:10", state="finished", entered=0.0, group="default"):
+    return {"index": seq, "group": group, "seq": seq, "op": op, "signature": signature, "kind": kind,
+            "site": site, "state": state, "entered": entered, "finished": None, "crc": None, "error": None}
+
+
+def view(rank, records, *, exit=None, exitcode=None, signal=None, alive=False, location="train.py:5", checkpoints=()):
+    snapshot = {"rank": rank, "records": records, "location": location,
+                "collectives": len(records), "time": 100.0 + rank, "backward_passes": 3,
+                "groups": {"default": {"ranks": [0, 1], "seq": len(records), "crc": 0, "checkpoints": list(checkpoints)}}}
+    return RankView(rank, snapshot=snapshot, exit=exit, exitcode=exitcode, signal=signal, alive=alive)
+
+
+def exception(message, type_="RuntimeError", location="train.py:20", time=10.0):
+    return {"status": "exception", "type": type_, "message": message, "location": location, "time": time}
+
+
+def test_consequences_are_recognised():
+    assert is_consequence({"type": "RuntimeError", "message": "[gloo] Connection closed by peer [127.0.0.1]:1"})
+    assert is_consequence({"type": "DistBackendError", "message": "anything"})
+    assert not is_consequence({"type": "ValueError", "message": "corrupt sample"})
+
+
+def test_first_crash_is_the_cause_and_others_are_consequences():
+    views = {
+        0: view(0, [record(1), record(2, state="failed")], exit=exception("Connection closed by peer", time=12.0), exitcode=1),
+        1: view(1, [record(1)], exit=exception("bad data", "ValueError", "data.py:7", time=11.0), exitcode=1),
+    }
+    diagnosis = diagnose(views, trigger="failure", now=20.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+    assert finding["locations"] == {"1": "data.py:7"}
+    assert diagnosis["ranks"]["0"].startswith('failed as a consequence ("Connection closed by peer")')
+
+
+def test_mismatch_error_inside_a_collective_is_explained_by_the_divergence():
+    views = {
+        0: view(0, [record(1), record(2, signature="float32[1] op=SUM", site="train.py:30", state="failed")],
+                exit=exception("[enforce fail at gloo] op.preamble.length <= op.nbytes. 6532 vs 4"), exitcode=1),
+        1: view(1, [record(1), record(2, kind="DDP gradient bucket 0", signature="float32[1633]", site="train.py:17", state="failed")],
+                exit=exception("Connection closed by peer"), exitcode=1),
+    }
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "collective_mismatch"
+    assert finding["ranks"] == [0], "the user's collective facing DDP's bucket is the odd one out"
+    assert finding["locations"] == {"0": "train.py:30", "1": "train.py:17"}
+
+
+def test_same_site_different_shapes_is_a_shape_mismatch():
+    views = {r: view(r, [record(1, op="all_gather", signature=f"float32[{4 + r}]", state="entered")], alive=True) for r in (0, 1)}
+    (finding,) = diagnose(views, trigger="stall", now=20.0)["findings"]
+    assert finding["category"] == "shape_mismatch" and finding["ranks"] == [0, 1]
+
+
+def test_divergence_before_the_recorded_window_is_found_by_checkpoints():
+    views = {r: view(r, [record(40)], checkpoints=[(32, 111), (64, 5)] if r else [(32, 222)]) for r in (0, 1)}
+    for v in views.values():
+        v.exit = {"status": "finished", "time": 1.0}
+    divergence = find_divergence(views)
+    assert divergence.before_window and divergence.seq == 32
+    (finding,) = diagnose(views, trigger="exit", now=20.0)["findings"]
+    assert finding["category"] == "desync"
+
+
+def test_rank_that_finished_early_is_named():
+    finished = {"status": "finished", "time": 5.0}
+    views = {
+        0: view(0, [record(1), record(2)], exit=finished, exitcode=0),
+        1: view(1, [record(1), record(2), record(3, state="issued", kind="DDP gradient bucket 0")], alive=True),
+    }
+    (finding,) = diagnose(views, trigger="stall", now=20.0)["findings"]
+    assert finding["category"] == "rank_exited" and finding["ranks"] == [0]
+
+
+def test_rank_running_outside_collectives_while_others_wait_is_stuck():
+    views = {
+        0: view(0, [record(1)], alive=True, location="train.py:99"),
+        1: view(1, [record(1), record(2, op="barrier", signature="", state="entered")], alive=True),
+    }
+    (finding,) = diagnose(views, trigger="stall", now=20.0)["findings"]
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [0]
+    assert finding["locations"]["0"] == "train.py:99"
+
+
+def test_crash_after_every_rank_finished_is_only_a_teardown_warning():
+    finished = {"status": "finished", "time": 5.0}
+    views = {
+        0: view(0, [record(1)], exit=finished, exitcode=-15, signal="SIGTERM"),
+        1: view(1, [record(1)], exit=finished, exitcode=-6, signal="SIGABRT"),
+    }
+    diagnosis = diagnose(views, trigger="failure", now=20.0)
+    assert diagnosis["status"] == "ok"
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "teardown_failure" and finding["ranks"] == [1]
+
+
+def test_a_failed_job_always_gets_an_error_finding():
+    views = {0: RankView(0, exitcode=1), 1: RankView(1, exitcode=1)}
+    diagnosis = diagnose(views, trigger="failure", now=1.0)
+    assert diagnosis["status"] == "failed"
+    assert diagnosis["findings"][0]["category"] == "rank_crashed"
+
+
+def test_straggler_tracker_names_the_late_rank_and_ignores_noise():
+    tracker = StragglerTracker(ratio=0.2, min_s=0.05)
+    snapshots = {r: {"records": [record(s, entered=s * 1.0 + (0.3 if r == 1 else 0.001 * (s % 3))) for s in range(1, 31)]} for r in (0, 1)}
+    tracker.observe(snapshots)
+    tracker.observe(snapshots)  # seeing the same records again changes nothing
+    (finding,) = tracker.findings()
+    assert finding.ranks == [1] and finding.category == "straggler"
+    quiet = StragglerTracker(ratio=0.2, min_s=0.05)
+    quiet.observe({r: {"records": [record(s, entered=s + 0.002 * r) for s in range(1, 31)]} for r in (0, 1)})
+    assert quiet.findings() == []

@@ -1,0 +1,188 @@
+"""The collective recorder on real Gloo process groups: what it records, where, and what it costs."""
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from gradsync.run.recorder import CollectiveRecorder, install
+from tests.harness import launch
+
+
+def _recorded(fn):
+    """Install a recorder, join a 2-rank group, run fn(rank), return the records as dicts."""
+    recorder = CollectiveRecorder(ring_size=64)
+    uninstall = install(recorder)
+    try:
+        dist.init_process_group("gloo")
+        fn(dist.get_rank(), recorder)
+        dist.barrier()
+        dist.destroy_process_group()
+    finally:
+        uninstall()
+    return {
+        "records": recorder.recent(64),
+        "groups": recorder.group_states(),
+        "first_nonfinite": recorder.first_nonfinite,
+        "unused": recorder.unused_parameters(),
+        "passes": recorder.backward_passes,
+        "phase": recorder.phase,
+    }
+
+
+def _public_collectives(rank, recorder):
+    t = torch.ones(3)
+    dist.all_reduce(t)  # line: all_reduce
+    dist.broadcast(t, src=1)
+    out = [torch.zeros(3) for _ in range(2)]
+    dist.all_gather(out, t)
+    dist.all_reduce(torch.ones(2, dtype=torch.float64), op=dist.ReduceOp.MAX)
+    objects = [None, None]
+    dist.all_gather_object(objects, {"rank": rank})
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    if rank == 0:
+        dist.send(torch.ones(1), dst=1)
+    else:
+        dist.recv(torch.zeros(1), src=0)
+    sub = dist.new_group([0, 1])
+    dist.all_reduce(t, group=sub)
+
+
+def record_public_collectives():
+    return _recorded(_public_collectives)
+
+
+def test_records_public_collectives_with_user_sites_and_agreed_signatures():
+    results = launch(record_public_collectives, 2)
+    line = next(i for i, text in enumerate(open(__file__), 1) if "# line: all_reduce" in text)
+    for rank, result in enumerate(results):
+        records = result["records"]
+        default = [r for r in records if r["group"] == "default" and r["seq"] is not None]
+        ops = [r["op"] for r in default]
+        assert ops[:5] == ["all_reduce", "broadcast", "all_gather", "all_reduce", "all_gather_object"], ops
+        assert default[0]["site"].endswith(f"tests/run/test_recorder.py:{line}")
+        assert default[0]["signature"] == "float32[3] op=SUM"
+        assert default[1]["signature"] == "float32[3] src=1"
+        assert default[3]["signature"] == "float64[2] op=MAX"
+        assert [r["seq"] for r in default] == list(range(1, len(default) + 1))
+        assert all(r["state"] == "finished" for r in records), [(r["op"], r["seq"], r["state"]) for r in records]
+        p2p = [r for r in records if r["op"] in ("send", "recv")]
+        assert len(p2p) == 1 and p2p[0]["seq"] is None, "point-to-point stays out of the compared sequence"
+        sub = [r for r in records if r["group"] not in ("default",)]
+        assert sub and sub[-1]["op"] == "all_reduce" and sub[-1]["seq"] == 1
+        assert result["phase"] == "teardown"
+    # The compared sequences agree exactly across ranks; point-to-point differs but is excluded.
+    assert results[0]["groups"]["default"]["crc"] == results[1]["groups"]["default"]["crc"]
+    assert results[0]["groups"]["default"]["ranks"] == [0, 1]
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.head = torch.nn.Linear(8, 1)
+        self.unused_head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.norm(self.body(x)))
+
+
+def _ddp_training(rank, recorder, nan_rank=None, find_unused=False, hook=None):
+    torch.manual_seed(0)
+    model = DistributedDataParallel(Net(), find_unused_parameters=find_unused)
+    if hook is not None:
+        model.register_comm_hook(None, hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(1, 5):
+        x = torch.randn(4, 4)
+        if rank == nan_rank and step == 3:
+            x = x * float("nan")
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()  # line: backward
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(2, 4))
+
+
+def record_ddp(nan_rank=None, find_unused=True, user_hook=False):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return _recorded(lambda rank, rec: _ddp_training(rank, rec, nan_rank, find_unused, allreduce_hook if user_hook else None))
+
+
+@pytest.mark.parametrize("user_hook", [False, True], ids=["default", "user_hook"])
+def test_ddp_buckets_buffer_broadcasts_nonfinite_and_unused(user_hook):
+    results = launch(record_ddp, 2, nan_rank=1, find_unused=True, user_hook=user_hook)
+    line = next(i for i, text in enumerate(open(__file__), 1) if "# line: backward" in text)
+    for rank, result in enumerate(results):
+        kinds = [r["kind"] for r in result["records"]]
+        assert kinds[0].startswith("DDP construction")
+        buckets = [r for r in result["records"] if r["kind"].startswith("DDP gradient bucket")]
+        assert len(buckets) == 4 and all(r["site"].endswith(f"tests/run/test_recorder.py:{line}") for r in buckets)
+        assert all(r["state"] == "finished" for r in buckets)
+        broadcasts = [r["kind"] for r in result["records"] if r["kind"].startswith("DDP buffer")]
+        assert broadcasts[:4] == ["DDP buffer broadcast (train, grad)"] * 4
+        # The eval forward after training still broadcasts (DDP syncs before the forward after a
+        # training one) and says that it happened in eval mode without grad.
+        assert broadcasts[-1] == "DDP buffer broadcast (eval, no_grad)"
+        assert result["passes"] == 4
+        assert result["unused"] == ["unused_head.weight", "unused_head.bias"]
+    # The NaN started on rank 1 at pass 3; rank 0 only sees it one pass later, after averaging.
+    assert results[1]["first_nonfinite"]["step"] == 3
+    assert set(results[1]["first_nonfinite"]["parameters"]) >= {"body.weight", "head.weight"}
+    assert results[0]["first_nonfinite"]["step"] == 4
+
+
+def test_default_recording_hook_matches_plain_ddp_bitwise():
+    plain = launch(train_and_return_parameters, 2, recorded=False)
+    recorded = launch(train_and_return_parameters, 2, recorded=True)
+    assert plain == recorded
+
+
+def train_and_return_parameters(recorded):
+    recorder = CollectiveRecorder()
+    uninstall = install(recorder) if recorded else (lambda: None)
+    try:
+        dist.init_process_group("gloo")
+        torch.manual_seed(1)
+        model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(dist.get_rank())
+        for _ in range(5):
+            loss = model(torch.randn(8, 6, generator=generator)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        dist.destroy_process_group()
+    finally:
+        uninstall()
+    assert recorder.backward_passes == (5 if recorded else 0)
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+def test_uninstall_restores_torch():
+    originals = (dist.all_reduce, DistributedDataParallel.forward, DistributedDataParallel.__init__)
+    uninstall = install(CollectiveRecorder())
+    assert dist.all_reduce is not originals[0]
+    uninstall()
+    assert (dist.all_reduce, DistributedDataParallel.forward, DistributedDataParallel.__init__) == originals
+
+
+def test_recording_costs_microseconds():
+    """Guards the hot path against accidental slowness (generous bound; the benchmark measures the ratio)."""
+    recorder = CollectiveRecorder()
+    t = torch.ones(4)
+    start = time.perf_counter()
+    for _ in range(2000):
+        record = recorder.enter("all_reduce", None, "float32[4] op=SUM")
+        recorder.finish(record)
+    per_call = (time.perf_counter() - start) / 2000
+    assert per_call < 200e-6, f"{per_call * 1e6:.1f} µs per recorded collective"
+    assert recorder.count == 2000 and len(recorder.ring) == recorder.ring.maxlen
