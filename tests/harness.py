@@ -125,4 +125,8 @@ def _worker_main() -> None:
 
 
 if __name__ == "__main__":
+    from gradsync.distributed import end_process
+
     _worker_main()
+    # A Gloo worker left to Python's interpreter teardown sometimes aborts after finishing.
+    end_process(0)

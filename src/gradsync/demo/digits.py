@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import gradsync
+from gradsync.distributed import end_process
 
 
 def digits_datasets(seed: int) -> tuple[TensorDataset, TensorDataset]:
@@ -129,3 +130,4 @@ def print_summary(summary: dict, accuracy: float, wall_s: float, run_dir) -> Non
 
 if __name__ == "__main__":
     main()
+    end_process(0)

@@ -10,8 +10,6 @@ left open is destroyed once the script has returned.
 
 from __future__ import annotations
 
-import atexit
-import gc
 import os
 import runpy
 import socket
@@ -20,10 +18,11 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch.distributed as dist
 
+from gradsync.distributed import end_process
 from gradsync.run import files
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
@@ -144,48 +143,25 @@ def main(argv: list[str] | None = None) -> None:
         if code is None or code == 0:
             writer.finish({"status": "finished", "code": 0, "time": time.time()})
             _tear_down(recorder)
-            _exit(0)
+            end_process(0)
         if not isinstance(code, int):
             print(code, file=sys.stderr)  # what Python does with sys.exit("message")
             code = 1
         writer.finish({"status": "exit_code", "code": code, "time": time.time()})
-        _exit(code)
+        end_process(code)
     except BaseException as error:
         writer.finish({"status": "exception", "time": time.time(), **describe_exception(error)})
         sys.excepthook(type(error), error, error.__traceback__)
-        _exit(130 if isinstance(error, KeyboardInterrupt) else 1)
+        end_process(130 if isinstance(error, KeyboardInterrupt) else 1)
     writer.finish({"status": "finished", "code": 0, "time": time.time()})
     _tear_down(recorder)
-    _exit(0)
+    end_process(0)
 
 
 def _tear_down(recorder: CollectiveRecorder) -> None:
     if dist.is_available() and dist.is_initialized():
         recorder.phase = "teardown"
         dist.destroy_process_group()
-
-
-def _exit(code: int) -> NoReturn:
-    """End the worker the way multiprocessing ends its children: exit handlers, then os._exit.
-
-    Python's own interpreter teardown races with Gloo's threads: a thread that frees the last
-    backward's communication work needs the GIL, finds the interpreter finalizing, and the
-    process aborts ("terminate called without an active exception"), turning a finished run
-    into a failed one (seen here on a loaded machine in 2 runs of 6 of a plain accumulation
-    script, and once in 22 even after a final barrier and destroy_process_group). Running the atexit handlers, collecting garbage while the
-    interpreter is whole and flushing the standard streams keeps what a script's exit is
-    expected to do, without that race.
-    """
-    try:
-        atexit._run_exitfuncs()
-        gc.collect()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
 
 
 if __name__ == "__main__":
