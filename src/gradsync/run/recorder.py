@@ -75,7 +75,6 @@ class CollectiveRecorder:
         self.ring: deque[Record] = deque(maxlen=ring_size)
         self.count = 0
         self.groups: dict[str, GroupSequence] = {}
-        self.in_flight: list[Record] = []  # blocking collectives being executed (nesting is possible)
         self.last_progress = time.time()
         self.phase = "starting"
         self.backward_passes = 0
@@ -137,14 +136,11 @@ class CollectiveRecorder:
             self.sink.write(record)
 
     def run_blocking(self, record: Record, call: Callable[[], Any]) -> Any:
-        self.in_flight.append(record)
         try:
             result = call()
         except BaseException as error:
             self.finish(record, error)
             raise
-        finally:
-            self.in_flight.pop()
         self.finish(record)
         return result
 
