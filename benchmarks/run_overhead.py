@@ -6,9 +6,10 @@ Two measurements, both ratios of median step times (2 processes, Gloo):
    alternating (ABBA order) for several rounds so that drift hits both alike. This includes
    everything (recorder, snapshot thread, the launcher's monitor) but between-launch noise on a
    small machine is several percent.
-2. in one job: the same processes alternate blocks of steps on two identical models, one
-   built and trained with the recorder installed (and its snapshot thread running), one
-   without. Noise cancels much better, so this pins down the recorder's own cost.
+2. in one job: the same processes alternate short blocks of steps on two identical models, one
+   built and trained with the recorder installed (ring file and snapshot thread included), one
+   without. Each back-to-back pair gives one ratio; the median of many pairs, with a
+   confidence interval, pins down the recorder's own cost far better than whole launches.
 
 Run with `make bench-run-overhead` or `python benchmarks/run_overhead.py [--rounds 4]`.
 """
@@ -81,14 +82,16 @@ def in_process_worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from gradsync.run.files import RingWriter, ring_path
     from gradsync.run.options import RunOptions
     from gradsync.run.recorder import CollectiveRecorder, install
     from gradsync.run.worker import SnapshotWriter
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    recorder = CollectiveRecorder()
     options = RunOptions(run_dir=Path(args.result).parent / "in_process")
+    recorder = CollectiveRecorder(options.ring_size)
+    recorder.sink = RingWriter(ring_path(options.run_dir, 0, rank), options.ring_size)
     identity = {"rank": rank, "attempt": 0, "pid": 0}
     plain = DistributedDataParallel(build_model(args.width))
     uninstall = install(recorder)
@@ -97,25 +100,42 @@ def in_process_worker(args: argparse.Namespace) -> None:
     models = {name: (m, torch.optim.SGD(m.parameters(), lr=0.01)) for name, m in (("plain", plain), ("recorded", recorded))}
     generator = torch.Generator().manual_seed(rank)
     x, y = torch.randn(args.batch_size, 256, generator=generator), torch.randint(0, 10, (args.batch_size,), generator=generator)
-    times = {"plain": [], "recorded": []}
-    for block in range(args.blocks):
-        for name in ("plain", "recorded") if block % 2 == 0 else ("recorded", "plain"):
-            model, optimizer = models[name]
-            if name == "plain":
-                block_times = timed_steps(model, optimizer, x, y, args.steps_per_block)
-            else:
-                uninstall = install(recorder)
-                writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
-                writer.start()
-                block_times = timed_steps(model, optimizer, x, y, args.steps_per_block)
-                writer.stopped.set()
-                uninstall()
-            if block > 0:  # the first block of each is warm-up
-                times[name] += block_times
-    medians = {name: slowest_rank_median(t) for name, t in times.items()}
+
+    def block(name: str) -> float:
+        model, optimizer = models[name]
+        if name == "plain":
+            return statistics.median(timed_steps(model, optimizer, x, y, args.steps_per_block))
+        uninstall = install(recorder)
+        writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
+        writer.start()
+        median = statistics.median(timed_steps(model, optimizer, x, y, args.steps_per_block))
+        writer.stopped.set()
+        uninstall()
+        return median
+
+    block("plain"), block("recorded")  # warm-up
+    ratios, plain_medians = [], []
+    for pair in range(args.pairs):
+        order = ("plain", "recorded") if pair % 2 == 0 else ("recorded", "plain")
+        medians = {name: block(name) for name in order}
+        plain_medians.append(medians["plain"])
+        # A pair's two blocks run back to back, so slow drift of the machine cancels in their ratio.
+        ratio = torch.tensor([medians["recorded"] / medians["plain"]])
+        dist.all_reduce(ratio, op=dist.ReduceOp.MAX)  # the job runs at its slowest rank's pace
+        ratios.append(ratio.item())
     if rank == 0:
-        Path(args.result).write_text(json.dumps(medians))
+        Path(args.result).write_text(json.dumps({"ratios": ratios, "plain_step_s": statistics.median(plain_medians)}))
     dist.destroy_process_group()
+
+
+def median_with_interval(values: list[float]) -> tuple[float, float, float]:
+    """The median and a distribution-free ~95% confidence interval for it (binomial order statistics)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half_width = 0.98 * n**0.5  # 1.96 * sqrt(n) / 2 ranks either side of the middle
+    low = max(0, int(n / 2 - half_width))
+    high = min(n - 1, int(n / 2 + half_width))
+    return statistics.median(ordered), ordered[low], ordered[high]
 
 
 def launch(launcher: list[str], args: argparse.Namespace, result: Path) -> float:
@@ -132,11 +152,11 @@ def launch(launcher: list[str], args: argparse.Namespace, result: Path) -> float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds of whole launches")
+    parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds of whole launches (0 skips them)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--blocks", type=int, default=21, help="alternating blocks in the one-job measurement")
-    parser.add_argument("--steps-per-block", type=int, default=50)
+    parser.add_argument("--pairs", type=int, default=60, help="pairs of blocks (recorder off/on) in the one-job measurement")
+    parser.add_argument("--steps-per-block", type=int, default=10)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -161,19 +181,21 @@ def main() -> None:
             watched_times.append(got["watched"])
             print(f"launch round {round_ + 1}: torchrun {got['plain'] * 1e3:.2f} ms/step, gradsync run "
                   f"{got['watched'] * 1e3:.2f} ms/step, ratio {got['watched'] / got['plain']:.3f}", flush=True)
-        launches = statistics.median(watched_times) / statistics.median(plain_times)
+        if args.rounds:
+            launches = statistics.median(watched_times) / statistics.median(plain_times)
+            print(f"whole launches: gradsync run / torchrun = {launches:.3f} (median of {args.rounds} launches each, "
+                  f"{args.steps} steps)")
         result = Path(scratch) / "in_process.json"
         subprocess.run(
             [*torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--in-process-worker", "--result", str(result),
-             "--blocks", str(args.blocks), "--steps-per-block", str(args.steps_per_block), "--width", str(args.width),
+             "--pairs", str(args.pairs), "--steps-per-block", str(args.steps_per_block), "--width", str(args.width),
              "--batch-size", str(args.batch_size)],
             check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        medians = json.loads(result.read_text())
-    print(f"whole launches: gradsync run / torchrun = {launches:.3f} (median of {args.rounds} launches each, {args.steps} steps)")
-    print(f"in one job: recorder on / off = {medians['recorded'] / medians['plain']:.3f} "
-          f"({medians['plain'] * 1e3:.2f} vs {medians['recorded'] * 1e3:.2f} ms/step, {args.blocks - 1} blocks of "
-          f"{args.steps_per_block} steps each)")
+        in_job = json.loads(result.read_text())
+    median, low, high = median_with_interval(in_job["ratios"])
+    print(f"in one job: recorder on / off = {median:.3f} (95% interval {low:.3f}-{high:.3f}; {args.pairs} pairs of "
+          f"{args.steps_per_block}-step blocks; plain step {in_job['plain_step_s'] * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":

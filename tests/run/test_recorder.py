@@ -80,6 +80,22 @@ def test_records_public_collectives_with_user_sites_and_agreed_signatures():
     assert results[0]["groups"]["default"]["ranks"] == [0, 1]
 
 
+def test_issued_collectives_are_finished_by_polling_once_their_futures_complete():
+    recorder = CollectiveRecorder()
+    done, failing, pending = (torch.futures.Future() for _ in range(3))
+    records = [recorder.enter("irecv", None, "", site="x.py:1") for _ in range(3)]
+    for record, future in zip(records, (done, failing, pending)):
+        recorder.finish_when_done(record, future)
+    done.set_result(None)
+    failing.set_exception(RuntimeError("Connection closed by peer"))
+    recorder.enter("barrier", None, "", site="x.py:2")  # the next record settles what completed
+    assert [r.state for r in records] == ["finished", "failed", "issued"]
+    assert "Connection closed by peer" in records[1].error
+    pending.set_result(None)
+    recorder.settle()
+    assert records[2].state == "finished" and recorder.issued == []
+
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()

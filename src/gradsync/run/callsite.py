@@ -7,6 +7,7 @@ per-code-object verdict is cached.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -45,8 +46,14 @@ def _user_code(code: types.CodeType) -> bool:
 
 def short_path(filename: str) -> str:
     """A path relative to the working directory when the file is under it (what the user typed)."""
+    return _short_path(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_path(filename: str, working_dir: str) -> str:
+    # Cached: every recorded collective names its call site, and relpath costs more than recording.
     try:
-        relative = os.path.relpath(filename)
+        relative = os.path.relpath(filename, working_dir)
     except ValueError:
         return filename
     return filename if relative.startswith("..") else relative

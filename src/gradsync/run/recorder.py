@@ -14,6 +14,7 @@ readers only take a copy).
 from __future__ import annotations
 
 import functools
+import math
 import time
 import zlib
 from collections import deque
@@ -83,6 +84,7 @@ class CollectiveRecorder:
         self.ddp_models: list[DDPWatch] = []
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
+        self.issued: list[tuple[Record, Any]] = []  # async collectives waiting for their futures
 
     # -- recording --------------------------------------------------------------------------
 
@@ -105,6 +107,8 @@ class CollectiveRecorder:
         return sequence
 
     def enter(self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None) -> Record:
+        if self.issued:
+            self.settle()
         key = self.group_key(group)
         if op in POINT_TO_POINT:
             seq = None
@@ -144,14 +148,31 @@ class CollectiveRecorder:
         self.finish(record)
         return result
 
-    def finish_when_done(self, record: Record, work: Any) -> None:
-        """An async collective is finished when its Work completes (Gloo and NCCL give a future)."""
+    def finish_when_done(self, record: Record, future: Any) -> None:
+        """Mark an async collective finished once `future` completes, noticed by `settle`.
+
+        Polled rather than a done-callback: a callback runs on the backend's thread and must take
+        the GIL from the training thread mid-backward, which cost more than all the recording.
+        """
         record.state = "issued"
-        try:
-            future = work.get_future()
-        except (RuntimeError, AttributeError):
-            return  # Gloo's send/recv have no future; they stay 'issued'
-        future.add_done_callback(lambda _: self.finish(record))
+        self.issued.append((record, future))
+
+    def settle(self) -> None:
+        """Finish the issued collectives whose futures completed (training thread and snapshot thread)."""
+        still_issued = []
+        for record, future in list(self.issued):
+            if record.state != "issued":
+                continue
+            if not future.done():
+                still_issued.append((record, future))
+                continue
+            try:
+                future.wait()
+            except BaseException as error:  # the backend's error is the record's outcome
+                self.finish(record, error)
+            else:
+                self.finish(record)
+        self.issued = still_issued
 
     def note_nonfinite(self, bucket_index: int, parameters: list[str], site: str | None, passes_ago: int = 0) -> None:
         self.nonfinite_passes += 1
@@ -246,8 +267,11 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
             raise
         if work is None:
             recorder.finish(record)
-        else:
-            recorder.finish_when_done(record, work)
+            return work
+        try:
+            recorder.finish_when_done(record, work.get_future())
+        except (RuntimeError, AttributeError):
+            record.state = "issued"  # Gloo's send/recv give no future: they stay 'issued'
         return work
 
     recorded.__gradsync_original__ = original
@@ -325,7 +349,7 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
         # Checked before the reduction spreads it: the rank and parameter where it started.
         total = buffer.sum(dtype=torch.float32)
         if buffer.device.type == "cpu":
-            if not bool(torch.isfinite(total)):
+            if not math.isfinite(total.item()):
                 recorder.note_nonfinite(bucket.index(), _nonfinite_names(bucket, watch), record.site)
         else:
             # Reading the flag now would stall the CPU until the GPU catches up; read it one
@@ -345,28 +369,19 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
         except BaseException as error:
             recorder.finish(record, error)
             raise
-        record.state = "issued"
-
-        def done(reduced):
-            try:
-                value = reduced.value()
-            except BaseException as error:
-                recorder.finish(record, error)
-                raise
-            recorder.finish(record)
-            return value
-
-        return future.then(done)
+        recorder.finish_when_done(record, future)
+        return future
 
     recording_hook.__qualname__ = getattr(hook, "__qualname__", "hook")
     return recording_hook
 
 
 def _default_allreduce_hook(state: Any, bucket: dist.GradBucket):
-    # What DDP does without a hook: average the bucket across the group.
+    # What DDP does without a hook: average the bucket across the group. The process group's own
+    # allreduce skips the Python checks of dist.all_reduce, which cost more than the recording.
     group = state if state is not None else dist.GroupMember.WORLD
-    buffer = bucket.buffer().div_(dist.get_world_size(group))
-    return dist.distributed_c10d.all_reduce(buffer, group=state, async_op=True).get_future().then(lambda f: f.value()[0])
+    buffer = bucket.buffer().div_(group.size())
+    return group.allreduce([buffer]).get_future().then(lambda f: f.value()[0])
 
 
 def _patch_ddp(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:

@@ -55,6 +55,7 @@ class SnapshotWriter(threading.Thread):
 
     def state(self) -> dict[str, Any]:
         recorder = self.recorder
+        recorder.settle()
         frame = sys._current_frames().get(threading.main_thread().ident)
         stack = stack_summary(frame)
         now = time.time()
