@@ -14,6 +14,7 @@ The public API is small:
 """
 
 from gradsync.agreement import agree_all, agree_any
+from gradsync.comm import CompressionConfig
 from gradsync.config import DDPConfig, MetricsConfig, TrainerConfig
 from gradsync.data import DistributedLoader, EvalLoader
 from gradsync.errors import ConfigError, GradsyncError, PeerError
@@ -22,6 +23,7 @@ from gradsync.trainer import MicroStep, Trainer, setup
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompressionConfig",
     "ConfigError",
     "DDPConfig",
     "DistributedLoader",

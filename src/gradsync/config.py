@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from gradsync.comm.compression import CompressionConfig
 from gradsync.errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -25,6 +26,9 @@ class DDPConfig:
     `sync_buffers` broadcasts rank 0's buffers (BatchNorm statistics, ...) to every rank
     before each forward pass; buffers are always made equal once, when the model is wrapped.
 
+    `compression` sends gradients through a compressor ("fp16", "bf16", "int8", "topk",
+    "powersgd"; see gradsync.comm): a name, a `CompressionConfig`, or a dict of its fields.
+
     `comm_hook` is an advanced escape hatch: a DDP communication hook `hook(state, bucket)`
     that gradsync wraps with its own timing, because DDP accepts only one hook per model.
     `comm_hook_state` is its state (default: the process group).
@@ -35,10 +39,20 @@ class DDPConfig:
     sync_buffers: bool = True
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
     comm_hook: Callable[..., Any] | None = None
     comm_hook_state: Any = None
 
     def __post_init__(self) -> None:
+        compression = self.compression
+        if isinstance(compression, str):
+            compression = CompressionConfig(name=compression)
+        object.__setattr__(self, "compression", _section(CompressionConfig, compression, "ddp.compression"))
+        if self.comm_hook is not None and self.compression.name != "none":
+            raise ConfigError(
+                f"ddp.comm_hook and ddp.compression={self.compression.name!r} both set: DDP runs one "
+                "hook per model. Drop comm_hook, or set compression='none' and compress inside your hook."
+            )
         if not self.bucket_cap_mb > 0:
             raise ConfigError(
                 f"ddp.bucket_cap_mb={self.bucket_cap_mb!r}: the gradient bucket size must be a "

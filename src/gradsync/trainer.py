@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync.accumulation import Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
+from gradsync.comm.compression import CompressionHook, make_hook
 from gradsync.config import TrainerConfig
 from gradsync.data import DistributedLoader, EvalLoader
 from gradsync.distributed import join_process_group, plan_distributed, shutdown
@@ -82,6 +83,8 @@ class Trainer:
         self.scheduler: Any = None
         self.loader: DistributedLoader | None = None
         self.comm_timer: CommTimer | None = None
+        self.compression: CompressionHook | None = None
+        self._comm_at_start: dict[str, float] = {}
         self.optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
         self._window: Window | None = None  # the window being accumulated
         self._record: StepRecord | None = None  # its metrics
@@ -263,7 +266,8 @@ class Trainer:
             gradient_as_bucket_view=options.gradient_as_bucket_view,
             static_graph=options.static_graph,
         )
-        self.comm_timer = CommTimer(self.clock, options.comm_hook, options.comm_hook_state)
+        self.compression = make_hook(options.compression)
+        self.comm_timer = CommTimer(self.clock, self.compression or options.comm_hook, options.comm_hook_state)
         self.comm_timer.register(ddp_model, process_group=None)
         return ddp_model
 
@@ -298,6 +302,8 @@ class Trainer:
         if not isinstance(num_epochs, int) or num_epochs < 0:
             raise ConfigError(f"epochs({num_epochs!r}): use a non-negative integer.")
         self.metrics.progress.set_total(num_epochs * self.steps_per_epoch)
+        if self.compression is not None:
+            self.compression.start(self.optimizer_steps + num_epochs * self.steps_per_epoch)
         for epoch in range(num_epochs):
             loader.set_epoch(epoch)
             self._last_step_end = self.clock.mark()  # time between epochs (evaluation) is not a step
@@ -345,6 +351,7 @@ class Trainer:
         start = self._last_step_end if self._last_step_end is not None else self.clock.mark()
         self._record = StepRecord(step=self.optimizer_steps + 1, epoch=self.loader.epoch, start=start)
         self._reductions_at_start = self.comm_timer.reductions if self.comm_timer else 0
+        self._comm_at_start = self._comm_counters()
 
     def _backward(self, loss: torch.Tensor, samples: int) -> None:
         window, record = self._window, self._record
@@ -354,7 +361,9 @@ class Trainer:
             self.comm_timer.start_backward()
         self.precision.backward(loss if weight == 1.0 else loss * weight)
         if self.comm_timer is not None and (ready := self.comm_timer.last_ready()) is not None:
-            record.exposed.append((ready, self.clock.mark()))
+            end = self.clock.mark()
+            record.exposed.append((ready, end))
+            record.comm_windows.append((self.comm_timer.first_ready(), end))
         window.applied_samples += samples
 
     def _close_window(self, reduced: bool) -> bool:
@@ -377,11 +386,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         record.samples = window.applied_samples
         record.reductions = reductions
+        record.comm = {k: v - self._comm_at_start.get(k, 0) for k, v in self._comm_counters().items()}
         record.lr = self.optimizer.param_groups[0].get("lr")
         record.end = self.clock.mark()
         self._last_step_end = record.end
         self._finished = record
         return applied
+
+    def _comm_counters(self) -> dict[str, float]:
+        if self.comm_timer is None:
+            return {}
+        if self.compression is None:
+            return {"raw_bytes": self.comm_timer.bucket_bytes, "sent_bytes": self.comm_timer.bucket_bytes}
+        return self.compression.stats.as_dict()
 
     def _apply_update(self, window: Window, record: StepRecord) -> bool:
         assert self.optimizer is not None and self.model is not None

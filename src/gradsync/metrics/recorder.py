@@ -25,7 +25,7 @@ RESERVED_KEYS = frozenset(
     {
         "step", "epoch", "samples", "samples_per_s", "step_time_s", "step_time_max_s",
         "slowest_rank", "slowest_rank_busy_s", "exposed_comm_s", "exposed_comm_share", "reductions", "skipped",
-        "grad_norm", "lr",
+        "grad_norm", "lr", "comm_bytes", "compression_ratio", "busbw_gbps", "encode_s", "decode_s",
     }
 )
 
@@ -44,6 +44,8 @@ class StepRecord:
     grad_norm: float | None = None
     lr: float | None = None
     exposed: list[tuple[Mark, Mark]] = field(default_factory=list)
+    comm_windows: list[tuple[Mark, Mark]] = field(default_factory=list)  # first bucket ready -> backward end
+    comm: dict[str, float] = field(default_factory=dict)  # raw/sent bytes and encode/decode time of the step
     values: dict[str, list[Any]] = field(default_factory=dict)  # key -> [weighted sum, weight]
 
     def add_value(self, key: str, value: Any, weight: float) -> None:
@@ -69,6 +71,8 @@ class StepRecord:
             "samples": self.samples,
             "step_time_s": clock.seconds(self.start, self.end),
             "exposed_comm_s": sum(clock.seconds(a, b) for a, b in self.exposed),
+            "comm_window_s": sum(clock.seconds(a, b) for a, b in self.comm_windows),
+            "comm": dict(self.comm),
             "reductions": self.reductions,
             "skipped": self.skipped,
             "grad_norm": self.grad_norm,
@@ -109,7 +113,32 @@ def aggregate(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         grad_norm=first["grad_norm"],
         lr=first["lr"],
     )
+    row.update(_communication(per_rank))
     return row
+
+
+def _communication(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bytes sent, compression ratio, bus bandwidth and codec time of one step's gradient reduction.
+
+    Bus bandwidth follows nccl-tests for all-reduce: bytes / time * 2(n-1)/n. The time is the
+    window from the first ready bucket to the end of backward, which may include overlapped
+    compute, so the figure is a lower bound on what the network delivered.
+    """
+    comm = per_rank[0].get("comm") or {}
+    raw, sent = comm.get("raw_bytes", 0), comm.get("sent_bytes", 0)
+    if not raw:
+        return {}
+    n = len(per_rank)
+    window = statistics.fmean(r.get("comm_window_s", 0.0) for r in per_rank)
+    values: dict[str, Any] = {
+        "comm_bytes": sent,
+        "compression_ratio": raw / sent if sent else 1.0,
+        "busbw_gbps": sent / window * 2 * (n - 1) / n / 1e9 if window > 0 and n > 1 else 0.0,
+    }
+    if "encode_s" in comm:
+        values["encode_s"] = statistics.fmean(r["comm"].get("encode_s", 0.0) for r in per_rank)
+        values["decode_s"] = statistics.fmean(r["comm"].get("decode_s", 0.0) for r in per_rank)
+    return values
 
 
 class MetricsRecorder:

@@ -22,6 +22,11 @@ _TAGS = {
     "exposed_comm_s": "comm/exposed_s",
     "exposed_comm_share": "comm/exposed_share",
     "reductions": "comm/reductions",
+    "comm_bytes": "comm/bytes",
+    "compression_ratio": "comm/compression_ratio",
+    "busbw_gbps": "comm/busbw_gbps",
+    "encode_s": "comm/encode_s",
+    "decode_s": "comm/decode_s",
 }
 _NOT_PLOTTED = frozenset({"step", "epoch", "samples", "slowest_rank", "skipped"})
 

@@ -61,13 +61,19 @@ class CommTimer:
         self.inner_state = inner_state
         self.reductions = 0  # complete gradient reduction passes (one per synced backward)
         self.buckets = 0
+        self.bucket_bytes = 0  # gradient bytes handed to the reduction, before any compression
+        self._first_ready: Mark | None = None
         self._last_ready: Mark | None = None
 
     # Left unannotated on purpose: DDP validates a hook's annotations by identity, and this
     # module's postponed (string) annotations would fail that check.
     def hook(self, state, bucket):  # type: ignore[no-untyped-def]
         self._last_ready = self.clock.mark()
+        if self._first_ready is None:
+            self._first_ready = self._last_ready
         self.buckets += 1
+        buffer = bucket.buffer()
+        self.bucket_bytes += buffer.numel() * buffer.element_size()
         if bucket.is_last():
             self.reductions += 1
         return self.inner(state if self.inner_state is None else self.inner_state, bucket)
@@ -76,7 +82,15 @@ class CommTimer:
         ddp_model.register_comm_hook(process_group, self.hook)
 
     def start_backward(self) -> None:
-        self._last_ready = None
+        self._first_ready = self._last_ready = None
+
+    def first_ready(self) -> Mark | None:
+        """When the first bucket of the current backward became ready: communication starts there.
+
+        From it to the end of backward is an upper bound on the time the reduction took (it may
+        overlap compute), so bytes over that window give a lower bound on the bandwidth achieved.
+        """
+        return self._first_ready
 
     def last_ready(self) -> Mark | None:
         """When the last bucket of the current backward became ready; None if none was reduced.

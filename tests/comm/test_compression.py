@@ -1,0 +1,159 @@
+"""Compression hooks on real 2-rank Gloo groups: numerics, agreement across ranks, error feedback."""
+
+import io
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from gradsync.comm import CompressionConfig, make_hook
+from gradsync.config import DDPConfig
+from gradsync.errors import ConfigError
+from tests.harness import launch
+
+
+class ControlledGradients(torch.nn.Module):
+    """forward(g_w, g_b) makes the gradients of `weight` and `bias` exactly g_w and g_b."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(64, 64))
+        self.bias = torch.nn.Parameter(torch.zeros(64))
+
+    def forward(self, g_w, g_b):
+        return (self.weight * g_w).sum() + (self.bias * g_b).sum()
+
+
+def _relative(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def trace_compressor(name, steps=30, error_feedback=True):
+    """Send known gradients through the hook; compare what DDP applies with the true mean."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = DistributedDataParallel(ControlledGradients())
+    hook = make_hook(CompressionConfig(name=name, topk_ratio=0.1, powersgd_start_step=3))
+    model.register_comm_hook(None, hook)
+    generator = torch.Generator().manual_seed(100 + rank)
+    # A low-rank direction shared by every rank (as real gradients have) under per-rank noise.
+    shared = torch.Generator().manual_seed(7)
+    drift = torch.randn(64, 2, generator=shared) @ torch.randn(2, 64, generator=shared)
+    applied_sum, true_sum = torch.zeros(64, 64), torch.zeros(64, 64)
+    first_error = None
+    bias_error = 0.0
+    identical = True
+    for step in range(steps):
+        g_w = drift + torch.randn(64, 64, generator=generator)
+        g_b = torch.randn(64, generator=generator)
+        model(g_w, g_b).backward()
+        true_w, true_b = g_w / world, g_b / world
+        dist.all_reduce(true_w)
+        dist.all_reduce(true_b)
+        applied = model.module.weight.grad.clone()
+        if step == 0:
+            first_error = _relative(applied, true_w)
+        if name == "powersgd" and step < 2:
+            assert torch.equal(applied, true_w), "PowerSGD must send plain gradients before its start step"
+        bias_error = max(bias_error, float((model.module.bias.grad - true_b).abs().max()))
+        everyone = [torch.empty_like(applied) for _ in range(world)]
+        dist.all_gather(everyone, applied)
+        identical &= all(torch.equal(everyone[0], other) for other in everyone)
+        applied_sum += applied
+        true_sum += true_w
+        model.zero_grad()
+        if not error_feedback:
+            hook.residuals.clear()
+    buffer = io.BytesIO()
+    torch.save(hook.state_dict(), buffer)
+    buffer.seek(0)
+    restored = make_hook(CompressionConfig(name=name, powersgd_start_step=3))
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    dist.destroy_process_group()
+    return {
+        "first_error": first_error,
+        "sum_error": _relative(applied_sum, true_sum),
+        "bias_error": bias_error,
+        "identical": identical,
+        "ratio": hook.stats.raw_bytes / hook.stats.sent_bytes,
+        "codec_s": hook.stats.encode_s + hook.stats.decode_s,
+    }
+
+
+# name, bound on the first step's relative error, on the relative error of the 30-step sum, and
+# the least compression ratio (1-D parameters and PowerSGD's warm-up are sent whole).
+CASES = [
+    ("fp16", 1e-3, 1e-3, 1.9),
+    ("bf16", 1e-2, 1e-2, 1.9),
+    ("int8", 0.05, 0.01, 3.0),
+    ("topk", 1.0, 0.15, 2.0),
+    ("powersgd", 1.0, 0.1, 1.2),
+]
+
+
+@pytest.mark.parametrize("name, max_first_error, max_sum_error, min_ratio", CASES)
+def test_compressor_is_close_to_the_mean_identical_on_every_rank_and_tracks_the_true_sum(
+    name, max_first_error, max_sum_error, min_ratio
+):
+    for result in launch(trace_compressor, 2, name=name):
+        assert result["identical"], "every rank must apply the bitwise identical update"
+        # 1-D parameters travel uncompressed: the exact mean (PowerSGD's own hook adds its zero
+        # error to them, which may round).
+        assert result["bias_error"] <= (1e-6 if name == "powersgd" else 0.0), result
+        assert result["first_error"] < max_first_error, result
+        # Error feedback: what was held back is sent later, so the sums agree closely.
+        assert result["sum_error"] < max_sum_error, result
+        assert result["ratio"] > min_ratio, result
+
+
+@pytest.mark.parametrize("name", ["int8", "topk"])
+def test_without_error_feedback_the_gradient_sum_drifts_away(name):
+    # The control for the test above: the same gradients with the residuals dropped every step.
+    with_feedback = launch(trace_compressor, 2, name=name)[0]["sum_error"]
+    without = launch(trace_compressor, 2, name=name, error_feedback=False)[0]["sum_error"]
+    assert without > 3 * with_feedback, (without, with_feedback)
+
+
+def test_compression_config_is_checked():
+    assert DDPConfig(compression="int8").compression == CompressionConfig(name="int8")
+    assert DDPConfig(compression={"name": "topk", "topk_ratio": 0.05}).compression.topk_ratio == 0.05
+    with pytest.raises(ConfigError, match="unknown; use one of none, fp16"):
+        DDPConfig(compression="zip")
+    with pytest.raises(ConfigError, match="both set"):
+        DDPConfig(compression="fp16", comm_hook=lambda state, bucket: None)
+    with pytest.raises(ConfigError, match="at least 2 plain steps"):
+        CompressionConfig(name="powersgd", powersgd_start_step=1)
+    with pytest.raises(ConfigError, match="fraction"):
+        CompressionConfig(name="topk", topk_ratio=0)
+
+
+def train_with_compression(name, run_dir):
+    import gradsync
+
+    trainer = gradsync.setup(ddp={"compression": name, "bucket_cap_mb": 0.05}, run_dir=run_dir, metrics={"log_every": 2})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    dataset = torch.utils.data.TensorDataset(torch.randn(64, 32), torch.randn(64, 1))
+    model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05), dataset, batch_size=8)
+    for _ in trainer.epochs(2):
+        for x, y in loader:
+            with trainer.step() as step:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                step.backward(loss)
+            trainer.log(loss=loss)
+    row = trainer.metrics.last_row
+    parameters = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = [torch.empty_like(parameters) for _ in range(trainer.world_size)]
+    dist.all_gather(everyone, parameters)
+    trainer.close()
+    return {"row": row, "same_parameters": all(torch.equal(everyone[0], p) for p in everyone)}
+
+
+@pytest.mark.parametrize("name, min_ratio", [("none", 1.0), ("int8", 3.0)])
+def test_trainer_compresses_and_reports_what_it_sent(name, min_ratio, tmp_path):
+    for result in launch(train_with_compression, 2, name=name, run_dir=str(tmp_path)):
+        row = result["row"]
+        assert result["same_parameters"]
+        assert row["compression_ratio"] >= min_ratio and row["comm_bytes"] > 0 and row["busbw_gbps"] > 0
+        assert ("encode_s" in row) == (name != "none")
