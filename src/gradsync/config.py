@@ -26,15 +26,18 @@ class DDPConfig:
     `sync_buffers` broadcasts rank 0's buffers (BatchNorm statistics, ...) to every rank
     before each forward pass; buffers are always made equal once, when the model is wrapped.
 
+    `bucket_cap_mb="auto"` sizes buckets from the model's gradients (about 8 buckets, 1-25 MB).
+
     `compression` sends gradients through a compressor ("fp16", "bf16", "int8", "topk",
-    "powersgd"; see gradsync.comm): a name, a `CompressionConfig`, or a dict of its fields.
+    "powersgd"; see gradsync.comm) or lets "auto" pick one by trying them in the first steps:
+    a name, a `CompressionConfig`, or a dict of its fields.
 
     `comm_hook` is an advanced escape hatch: a DDP communication hook `hook(state, bucket)`
     that gradsync wraps with its own timing, because DDP accepts only one hook per model.
     `comm_hook_state` is its state (default: the process group).
     """
 
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: float | str = 25.0
     find_unused_parameters: bool = False
     sync_buffers: bool = True
     gradient_as_bucket_view: bool = False
@@ -53,10 +56,12 @@ class DDPConfig:
                 f"ddp.comm_hook and ddp.compression={self.compression.name!r} both set: DDP runs one "
                 "hook per model. Drop comm_hook, or set compression='none' and compress inside your hook."
             )
-        if not self.bucket_cap_mb > 0:
+        if self.bucket_cap_mb != "auto" and not (
+            isinstance(self.bucket_cap_mb, (int, float)) and not isinstance(self.bucket_cap_mb, bool) and self.bucket_cap_mb > 0
+        ):
             raise ConfigError(
                 f"ddp.bucket_cap_mb={self.bucket_cap_mb!r}: the gradient bucket size must be a "
-                "positive number of megabytes (DDP's default is 25)."
+                "positive number of megabytes (DDP's default is 25), or 'auto' to size it from the model."
             )
         if self.comm_hook is not None and not callable(self.comm_hook):
             raise ConfigError(

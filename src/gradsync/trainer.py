@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync.accumulation import Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
+from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
 from gradsync.comm.compression import CompressionHook, make_hook
 from gradsync.config import TrainerConfig
 from gradsync.data import DistributedLoader, EvalLoader
@@ -83,7 +84,7 @@ class Trainer:
         self.scheduler: Any = None
         self.loader: DistributedLoader | None = None
         self.comm_timer: CommTimer | None = None
-        self.compression: CompressionHook | None = None
+        self.compression: CompressionHook | AutoTuner | None = None
         self._comm_at_start: dict[str, float] = {}
         self.optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
         self._window: Window | None = None  # the window being accumulated
@@ -257,16 +258,23 @@ class Trainer:
 
     def _wrap(self, model: nn.Module) -> DistributedDataParallel:
         options = self.config.ddp
+        bucket_cap_mb = options.bucket_cap_mb
+        if bucket_cap_mb == "auto":
+            bucket_cap_mb = auto_bucket_cap_mb(model)
+            self._log_main(f"bucket_cap_mb='auto': {bucket_cap_mb} MB buckets (about 8 for this model's gradients)")
         ddp_model = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=options.bucket_cap_mb,
+            bucket_cap_mb=bucket_cap_mb,
             find_unused_parameters=options.find_unused_parameters,
             **_buffer_sync_option(options.sync_buffers),
             gradient_as_bucket_view=options.gradient_as_bucket_view,
             static_graph=options.static_graph,
         )
-        self.compression = make_hook(options.compression)
+        if options.compression.name == "auto":
+            self.compression = AutoTuner(options.compression, log=self._log_main)
+        else:
+            self.compression = make_hook(options.compression)
         self.comm_timer = CommTimer(self.clock, self.compression or options.comm_hook, options.comm_hook_state)
         self.comm_timer.register(ddp_model, process_group=None)
         return ddp_model
@@ -390,8 +398,14 @@ class Trainer:
         record.lr = self.optimizer.param_groups[0].get("lr")
         record.end = self.clock.mark()
         self._last_step_end = record.end
+        if isinstance(self.compression, AutoTuner):
+            self.compression.step_done(self.device)
         self._finished = record
         return applied
+
+    def _log_main(self, message: str) -> None:
+        if self.is_main:
+            self.logger.info(message)
 
     def _comm_counters(self) -> dict[str, float]:
         if self.comm_timer is None:

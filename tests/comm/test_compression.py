@@ -128,7 +128,7 @@ def test_compression_config_is_checked():
         CompressionConfig(name="topk", topk_ratio=0)
 
 
-def train_with_compression(name, run_dir):
+def train_with_compression(name, run_dir, epochs=2):
     import gradsync
 
     trainer = gradsync.setup(ddp={"compression": name, "bucket_cap_mb": 0.05}, run_dir=run_dir, metrics={"log_every": 2})
@@ -136,7 +136,7 @@ def train_with_compression(name, run_dir):
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     dataset = torch.utils.data.TensorDataset(torch.randn(64, 32), torch.randn(64, 1))
     model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05), dataset, batch_size=8)
-    for _ in trainer.epochs(2):
+    for _ in trainer.epochs(epochs):
         for x, y in loader:
             with trainer.step() as step:
                 loss = torch.nn.functional.mse_loss(model(x), y)
@@ -146,8 +146,9 @@ def train_with_compression(name, run_dir):
     parameters = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     everyone = [torch.empty_like(parameters) for _ in range(trainer.world_size)]
     dist.all_gather(everyone, parameters)
+    chosen = trainer.compression.describe()["compression"] if name == "auto" else None
     trainer.close()
-    return {"row": row, "same_parameters": all(torch.equal(everyone[0], p) for p in everyone)}
+    return {"row": row, "same_parameters": all(torch.equal(everyone[0], p) for p in everyone), "chosen": chosen}
 
 
 @pytest.mark.parametrize("name, min_ratio", [("none", 1.0), ("int8", 3.0)])
@@ -157,3 +158,42 @@ def test_trainer_compresses_and_reports_what_it_sent(name, min_ratio, tmp_path):
         assert result["same_parameters"]
         assert row["compression_ratio"] >= min_ratio and row["comm_bytes"] > 0 and row["busbw_gbps"] > 0
         assert ("encode_s" in row) == (name != "none")
+
+
+def test_trainer_with_auto_compression_settles_on_one_choice_that_every_rank_shares(tmp_path):
+    results = launch(train_with_compression, 2, name="auto", run_dir=str(tmp_path), epochs=7)
+    assert results[0]["chosen"] in ("none", "bf16", "powersgd", "int8")
+    for result in results:
+        assert result["chosen"] == results[0]["chosen"]
+        assert result["same_parameters"]
+        assert result["row"]["comm_bytes"] > 0
+
+
+def _tuner_with_timings(timings, margin=0.05):
+    from gradsync.comm.auto import AutoTuner
+
+    dist.init_process_group("gloo")
+    tuner = AutoTuner(CompressionConfig(name="auto"), margin=margin, candidates=tuple(timings))
+    for trial in tuner.trials:
+        trial.step_times = [1.0] + [timings[trial.name]] * 4
+    tuner._decide()
+    dist.destroy_process_group()
+    return tuner.describe()["compression"]
+
+
+def test_auto_keeps_exact_gradients_unless_a_compressor_wins_by_the_margin():
+    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "bf16": 0.097, "int8": 0.096})[0] == "none"
+    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "bf16": 0.090, "int8": 0.060})[0] == "int8"
+    # A lossier compressor must beat the best less lossy one found so far, not just fp32.
+    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "bf16": 0.060, "int8": 0.058})[0] == "bf16"
+
+
+def test_auto_bucket_size_follows_the_gradient_bytes():
+    from gradsync.comm.auto import auto_bucket_cap_mb
+
+    assert auto_bucket_cap_mb(torch.nn.Linear(10, 10)) == 1.0
+    assert auto_bucket_cap_mb(torch.nn.Linear(2048, 2048)) == 2.0  # 16 MB of gradients / 8
+    assert auto_bucket_cap_mb(torch.nn.Embedding(100_000, 1024)) == 25.0
+    assert DDPConfig(bucket_cap_mb="auto").bucket_cap_mb == "auto"
+    with pytest.raises(ConfigError, match="or 'auto'"):
+        DDPConfig(bucket_cap_mb="big")

@@ -30,14 +30,15 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from gradsync.errors import ConfigError
 
-COMPRESSIONS = ("none", "fp16", "bf16", "int8", "topk", "powersgd")
+COMPRESSIONS = ("none", "fp16", "bf16", "int8", "topk", "powersgd", "auto")
 
 
 @dataclass(frozen=True)
 class CompressionConfig:
     """Which compressor DDP's gradient buckets go through, and its knobs.
 
-    name: one of COMPRESSIONS; "none" leaves DDP's own all-reduce in place.
+    name: one of COMPRESSIONS; "none" leaves DDP's own all-reduce in place; "auto" tries the
+        candidates during the first steps and keeps the fastest (gradsync.comm.auto).
     min_numel: parameters smaller than this (and every 1-D parameter) are sent uncompressed.
     powersgd_rank: rank of PowerSGD's low-rank approximation (higher: closer to exact, more bytes).
     powersgd_start_step: optimizer steps of plain all-reduce before PowerSGD starts; PowerSGD
@@ -365,7 +366,10 @@ _HOOKS = {"fp16": CastHook, "bf16": CastHook, "int8": Int8Hook, "topk": TopKHook
 
 
 def make_hook(config: CompressionConfig, process_group: Any = None) -> CompressionHook | None:
-    """The hook for `config`, or None for "none" (DDP's own C++ all-reduce is then fastest)."""
+    """The hook for `config`, or None for "none" (DDP's own all-reduce). "auto" is built by
+    gradsync.comm.auto.AutoTuner, which needs the trainer's step boundaries."""
     if config.name == "none":
         return None
+    if config.name == "auto":
+        raise ValueError("compression 'auto' is an AutoTuner (gradsync.comm.auto), not a single hook")
     return _HOOKS[config.name](config, process_group)

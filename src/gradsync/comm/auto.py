@@ -1,0 +1,177 @@
+"""`compression="auto"`: pick the gradient communication for this model on this network by trying it.
+
+Models of step time (bandwidth x bytes, minus what overlaps with backward, plus codec cost) are
+easy to write and easy to get wrong: overlap, the codec's CPU cost competing with the backward,
+and per-message latency all vary by machine. So auto measures instead: after a short warm-up it
+runs a few real training steps with each candidate (plain fp32 first), measures every rank's
+step time (the slowest rank counts), and keeps the fastest. A compressor must beat the less
+lossy choices by more than `margin` to be chosen, because compression costs accuracy and often
+loses on fast links; on a fast network auto therefore keeps plain fp32.
+
+Nothing about the batch changes (no accumulation): the global batch size stays the user's.
+Every rank sees the same all-reduced timings, so every rank makes the same choice at the same
+step, without another agreement round.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from gradsync.comm.compression import CompressionConfig, CompressionHook, CompressionStats, make_hook
+
+# Least lossy first: on a tie the earlier one wins.
+CANDIDATES = ("none", "bf16", "powersgd", "int8")
+
+
+def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
+    """A bucket size from the model's gradient bytes: about 8 buckets, between 1 and 25 MB.
+
+    Smaller buckets start communicating earlier in backward (more overlap); each one also pays
+    the collective's latency. Eight buckets hides most of the communication behind backward
+    while keeping latency a small share; DDP's 25 MB default suits models of 200 MB and more.
+    """
+    total_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
+    return round(min(25.0, max(1.0, total_mb / 8)), 2)
+
+
+class PlainHook(CompressionHook):
+    """fp32 all-reduce through the same accounting as the compressors (auto's baseline)."""
+
+    def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
+        self.stats.sent_bytes += flat.numel() * flat.element_size()
+        return self._all_reduce(flat)
+
+
+@dataclass
+class Trial:
+    name: str
+    hook: CompressionHook
+    step_times: list[float] = field(default_factory=list)
+    mean_s: float | None = None
+
+
+class AutoTuner:
+    """Switches the communication hook between candidates during the first steps, then settles.
+
+    The trainer calls `inner` for the hook to use and `step_done()` after every optimizer step.
+    """
+
+    def __init__(
+        self,
+        base: CompressionConfig,
+        process_group: Any = None,
+        *,
+        warmup_steps: int = 3,
+        steps_per_trial: int = 4,
+        margin: float = 0.05,
+        candidates: tuple[str, ...] = CANDIDATES,
+        log: Callable[[str], None] = lambda message: None,
+    ) -> None:
+        self.process_group = process_group
+        self.warmup_steps = warmup_steps
+        self.steps_per_trial = steps_per_trial
+        self.margin = margin
+        self.log = log
+        self.stats = CompressionStats()  # shared, so per-step metrics stay continuous across switches
+        self.trials = []
+        for name in candidates:
+            config = CompressionConfig(
+                name=name,
+                min_numel=base.min_numel,
+                powersgd_rank=base.powersgd_rank,
+                powersgd_start_step=2,  # its own warm-up already happened in auto's
+                topk_ratio=base.topk_ratio,
+            )
+            hook = PlainHook(config, process_group) if name == "none" else make_hook(config, process_group)
+            assert hook is not None
+            hook.stats = self.stats
+            self.trials.append(Trial(name, hook))
+        self.chosen: Trial | None = None
+        self.steps = 0
+        self._trial_index = -1  # warming up
+        self._trial_started: float | None = None
+
+    @property
+    def current(self) -> CompressionHook:
+        if self.chosen is not None:
+            return self.chosen.hook
+        return self.trials[max(0, self._trial_index)].hook
+
+    def __call__(self, state, bucket):  # type: ignore[no-untyped-def]  # a DDP hook (see compression.py)
+        return self.current(state, bucket)
+
+    def start(self, planned_steps: int | None) -> None:
+        """Compression hooks' interface; auto's schedule does not depend on the run's length."""
+
+    def step_done(self, device: torch.device) -> None:
+        """After each optimizer step: advance the schedule; decide after the last trial."""
+        if self.chosen is not None:
+            return
+        self.steps += 1
+        if self.steps < self.warmup_steps:
+            return
+        now = _synchronized_now(device)
+        if self._trial_index >= 0 and self._trial_started is not None:
+            trial = self.trials[self._trial_index]
+            trial.step_times.append(now - self._trial_started)
+            # The first step after a switch pays for the switch (new buffers, PowerSGD's first
+            # low-rank pass), so it is left out of the trial's measurement.
+            if len(trial.step_times) <= self.steps_per_trial:
+                self._trial_started = now
+                return
+        self._trial_index += 1
+        self._trial_started = now
+        if self._trial_index == len(self.trials):
+            self._decide()
+
+    def _decide(self) -> None:
+        means = torch.tensor([sorted(t.step_times[1:])[len(t.step_times[1:]) // 2] for t in self.trials], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(means, op=dist.ReduceOp.MAX, group=self.process_group)  # the slowest rank sets the pace
+        for trial, mean in zip(self.trials, means.tolist()):
+            trial.mean_s = mean
+        best = self.trials[0]
+        for trial in self.trials[1:]:
+            if trial.mean_s < best.mean_s * (1 - self.margin):
+                best = trial
+        self.chosen = best
+        timings = ", ".join(f"{t.name} {t.mean_s * 1e3:.1f} ms" for t in self.trials)
+        baseline = self.trials[0]
+        if best is baseline:
+            why = (f"no compressor was more than {self.margin:.0%} faster than plain fp32, so gradients "
+                   "stay exact (the network keeps up with the compute)")
+        else:
+            why = (f"{best.name} cut the step time by {1 - best.mean_s / baseline.mean_s:.0%} against fp32 "
+                   "(communication was the bottleneck)")
+        self.log(f"auto compression chose {best.name}: {why}. Measured step times: {timings}.")
+
+    def describe(self) -> dict[str, Any]:
+        """What auto measured and chose (for reports and the benchmark JSON)."""
+        return {
+            "compression": None if self.chosen is None else self.chosen.name,
+            "step_time_s": {t.name: t.mean_s for t in self.trials},
+            "margin": self.margin,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"chosen": None if self.chosen is None else self.chosen.name}
+        if self.chosen is not None:
+            state["hook"] = self.chosen.hook.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        chosen = state.get("chosen")
+        if chosen is not None:
+            self.chosen = next(t for t in self.trials if t.name == chosen)
+            self.chosen.hook.load_state_dict(state.get("hook", {}))
+
+
+def _synchronized_now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
