@@ -257,18 +257,18 @@ class Int8Hook(CompressionHook):
         padded = torch.nn.functional.pad(flat, (0, -numel % self.CHUNK)).view(-1, self.CHUNK)
         chunk_max = padded.abs().amax(dim=1)
         self.stats.sent_bytes += chunk_max.numel() * chunk_max.element_size()
-        scales_agreed = dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True)
-
-        def send(_: Any) -> torch.Tensor:
-            scale = (chunk_max / self.levels).clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
-            quantised = torch.round(padded / scale).clamp_(-self.levels, self.levels)
-            self.residuals[index] = (padded - quantised * scale).view(-1)[:numel]
-            integers = quantised.to(self.carrier)
-            self.stats.sent_bytes += integers.numel() * integers.element_size()
-            summed = _first(self._all_reduce(integers).wait())
-            return (summed.float() * scale).view(-1)[:numel].to(flat.dtype)
-
-        return scales_agreed.get_future().then(send)
+        # Agreed before quantising, and synchronously: waiting inside a future's callback would
+        # hold one of Gloo's two worker threads, and two buckets doing so deadlock the group.
+        dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=self.process_group)
+        scale = (chunk_max / self.levels).clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
+        quantised = torch.round(padded / scale).clamp_(-self.levels, self.levels)
+        self.residuals[index] = (padded - quantised * scale).view(-1)[:numel]
+        integers = quantised.to(self.carrier)
+        self.stats.sent_bytes += integers.numel() * integers.element_size()
+        dtype = flat.dtype
+        return self._all_reduce(integers).then(
+            lambda f: (_first(f.value()).float() * scale).view(-1)[:numel].to(dtype)
+        )
 
 
 class TopKHook(CompressionHook):
@@ -320,8 +320,15 @@ class PowerSGDHook(CompressionHook):
             warm_start=True,
             compression_stats_logging_frequency=1 << 62,  # gradsync reports its own metrics
         )
+        self._serialize = dist.get_backend(process_group) == "gloo"
+        self._previous: torch.futures.Future | None = None
 
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
+        if self._previous is not None:
+            # PyTorch's hook waits for its second and third all-reduce inside future callbacks,
+            # which on Gloo run on the group's two worker threads: two buckets in flight block
+            # both threads and deadlock. One bucket at a time keeps a thread free.
+            self._previous.wait()
         started = time.perf_counter()
         raw = bucket.buffer().numel() * bucket.buffer().element_size()
         before = self.power_state.total_numel_after_compression
@@ -331,6 +338,8 @@ class PowerSGDHook(CompressionHook):
         # PowerSGD counts elements only once it compresses; before that it sends the bucket whole.
         self.stats.sent_bytes += (after - before) * bucket.buffer().element_size() if after != before else raw
         self.stats.encode_s += time.perf_counter() - started
+        if self._serialize:
+            self._previous = None if bucket.is_last() else future
         return future
 
     def start(self, planned_steps: int | None) -> None:

@@ -1,0 +1,200 @@
+"""`gradsync bench train`: what each communication setting buys on a real training workload.
+
+For a built-in workload it runs one worker alone (the reference), then N workers once per
+configuration, each a fresh job through the launcher, and reports per configuration: samples/s
+per worker, scaling efficiency (per-worker throughput / the lone worker's), the share of step
+time spent in exposed communication, bytes sent per step, and the final loss. The global batch
+is the same for every configuration (per-worker batch x N), so losses are comparable.
+
+Configurations: fp32 (DDP's plain all-reduce), fp16, bf16, powersgd, int8, topk (gradient
+compression, gradsync.comm) and auto (tries them and keeps the fastest). Throughput is measured
+after `warmup` steps; auto's warm-up includes its trials, so its number is what it settled on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gradsync.errors import ConfigError
+
+CONFIGS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
+AUTO_TRIAL_STEPS = 3 + 4 * 5  # AutoTuner's warm-up plus four trials of five steps
+
+
+def compression_for(config: str) -> str:
+    return "none" if config == "fp32" else config
+
+
+def parse_configs(text: str) -> list[str]:
+    configs = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if not configs or unknown:
+        raise ConfigError(f"--configs {text!r}: use a comma-separated list of {', '.join(CONFIGS)}.")
+    return configs
+
+
+# -- one job (runs in every worker) ---------------------------------------------------------------
+
+
+def worker_main(argv: list[str] | None = None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import gradsync
+    from gradsync.bench.workloads import WORKLOADS
+    from gradsync.distributed import end_process
+
+    parser = argparse.ArgumentParser(prog="python -m gradsync.bench.train")
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), required=True)
+    parser.add_argument("--config", choices=CONFIGS, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--result", required=True)
+    parser.add_argument("--run-dir", required=True)
+    args = parser.parse_args(argv)
+
+    workload = WORKLOADS[args.workload]
+    auto = args.config == "auto"
+    trainer = gradsync.setup(
+        ddp={"compression": compression_for(args.config), "bucket_cap_mb": "auto" if auto else 25.0},
+        run_dir=args.run_dir,
+        metrics={"log_every": 5, "progress": False, "tensorboard": False},
+    )
+    torch.manual_seed(0)
+    model = workload.build_model()
+    dataset = workload.build_dataset(args.steps * args.batch_size * trainer.world_size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    model, optimizer, loader = trainer.prepare(model, optimizer, dataset, batch_size=args.batch_size, shuffle=False)
+    step_ends: list[float] = []
+    loss_value = float("nan")
+    for _ in trainer.epochs(1):
+        for batch in loader:
+            with trainer.step() as step:
+                loss = workload.loss(model, batch)
+                step.backward(loss)
+            trainer.log(loss=loss)
+            step_ends.append(time.perf_counter())
+            loss_value = loss.item()
+    summary = trainer.summary()
+    rows = [json.loads(line) for line in (Path(args.run_dir) / "metrics.jsonl").read_text().splitlines()] if trainer.is_main else []
+    chosen = trainer.compression.describe() if auto and trainer.compression is not None else None
+    measured = step_ends[args.warmup :]
+    seconds = torch.tensor([measured[-1] - measured[0] if len(measured) > 1 else float("nan")], dtype=torch.float64)
+    if trainer.world_size > 1:
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    if trainer.is_main:
+        timed_steps = len(measured) - 1
+        samples = timed_steps * args.batch_size  # per worker
+        late = [r for r in rows if r["step"] > args.warmup]
+        result = {
+            "config": args.config,
+            "world_size": trainer.world_size,
+            "samples_per_s_per_worker": samples / float(seconds) if timed_steps > 0 else None,
+            "exposed_comm_share": (
+                sum(r["exposed_comm_s"] for r in late) / sum(r["step_time_s"] for r in late) if late else None
+            ),
+            "comm_bytes_per_step": statistics.fmean(r["comm_bytes"] for r in late) if late and "comm_bytes" in late[0] else 0,
+            "compression_ratio": statistics.fmean(r["compression_ratio"] for r in late) if late and "compression_ratio" in late[0] else None,
+            "final_loss": summary["loss"] if summary["loss"] is not None else loss_value,
+            "loss_curve": [[r["step"], r.get("loss")] for r in rows],
+            "chosen": chosen,
+        }
+        Path(args.result).write_text(json.dumps(result))
+    trainer.close()
+    end_process(0)
+
+
+# -- the benchmark (runs in the user's process) ---------------------------------------------------
+
+Runner = Callable[[int, list[str]], int]  # (workers, worker arguments) -> exit code
+
+
+def local_runner(workers: int, worker_args: list[str]) -> int:
+    """A fresh single-node job through torchrun's agent, like `torchrun --standalone`."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
+               "-m", "gradsync.bench.train", *worker_args]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run(command, env=env).returncode
+
+
+def run_benchmark(
+    workload: str,
+    configs: list[str],
+    *,
+    workers: int,
+    steps: int,
+    batch_size: int,
+    runner: Runner,
+    single_runner: Runner | None = None,
+    warmup: int = 5,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the lone reference and every configuration; the report as in `--json`."""
+    single_runner = single_runner or runner
+    # Every job trains the same number of steps, so final losses compare; when auto is among
+    # the configurations, every job also leaves auto's trial steps out of its throughput.
+    job_warmup = warmup + (AUTO_TRIAL_STEPS if "auto" in configs else 0)
+    job_steps = steps + job_warmup - warmup
+    with tempfile.TemporaryDirectory(prefix="gradsync-bench-") as scratch:
+
+        def job(config: str, count: int, run: Runner) -> dict[str, Any]:
+            result = Path(scratch) / f"{config}-{count}.json"
+            args = ["--workload", workload, "--config", config, "--steps", str(job_steps), "--warmup", str(job_warmup),
+                    "--batch-size", str(batch_size), "--result", str(result),
+                    "--run-dir", str(Path(scratch) / f"run-{config}-{count}")]
+            code = run(count, args)
+            if code != 0 or not result.exists():
+                raise RuntimeError(f"the {config} job on {count} worker(s) failed (exit code {code}); its output is above")
+            return json.loads(result.read_text())
+
+        log(f"{workload}: 1 worker, fp32 (the reference)")
+        single = job("fp32", 1, single_runner)
+        reference = single["samples_per_s_per_worker"]
+        results = []
+        for config in configs:
+            log(f"{workload}: {workers} workers, {config}")
+            outcome = job(config, workers, runner)
+            outcome["scaling_efficiency"] = outcome["samples_per_s_per_worker"] / reference
+            results.append(outcome)
+            log(f"  {outcome['samples_per_s_per_worker']:.1f} samples/s per worker, scaling efficiency "
+                f"{outcome['scaling_efficiency']:.0%}, exposed comm {(outcome['exposed_comm_share'] or 0):.0%}")
+    return {
+        "workload": workload,
+        "world_size": workers,
+        "batch_size_per_worker": batch_size,
+        "steps": job_steps,
+        "timed_from_step": job_warmup,
+        "single_worker_samples_per_s": reference,
+        "single_worker_final_loss": single["final_loss"],
+        "results": results,
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [
+        f"# {report['workload']}: {report['world_size']} workers, batch {report['batch_size_per_worker']} per worker; "
+        f"one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s",
+        f"{'config':>9} {'samples/s/worker':>17} {'scaling eff.':>13} {'exposed comm':>13} {'MB/step':>8} {'final loss':>11}  chosen",
+    ]
+    for r in report["results"]:
+        chosen = (r.get("chosen") or {}).get("compression") or ""
+        lines.append(
+            f"{r['config']:>9} {r['samples_per_s_per_worker']:>17.1f} {r['scaling_efficiency']:>12.0%} "
+            f"{(r['exposed_comm_share'] or 0):>12.0%} {r['comm_bytes_per_step'] / 2**20:>8.2f} {r['final_loss']:>11.4f}  {chosen}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    worker_main()

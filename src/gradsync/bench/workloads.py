@@ -1,0 +1,137 @@
+"""Built-in training workloads for `gradsync bench train`: models and synthetic data, no downloads.
+
+Each workload is a model, a dataset of a fixed size and a loss. The data is synthetic but
+learnable (labels come from a fixed random "teacher"), so the final loss means something when
+configurations are compared, and the model shapes are the ones that matter for communication:
+
+- resnet18: the CIFAR variant of ResNet-18 (11.2M parameters, 3x32x32 images), conv-heavy.
+- gpt: a small decoder-only transformer on synthetic token streams, matmul-heavy
+  with one large embedding gradient (5.3M parameters).
+- mlp: a 3-layer perceptron (0.6M parameters) that makes tests and quick checks cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    build_model: Callable[[], nn.Module]
+    build_dataset: Callable[[int], Dataset]  # (number of samples) -> dataset
+    loss: Callable[[nn.Module, tuple[torch.Tensor, ...]], torch.Tensor]
+
+
+# -- ResNet-18, CIFAR variant (3x3 stem, no max-pool) --------------------------------------------
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        layers, inputs = [], 64
+        for outputs, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(inputs, outputs, stride), BasicBlock(outputs, outputs, 1)]
+            inputs = outputs
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Linear(512, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1).flatten(1))
+
+
+def _images(samples: int) -> Dataset:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(samples, 3, 32, 32, generator=generator)
+    teacher = torch.randn(3 * 32 * 32, 10, generator=generator)
+    return TensorDataset(images, (images.flatten(1) @ teacher).argmax(1))
+
+
+def _classification_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs), labels)
+
+
+# -- a small GPT ---------------------------------------------------------------------------------
+
+VOCAB, CONTEXT = 4096, 64
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, width: int = 256, layers: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, width)
+        self.positions = nn.Parameter(torch.zeros(CONTEXT, width))
+        block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, VOCAB, bias=False)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(CONTEXT), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(tokens) + self.positions[: tokens.shape[1]]
+        length = tokens.shape[1]
+        x = self.blocks(x, mask=self.causal[:length, :length], is_causal=True)
+        return self.head(self.norm(x))
+
+
+def _token_streams(samples: int) -> Dataset:
+    # A fixed random bigram table: the next token depends on the current one, so there is
+    # something to learn beyond unigram frequencies.
+    generator = torch.Generator().manual_seed(0)
+    successor = torch.randint(0, VOCAB, (VOCAB, 4), generator=generator)
+    tokens = torch.empty(samples, CONTEXT + 1, dtype=torch.long)
+    tokens[:, 0] = torch.randint(0, VOCAB, (samples,), generator=generator)
+    for position in range(1, CONTEXT + 1):
+        choice = torch.randint(0, 4, (samples,), generator=generator)
+        tokens[:, position] = successor[tokens[:, position - 1], choice]
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])
+
+
+def _language_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    inputs, targets = batch
+    return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+
+
+# -- a small MLP ---------------------------------------------------------------------------------
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def _vectors(samples: int) -> Dataset:
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(samples, 256, generator=generator)
+    teacher = torch.randn(256, 10, generator=generator)
+    return TensorDataset(inputs, (inputs @ teacher).argmax(1))
+
+
+WORKLOADS = {
+    "resnet18": Workload("resnet18", ResNet18, _images, _classification_loss),
+    "gpt": Workload("gpt", TinyGPT, _token_streams, _language_loss),
+    "mlp": Workload("mlp", _mlp, _vectors, _classification_loss),
+}
