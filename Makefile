@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-overhead bench-run-overhead clean
+.PHONY: demo test bench-overhead bench-run-overhead bench-compression-accuracy bench-resnet-300mbit clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,15 @@ bench-overhead: $(STAMP)
 
 bench-run-overhead: $(STAMP)
 	$(BIN)/python benchmarks/run_overhead.py
+
+# Test accuracy and loss curve of the digits demo under each gradient compressor.
+bench-compression-accuracy: $(STAMP)
+	$(BIN)/python benchmarks/compression_accuracy.py
+
+# The issue's setup: ResNet-18 on two simulated hosts joined by a 300 Mbit/s link (needs root).
+bench-resnet-300mbit: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 300mbit \
+		--configs fp32,fp16,powersgd,int8,auto --steps 8 --warmup 3 --output-dir gradsync_runs/bench-resnet18-300mbit
 
 clean:
 	rm -rf $(VENV) gradsync_runs .pytest_cache

@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import inspect
 import math
+import re
 from collections import defaultdict
 from contextlib import ExitStack
 from pathlib import Path
@@ -50,6 +51,8 @@ from gradsync.seeding import rank_seed, seed_everything
 
 # Beyond this many, skipped steps are only counted (metrics, summary), not logged one by one.
 _SKIPS_LOGGED = 10
+UNUSED_CHECK_STEPS = 10  # optimizer steps watched to tell whether find_unused_parameters is needed
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
 
 
 class Trainer:
@@ -86,6 +89,9 @@ class Trainer:
         self.comm_timer: CommTimer | None = None
         self.compression: CompressionHook | AutoTuner | None = None
         self._comm_at_start: dict[str, float] = {}
+        # Steps left to watch which parameters get no gradient (None: not watching).
+        self._unused_check_steps: int | None = 0 if config.ddp.find_unused_parameters else None
+        self._sometimes_unused: set[str] = set()
         self.optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
         self._window: Window | None = None  # the window being accumulated
         self._record: StepRecord | None = None  # its metrics
@@ -391,6 +397,7 @@ class Trainer:
                 record.exposed.append((start, self.clock.mark()))
                 reductions += 1
             applied = self._apply_update(window, record)
+            self._note_unused_parameters()
         self.optimizer.zero_grad(set_to_none=True)
         record.samples = window.applied_samples
         record.reductions = reductions
@@ -402,6 +409,48 @@ class Trainer:
             self.compression.step_done(self.device)
         self._finished = record
         return applied
+
+    def _explain_unused_parameters(self, error: RuntimeError) -> ConfigError | None:
+        """DDP's "Expected to have finished reduction" error, with the parameters named.
+
+        DDP gives only parameter indices (names need TORCH_DISTRIBUTED_DEBUG, whose DETAIL
+        mode crashes here); the trainer knows the model, so it names them.
+        """
+        match = _UNUSED_INDICES.search(str(error))
+        if match is None or self.model is None:
+            return None
+        names = [name for name, p in self.model.named_parameters() if p.requires_grad]
+        unused = [names[int(i)] for i in match[2].split() if int(i) < len(names)]
+        return ConfigError(
+            f"on rank {match[1]}, these parameters got no gradient in the previous step: {', '.join(unused)}. "
+            "DDP expects every parameter's gradient every step unless told otherwise. Make them take part "
+            "in the loss (or freeze them with requires_grad_(False) before prepare()), or pass "
+            "ddp={'find_unused_parameters': True}, which costs overlap: DDP then walks the autograd graph "
+            "every step and reduces unused parameters' zeros."
+        )
+
+    def _note_unused_parameters(self) -> None:
+        """With find_unused_parameters, say after a few steps whether it is really needed."""
+        if self._unused_check_steps is None or self.model is None:
+            return
+        self._unused_check_steps += 1
+        for name, parameter in self.model.named_parameters():
+            if parameter.requires_grad and parameter.grad is None:
+                self._sometimes_unused.add(name)
+        if self._unused_check_steps < UNUSED_CHECK_STEPS:
+            return
+        self._unused_check_steps = None
+        if self._sometimes_unused:
+            self._log_main(
+                f"find_unused_parameters is needed: {', '.join(sorted(self._sometimes_unused))} got no gradient "
+                f"in some of the first {UNUSED_CHECK_STEPS} steps."
+            )
+        else:
+            self._log_main(
+                f"find_unused_parameters=True, but every parameter got a gradient in each of the first "
+                f"{UNUSED_CHECK_STEPS} steps: set it to False to regain overlap, unless some parameters are "
+                "skipped only later (DDP raises a clear error then, and gradsync names them)."
+            )
 
     def _log_main(self, message: str) -> None:
         if self.is_main:
@@ -617,6 +666,8 @@ class MicroStep:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._stack.close()
+        if exc_type is RuntimeError and (explained := self._trainer._explain_unused_parameters(exc)):
+            raise explained from exc
         if exc_type is None and self.is_boundary:
             self.stepped = self._trainer._close_window(reduced=self.backward_done)
 

@@ -58,6 +58,7 @@ __all__ = [
     "available",
     "list_namespaces",
     "main",
+    "run_torchrun",
 ]
 
 # tc's rate units ("bps" is bytes per second in tc, "bit" bits per second; IEC variants too).
@@ -605,7 +606,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pump.start()
                 processes.append(process)
                 pumps.append(pump)
-            codes = _wait_all(processes, args.grace, lock)
+            codes = wait_all(processes, args.grace, lock)
             for pump in pumps:
                 pump.join(timeout=5.0)
     except ClusterError as error:
@@ -625,7 +626,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _wait_all(processes: list[subprocess.Popen[Any]], grace_s: float, lock: threading.Lock) -> list[int]:
+def run_torchrun(cluster: SimulatedCluster, nproc_per_node: int, module_argv: Sequence[str], master_port: int, grace_s: float = 10.0) -> int:
+    """`torchrun ... -m MODULE ARGS` on every host (static rendezvous); 0 if every host succeeded.
+
+    Output goes straight to this process's stdout/stderr, so rank 0's report reads as usual.
+    """
+    processes = [
+        cluster.run(i, [sys.executable, "-m", "torch.distributed.run",
+                        *cluster.torchrun_args(i, nproc_per_node, master_port), "-m", *module_argv])
+        for i in range(len(cluster.hosts))
+    ]
+    codes = wait_all(processes, grace_s, threading.Lock())
+    return next((code for code in codes if code != 0), 0)
+
+
+def wait_all(processes: list[subprocess.Popen[Any]], grace_s: float, lock: threading.Lock) -> list[int]:
     """Wait for every process; once one fails, the rest get `grace_s` seconds, then are stopped."""
     deadline: float | None = None
     while True:

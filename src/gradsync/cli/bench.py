@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import socket
 import sys
+from typing import Any
 
-from gradsync.bench import allreduce, train
+from gradsync.bench import allreduce, cluster, train
 from gradsync.cli.launch import launch_module
 from gradsync.errors import ConfigError
 
@@ -19,7 +22,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="nccl-tests-style all-reduce sweep: time, algbw and busbw per message size",
         description=allreduce.__doc__.splitlines()[0],
     )
-    sweep.add_argument("--nproc-per-node", type=int, default=2, help="local worker processes (default 2)")
+    sweep.add_argument("--nproc-per-node", type=int, default=2, help="worker processes per host (default 2)")
+    _add_cluster_arguments(sweep)
     allreduce.add_sweep_arguments(sweep)
     sweep.set_defaults(run=run_allreduce)
 
@@ -33,7 +37,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--workload", choices=tuple(WORKLOADS), default="resnet18")
     training.add_argument("--configs", default="fp32,fp16,powersgd,int8,topk,auto",
                           help=f"comma-separated, from {','.join(train.CONFIGS)} (default: %(default)s)")
-    training.add_argument("--nproc-per-node", type=int, default=2, help="workers (default 2)")
+    training.add_argument("--nproc-per-node", type=int, default=2, help="workers per host (default 2)")
+    _add_cluster_arguments(training)
     training.add_argument("--steps", type=int, default=30, help="optimizer steps per job after warm-up (default 30)")
     training.add_argument("--warmup", type=int, default=5, help="steps left out of the throughput (default 5)")
     training.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
@@ -42,16 +47,38 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     training.set_defaults(run=run_train)
 
 
+def _add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="run on N simulated hosts (network namespaces, needs root); default: this host only")
+    parser.add_argument("--link", default="1gbit", help="the simulated hosts' link rate, tc syntax (default 1gbit)")
+
+
+def _simulated_cluster(args: argparse.Namespace, command: str) -> Any:
+    """The cluster `--hosts/--link` ask for, or None (localhost) with the reason printed."""
+    if not args.hosts:
+        return None
+    spec = cluster.ClusterSpec(hosts=args.hosts, link=args.link)  # ConfigError on bad input
+    reason = cluster.available(spec)
+    if reason is not None:
+        print(f"gradsync bench {command}: no simulated cluster ({reason}); running on this host only", file=sys.stderr)
+        return None
+    return cluster.SimulatedCluster(spec)
+
+
 def run_allreduce(args: argparse.Namespace) -> int:
-    if args.nproc_per_node < 2:
-        print("gradsync bench allreduce: --nproc-per-node must be at least 2 (an all-reduce needs peers)", file=sys.stderr)
-        return 2
     try:
+        workers = args.nproc_per_node * max(1, args.hosts)
+        if workers < 2:
+            raise ConfigError("an all-reduce needs at least 2 workers: raise --nproc-per-node or --hosts")
         allreduce.sweep_config(args)  # refuse bad options here, before any worker starts
+        simulated = _simulated_cluster(args, "allreduce")
     except ConfigError as error:
         print(f"gradsync bench allreduce: {error}", file=sys.stderr)
         return 2
-    return launch_module("gradsync.bench.allreduce", _worker_args(args), args.nproc_per_node)
+    if simulated is None:
+        return launch_module("gradsync.bench.allreduce", _worker_args(args), workers)
+    with simulated:
+        return cluster.run_torchrun(simulated, args.nproc_per_node, ["gradsync.bench.allreduce", *_worker_args(args)], free_port())
 
 
 def _worker_args(args: argparse.Namespace) -> list[str]:
@@ -69,18 +96,37 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
 def run_train(args: argparse.Namespace) -> int:
     try:
         configs = train.parse_configs(args.configs)
-        if args.nproc_per_node < 2:
-            raise ConfigError("--nproc-per-node must be at least 2 (scaling needs several workers)")
+        workers = args.nproc_per_node * max(1, args.hosts)
+        if workers < 2:
+            raise ConfigError("scaling needs at least 2 workers: raise --nproc-per-node or --hosts")
         if args.steps < 2 or args.warmup < 1 or args.batch_size < 1:
             raise ConfigError("--steps must be >= 2, --warmup >= 1 and --batch-size >= 1")
+        simulated = _simulated_cluster(args, "train")
     except ConfigError as error:
         print(f"gradsync bench train: {error}", file=sys.stderr)
         return 2
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
-    report = train.run_benchmark(
-        args.workload, configs, workers=args.nproc_per_node, steps=args.steps + args.warmup, warmup=args.warmup,
-        batch_size=args.batch_size, runner=train.local_runner, log=log,
-    )
+    runner = train.local_runner
+    if simulated is not None:
+        simulated.open()
+        ports = itertools.count(free_port())
+
+        def runner(count: int, worker_args: list[str]) -> int:
+            # The lone reference needs no network; N workers spread over the hosts.
+            if count == 1:
+                return train.local_runner(1, worker_args)
+            return cluster.run_torchrun(simulated, count // args.hosts, ["gradsync.bench.train", *worker_args], next(ports))
+
+    try:
+        report = train.run_benchmark(
+            args.workload, configs, workers=workers, steps=args.steps + args.warmup, warmup=args.warmup,
+            batch_size=args.batch_size, runner=runner, log=log,
+        )
+    finally:
+        if simulated is not None:
+            simulated.close()
+    if simulated is not None:
+        report["network"] = {"hosts": args.hosts, "link": args.link}
     if args.output_dir:
         from gradsync.bench.plots import write_report
 
@@ -88,3 +134,9 @@ def run_train(args: argparse.Namespace) -> int:
             log(f"wrote {path}")
     print(json.dumps(report) if args.json else train.render(report))
     return 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

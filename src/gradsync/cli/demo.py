@@ -7,6 +7,7 @@ import importlib.util
 import sys
 
 from gradsync.cli.launch import launch_module
+from gradsync.comm import COMPRESSIONS
 from gradsync.rundir import fresh_run_dir
 
 
@@ -24,6 +25,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="samples per rank per micro-step")
     parser.add_argument("--accumulation-steps", type=int, default=None, help="micro-steps per optimizer step")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
+    parser.add_argument("--compression", choices=COMPRESSIONS, default=None, help="gradient compression")
     parser.set_defaults(run=run)
 
 
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     worker_args = ["--run-dir", str(args.run_dir or fresh_run_dir("demo-"))]
-    for option in ("epochs", "batch_size", "accumulation_steps", "precision"):
+    for option in ("epochs", "batch_size", "accumulation_steps", "precision", "compression"):
         value = getattr(args, option)
         if value is not None:
             worker_args += [f"--{option.replace('_', '-')}", str(value)]

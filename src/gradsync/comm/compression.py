@@ -50,7 +50,7 @@ class CompressionConfig:
     min_numel: int = 1024
     powersgd_rank: int = 4
     powersgd_start_step: int | None = None
-    topk_ratio: float = 0.01
+    topk_ratio: float = 0.05
 
     def __post_init__(self) -> None:
         if self.name not in COMPRESSIONS:
@@ -70,7 +70,7 @@ class CompressionConfig:
                 "use an integer >= 2, or None for ~10% of the planned steps."
             )
         if not 0 < self.topk_ratio <= 1:
-            raise ConfigError(f"compression.topk_ratio={self.topk_ratio!r}: use a fraction in (0, 1], e.g. 0.01.")
+            raise ConfigError(f"compression.topk_ratio={self.topk_ratio!r}: use a fraction in (0, 1], e.g. 0.05.")
 
 
 class CompressionStats:
@@ -237,38 +237,52 @@ class CastHook(CompressionHook):
 class Int8Hook(CompressionHook):
     """Per-chunk scaled int8, summed in int8 without overflow, with error feedback.
 
-    Ranks first agree on one scale per chunk (an all-reduce MAX of chunk maxima, 1/CHUNK of the
-    bytes), then quantise to at most 127 // world_size levels each way, so the int8 sum of all
-    ranks cannot overflow. With more than 8 ranks that leaves too few levels, so the integers
-    travel as int16 (half of fp32 instead of a quarter); say so in the docs rather than lose
-    accuracy silently.
+    Ranks must quantise with the same scale per chunk for the integer sum to mean anything, and
+    each rank gets at most 127 // world_size levels each way, so the sum cannot overflow. With
+    more than 8 ranks that leaves too few levels, so the integers travel as int16 (half of fp32
+    instead of a quarter).
+
+    The scales are agreed one step ahead: with each bucket, every rank also sends its chunk
+    maxima (1/256 of the bytes), and the next step quantises against those, with headroom.
+    Agreeing first and quantising after would put a network round trip on the backward's
+    critical path for every bucket. Values beyond the stale range are clipped and the clipped
+    part goes into the residual, so error feedback sends it later. All collectives are issued
+    from the backward thread, so every rank issues them in the same order.
     """
 
     error_feedback = True
     CHUNK = 256
+    HEADROOM = 1.5  # the agreed range is last step's maximum times this
 
     def __init__(self, config: CompressionConfig, process_group: Any = None) -> None:
         super().__init__(config, process_group)
         self.carrier = torch.int8 if self.world_size <= 8 else torch.int16
         self.levels = (127 if self.carrier == torch.int8 else 32767) // self.world_size
+        self._next_scales: dict[int, tuple[Any, torch.Tensor]] = {}
 
     def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
         numel = flat.numel()
         padded = torch.nn.functional.pad(flat, (0, -numel % self.CHUNK)).view(-1, self.CHUNK)
         chunk_max = padded.abs().amax(dim=1)
-        self.stats.sent_bytes += chunk_max.numel() * chunk_max.element_size()
-        # Agreed before quantising, and synchronously: waiting inside a future's callback would
-        # hold one of Gloo's two worker threads, and two buckets doing so deadlock the group.
-        dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=self.process_group)
-        scale = (chunk_max / self.levels).clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
+        agreed = self._next_scales.pop(index, None)
+        if agreed is not None and agreed[1].shape == chunk_max.shape:
+            agreed[0].wait()  # sent with last step's bucket: long done
+            limit = agreed[1] * self.HEADROOM
+        else:  # the first step (or a rebuilt bucket): agree now, once
+            limit = chunk_max.clone()
+            dist.all_reduce(limit, op=dist.ReduceOp.MAX, group=self.process_group)
+        scale = (limit / self.levels).clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
         quantised = torch.round(padded / scale).clamp_(-self.levels, self.levels)
         self.residuals[index] = (padded - quantised * scale).view(-1)[:numel]
         integers = quantised.to(self.carrier)
-        self.stats.sent_bytes += integers.numel() * integers.element_size()
+        self.stats.sent_bytes += integers.numel() * integers.element_size() + chunk_max.numel() * chunk_max.element_size()
         dtype = flat.dtype
-        return self._all_reduce(integers).then(
+        reduced = self._all_reduce(integers).then(
             lambda f: (_first(f.value()).float() * scale).view(-1)[:numel].to(dtype)
         )
+        work = dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True)
+        self._next_scales[index] = (work, chunk_max)
+        return reduced
 
 
 class TopKHook(CompressionHook):

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accumulation-steps", type=int, default=2)
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--compression", default="none", help="gradient compression (see gradsync.comm)")
     parser.add_argument("--run-dir", default=None)
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         max_grad_norm=1.0,
         seed=0,
         run_dir=args.run_dir,
+        ddp={"compression": args.compression},
     )
     train_set, test_set = digits_datasets(seed=0)
     model = DigitsCNN().to(trainer.device)
