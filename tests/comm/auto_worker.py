@@ -23,7 +23,7 @@ def main() -> None:
         torch.nn.Conv2d(96, 96, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
         torch.nn.Linear(96, 10),
     )
-    data = torch.utils.data.TensorDataset(torch.randn(30 * 16 * trainer.world_size, 3, 32, 32), torch.randint(0, 10, (30 * 16 * trainer.world_size,)))
+    data = torch.utils.data.TensorDataset(torch.randn(40 * 16 * trainer.world_size, 3, 32, 32), torch.randint(0, 10, (40 * 16 * trainer.world_size,)))
     model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), data, batch_size=16)
     for _ in trainer.epochs(1):
         for x, y in loader:

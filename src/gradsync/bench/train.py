@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from gradsync.comm.auto import DECISION_STEPS
 from gradsync.errors import ConfigError
 
 CONFIGS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
-AUTO_TRIAL_STEPS = 3 + 4 * 5  # AutoTuner's warm-up plus four trials of five steps
+AUTO_TRIAL_STEPS = DECISION_STEPS  # steps before auto has settled, left out of every job's throughput
 
 
 def compression_for(config: str) -> str:

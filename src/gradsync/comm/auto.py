@@ -15,6 +15,7 @@ step, without another agreement round.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -26,6 +27,10 @@ from gradsync.comm.compression import CompressionConfig, CompressionHook, Compre
 
 # Least lossy first: on a tie the earlier one wins.
 CANDIDATES = ("none", "bf16", "powersgd", "int8")
+WARMUP_STEPS = 5
+STEPS_PER_TRIAL = 4  # measured steps per trial, after one step that pays for the switch
+# Optimizer steps before auto has decided: warm-up, then each candidate and the baseline again.
+DECISION_STEPS = WARMUP_STEPS + (len(CANDIDATES) + 1) * (STEPS_PER_TRIAL + 1)
 
 
 def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
@@ -40,7 +45,7 @@ def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
 
 
 class PlainHook(CompressionHook):
-    """fp32 all-reduce through the same accounting as the compressors (auto's baseline)."""
+    """fp32 all-reduce through the same path and accounting as the compressors (auto's baseline)."""
 
     def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
         self.stats.sent_bytes += flat.numel() * flat.element_size()
@@ -52,7 +57,7 @@ class Trial:
     name: str
     hook: CompressionHook
     step_times: list[float] = field(default_factory=list)
-    mean_s: float | None = None
+    median_s: float | None = None  # the median over its steps, slowest rank
 
 
 class AutoTuner:
@@ -66,9 +71,9 @@ class AutoTuner:
         base: CompressionConfig,
         process_group: Any = None,
         *,
-        warmup_steps: int = 3,
-        steps_per_trial: int = 4,
-        margin: float = 0.05,
+        warmup_steps: int = WARMUP_STEPS,
+        steps_per_trial: int = STEPS_PER_TRIAL,
+        margin: float = 0.10,
         candidates: tuple[str, ...] = CANDIDATES,
         log: Callable[[str], None] = lambda message: None,
     ) -> None:
@@ -93,14 +98,18 @@ class AutoTuner:
             self.trials.append(Trial(name, hook))
         self.chosen: Trial | None = None
         self.steps = 0
-        self._trial_index = -1  # warming up
-        self._trial_started: float | None = None
+        # The baseline is measured first and again last: step times drift while a run warms up,
+        # and a baseline measured only first would look slower than it is.
+        self._schedule = [*range(len(self.trials)), 0]
+        self._position = -1  # warming up
+        self._segment_steps = 0
+        self._last: float = 0.0
 
     @property
     def current(self) -> CompressionHook:
         if self.chosen is not None:
             return self.chosen.hook
-        return self.trials[max(0, self._trial_index)].hook
+        return self.trials[self._schedule[min(max(0, self._position), len(self._schedule) - 1)]].hook
 
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]  # a DDP hook (see compression.py)
         return self.current(state, bucket)
@@ -116,45 +125,47 @@ class AutoTuner:
         if self.steps < self.warmup_steps:
             return
         now = _synchronized_now(device)
-        if self._trial_index >= 0 and self._trial_started is not None:
-            trial = self.trials[self._trial_index]
-            trial.step_times.append(now - self._trial_started)
+        if self._position >= 0:
             # The first step after a switch pays for the switch (new buffers, PowerSGD's first
             # low-rank pass), so it is left out of the trial's measurement.
-            if len(trial.step_times) <= self.steps_per_trial:
-                self._trial_started = now
+            if self._segment_steps > 0:
+                self.trials[self._schedule[self._position]].step_times.append(now - self._last)
+            self._segment_steps += 1
+            self._last = now
+            if self._segment_steps <= self.steps_per_trial:
                 return
-        self._trial_index += 1
-        self._trial_started = now
-        if self._trial_index == len(self.trials):
+        self._position += 1
+        self._segment_steps = 0
+        self._last = now
+        if self._position == len(self._schedule):
             self._decide()
 
     def _decide(self) -> None:
-        means = torch.tensor([sorted(t.step_times[1:])[len(t.step_times[1:]) // 2] for t in self.trials], dtype=torch.float64)
+        medians = torch.tensor([statistics.median(t.step_times) for t in self.trials], dtype=torch.float64)
         if dist.is_initialized():
-            dist.all_reduce(means, op=dist.ReduceOp.MAX, group=self.process_group)  # the slowest rank sets the pace
-        for trial, mean in zip(self.trials, means.tolist()):
-            trial.mean_s = mean
+            dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=self.process_group)  # the slowest rank sets the pace
+        for trial, median in zip(self.trials, medians.tolist()):
+            trial.median_s = median
         best = self.trials[0]
         for trial in self.trials[1:]:
-            if trial.mean_s < best.mean_s * (1 - self.margin):
+            if trial.median_s < best.median_s * (1 - self.margin):
                 best = trial
         self.chosen = best
-        timings = ", ".join(f"{t.name} {t.mean_s * 1e3:.1f} ms" for t in self.trials)
+        timings = ", ".join(f"{t.name} {t.median_s * 1e3:.1f} ms" for t in self.trials)
         baseline = self.trials[0]
         if best is baseline:
             why = (f"no compressor was more than {self.margin:.0%} faster than plain fp32, so gradients "
                    "stay exact (the network keeps up with the compute)")
         else:
-            why = (f"{best.name} cut the step time by {1 - best.mean_s / baseline.mean_s:.0%} against fp32 "
+            why = (f"{best.name} cut the step time by {1 - best.median_s / baseline.median_s:.0%} against fp32 "
                    "(communication was the bottleneck)")
-        self.log(f"auto compression chose {best.name}: {why}. Measured step times: {timings}.")
+        self.log(f"auto compression chose {best.name}: {why}. Median step times: {timings}.")
 
     def describe(self) -> dict[str, Any]:
         """What auto measured and chose (for reports and the benchmark JSON)."""
         return {
             "compression": None if self.chosen is None else self.chosen.name,
-            "step_time_s": {t.name: t.mean_s for t in self.trials},
+            "step_time_s": {t.name: t.median_s for t in self.trials},
             "margin": self.margin,
         }
 
