@@ -16,7 +16,6 @@ import argparse
 import json
 import re
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from gradsync.distributed import end_process, join_process_group, plan_distributed, shutdown
 from gradsync.errors import ConfigError
+from gradsync.metrics.timing import synchronized_time
 
 DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -98,18 +98,18 @@ def measure(config: SweepConfig, device: torch.device, group: Any = None) -> lis
     results = []
     for size in config.sizes():
         tensor = torch.ones(size // torch.tensor([], dtype=dtype).element_size(), dtype=dtype, device=device)
-        started = _now(device)
+        started = synchronized_time(device)
         for _ in range(config.warmup):
             dist.all_reduce(tensor, op=op, group=group)
-        warm = (_now(device) - started) / max(1, config.warmup)
+        warm = (synchronized_time(device) - started) / max(1, config.warmup)
         # Rank 0 picks the iteration count so that every rank runs the same number of collectives.
         iterations = torch.tensor([min(config.max_iters, max(config.min_iters, int(config.target_s / max(warm, 1e-6))))])
         dist.broadcast(iterations, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         dist.barrier(group=group)
-        started = _now(device)
+        started = synchronized_time(device)
         for _ in range(int(iterations)):
             dist.all_reduce(tensor, op=op, group=group)
-        elapsed = torch.tensor([(_now(device) - started) / int(iterations)], dtype=torch.float64)
+        elapsed = torch.tensor([(synchronized_time(device) - started) / int(iterations)], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
         seconds = float(elapsed)
         algbw = size / seconds / 1e9
@@ -117,11 +117,6 @@ def measure(config: SweepConfig, device: torch.device, group: Any = None) -> lis
         del tensor
     return results
 
-
-def _now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def report(world_size: int, backend: str, config: SweepConfig, results: list[SizeResult]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ step, without another agreement round.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync.comm.compression import CompressionConfig, CompressionHook, CompressionStats, make_hook
+from gradsync.metrics.timing import synchronized_time
 
 # Least lossy first: on a tie the earlier one wins.
 CANDIDATES = ("none", "bf16", "powersgd", "int8")
@@ -124,7 +124,7 @@ class AutoTuner:
         self.steps += 1
         if self.steps < self.warmup_steps:
             return
-        now = _synchronized_now(device)
+        now = synchronized_time(device)
         if self._position >= 0:
             # The first step after a switch pays for the switch (new buffers, PowerSGD's first
             # low-rank pass), so it is left out of the trial's measurement.
@@ -181,8 +181,3 @@ class AutoTuner:
             self.chosen = next(t for t in self.trials if t.name == chosen)
             self.chosen.hook.load_state_dict(state.get("hook", {}))
 
-
-def _synchronized_now(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()

@@ -174,9 +174,9 @@ class CompressionHook:
             started = time.perf_counter()
             results = [future.value() for future in done.value()]
             if layout.plain:
-                _Layout.scatter(buffer, layout.plain, first_tensor(results.pop(0)))
+                _Layout.scatter(buffer, layout.plain, _first(results.pop(0)))
             if layout.compressed:
-                _Layout.scatter(buffer, layout.compressed, first_tensor(results.pop(0)))
+                _Layout.scatter(buffer, layout.compressed, _first(results.pop(0)))
             self.stats.decode_s += time.perf_counter() - started
             return buffer
 
@@ -214,7 +214,7 @@ class CompressionHook:
         self.residuals = {int(index): r.clone() for index, r in state.get("residuals", {}).items()}
 
 
-def first_tensor(value: Any) -> torch.Tensor:
+def _first(value: Any) -> torch.Tensor:
     return value[0] if isinstance(value, (list, tuple)) else value
 
 
@@ -231,7 +231,7 @@ class CastHook(CompressionHook):
         low = flat.to(self.dtype)
         self.stats.sent_bytes += low.numel() * low.element_size()
         dtype = flat.dtype
-        return self._all_reduce(low).then(lambda f: first_tensor(f.value()).to(dtype))
+        return self._all_reduce(low).then(lambda f: _first(f.value()).to(dtype))
 
 
 class Int8Hook(CompressionHook):
@@ -278,7 +278,7 @@ class Int8Hook(CompressionHook):
         self.stats.sent_bytes += integers.numel() * integers.element_size() + chunk_max.numel() * chunk_max.element_size()
         dtype = flat.dtype
         reduced = self._all_reduce(integers).then(
-            lambda f: (first_tensor(f.value()).float() * scale).view(-1)[:numel].to(dtype)
+            lambda f: (_first(f.value()).float() * scale).view(-1)[:numel].to(dtype)
         )
         work = dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True)
         self._next_scales[index] = (work, chunk_max)

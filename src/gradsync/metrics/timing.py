@@ -44,6 +44,13 @@ class Clock:
         return end - start
 
 
+def synchronized_time(device: torch.device) -> float:
+    """Wall time once the device's queued work is done: for timing blocks of steps, not each step."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 Hook = Callable[[Any, dist.GradBucket], torch.futures.Future]
 
 
