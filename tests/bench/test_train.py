@@ -29,6 +29,9 @@ def test_a_small_benchmark_reports_every_config_and_draws_it(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report == json.loads((tmp_path / "report.json").read_text())
     assert (tmp_path / "report.png").stat().st_size > 10_000
+    page = (tmp_path / "report.html").read_text()
+    assert "data:image/png;base64," in page and "samples/s/worker" in page
+    assert report["allreduce"] and report["allreduce"][-1]["bytes"] == 64 << 20
     assert report["workload"] == "mlp" and report["world_size"] == 2 and report["single_worker_samples_per_s"] > 0
     assert [r["config"] for r in report["results"]] == ["fp32", "int8"]
     for r in report["results"]:

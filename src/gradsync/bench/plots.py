@@ -1,28 +1,30 @@
-"""The picture of a `gradsync bench train` report: throughput and where each step's time went."""
+"""The pictures of a `gradsync bench train` report: throughput, where each step's time went, the
+loss curves, and the network's all-reduce bandwidth by message size; one self-contained HTML page."""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 
 def write_report(report: dict[str, Any], output_dir: str | Path) -> list[Path]:
-    """report.json always; report.png when matplotlib is installed (it is optional)."""
+    """report.json, report.png and report.html (the table and the picture in one file)."""
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     written = [directory / "report.json"]
     written[0].write_text(json.dumps(report, indent=2))
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return written
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     results = report["results"]
     names = [r["config"] for r in results]
-    figure, (throughput, breakdown, losses) = plt.subplots(1, 3, figsize=(15, 4.5))
+    figure, (throughput, breakdown, losses, bandwidth) = plt.subplots(1, 4, figsize=(20, 4.5))
     figure.suptitle(f"{report['workload']}: {report['world_size']} workers, batch {report['batch_size_per_worker']} per worker")
 
     throughput.bar(names, [r["samples_per_s_per_worker"] for r in results], color="tab:blue")
@@ -47,8 +49,31 @@ def write_report(report: dict[str, Any], output_dir: str | Path) -> list[Path]:
     losses.set_ylabel("training loss")
     losses.legend()
 
+    sweep = report.get("allreduce") or []
+    if sweep:
+        bandwidth.plot([r["bytes"] for r in sweep], [r["busbw_gbps"] * 8 for r in sweep], marker="o")
+        bandwidth.set_xscale("log", base=2)
+    bandwidth.set_xlabel("all-reduce message size (bytes)")
+    bandwidth.set_ylabel("bus bandwidth (Gbit/s)")
+
     figure.tight_layout()
-    written.append(directory / "report.png")
-    figure.savefig(written[-1], dpi=100)
+    picture = io.BytesIO()
+    figure.savefig(picture, format="png", dpi=100)
     plt.close(figure)
+    written.append(directory / "report.png")
+    written[-1].write_bytes(picture.getvalue())
+    written.append(directory / "report.html")
+    written[-1].write_text(_html(report, picture.getvalue()))
     return written
+
+
+def _html(report: dict[str, Any], png: bytes) -> str:
+    from gradsync.bench.train import render
+
+    title = html.escape(f"gradsync bench train: {report['workload']}, {report['world_size']} workers")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title></head><body>"
+        f"<h1>{title}</h1><pre>{html.escape(render(report))}</pre>"
+        f"<img alt='throughput, step time, loss and bandwidth' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        "</body></html>"
+    )

@@ -28,6 +28,7 @@ from gradsync.comm.auto import DECISION_STEPS
 from gradsync.errors import ConfigError
 
 CONFIGS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
+SWEEP_MAX = "64M"  # largest all-reduce in the report's bandwidth sweep
 AUTO_TRIAL_STEPS = DECISION_STEPS  # steps before auto has settled, left out of every job's throughput
 
 
@@ -118,13 +119,13 @@ def worker_main(argv: list[str] | None = None) -> None:
 
 # -- the benchmark (runs in the user's process) ---------------------------------------------------
 
-Runner = Callable[[int, list[str]], int]  # (workers, worker arguments) -> exit code
+Runner = Callable[[int, list[str]], int]  # (workers, [module, *its arguments]) -> exit code
 
 
-def local_runner(workers: int, worker_args: list[str]) -> int:
-    """A fresh single-node job through torchrun's agent, like `torchrun --standalone`."""
+def local_runner(workers: int, module_argv: list[str]) -> int:
+    """A fresh single-node job through torchrun's agent, like `torchrun --standalone -m MODULE ARGS`."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
-               "-m", "gradsync.bench.train", *worker_args]
+               "-m", *module_argv]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.run(command, env=env).returncode
 
@@ -154,7 +155,7 @@ def run_benchmark(
             args = ["--workload", workload, "--config", config, "--steps", str(job_steps), "--warmup", str(job_warmup),
                     "--batch-size", str(batch_size), "--result", str(result),
                     "--run-dir", str(Path(scratch) / f"run-{config}-{count}")]
-            code = run(count, args)
+            code = run(count, ["gradsync.bench.train", *args])
             if code != 0 or not result.exists():
                 raise RuntimeError(f"the {config} job on {count} worker(s) failed (exit code {code}); its output is above")
             return json.loads(result.read_text())
@@ -170,6 +171,14 @@ def run_benchmark(
             results.append(outcome)
             log(f"  {outcome['samples_per_s_per_worker']:.1f} samples/s per worker, scaling efficiency "
                 f"{outcome['scaling_efficiency']:.0%}, exposed comm {(outcome['exposed_comm_share'] or 0):.0%}")
+        # The network's own capacity, on the same workers: what the configurations compete for.
+        log(f"all-reduce sweep on {workers} workers (1K to {SWEEP_MAX})")
+        sweep = Path(scratch) / "allreduce.json"
+        code = runner(workers, ["gradsync.bench.allreduce", "--max-bytes", SWEEP_MAX, "--factor", "4", "--iters", "10",
+                                "--json", "--output", str(sweep)])
+        if code != 0 or not sweep.exists():
+            raise RuntimeError(f"the all-reduce sweep failed (exit code {code}); its output is above")
+        allreduce = json.loads(sweep.read_text())["results"]
     return {
         "workload": workload,
         "world_size": workers,
@@ -179,6 +188,7 @@ def run_benchmark(
         "single_worker_samples_per_s": reference,
         "single_worker_final_loss": single["final_loss"],
         "results": results,
+        "allreduce": allreduce,
     }
 
 

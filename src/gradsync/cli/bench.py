@@ -43,7 +43,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--warmup", type=int, default=5, help="steps left out of the throughput (default 5)")
     training.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
     training.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
-    training.add_argument("--output-dir", default=None, help="write report.json and report.png here")
+    training.add_argument("--output-dir", default=None, help="write report.json, report.png and report.html here")
     training.set_defaults(run=run_train)
 
 
@@ -111,11 +111,11 @@ def run_train(args: argparse.Namespace) -> int:
         simulated.open()
         ports = itertools.count(free_port())
 
-        def runner(count: int, worker_args: list[str]) -> int:
+        def runner(count: int, module_argv: list[str]) -> int:
             # The lone reference needs no network; N workers spread over the hosts.
             if count == 1:
-                return train.local_runner(1, worker_args)
-            return cluster.run_torchrun(simulated, count // args.hosts, ["gradsync.bench.train", *worker_args], next(ports))
+                return train.local_runner(1, module_argv)
+            return cluster.run_torchrun(simulated, count // args.hosts, module_argv, next(ports))
 
     try:
         report = train.run_benchmark(
