@@ -162,6 +162,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=50, help="most timed iterations per size (default 50)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--output", default=None, help="also write the JSON report to this file")
+    parser.add_argument("--quiet", action="store_true", help="print nothing (with --output: for other tools)")
 
 
 def sweep_config(args: argparse.Namespace) -> SweepConfig:
@@ -191,7 +192,8 @@ def worker_main(argv: list[str] | None = None) -> None:
         data = report(ctx.world_size, ctx.backend or "", config, results)
         if args.output:
             Path(args.output).write_text(json.dumps(data, indent=2))
-        print(json.dumps(data) if args.json else render(data), flush=True)
+        if not args.quiet:
+            print(json.dumps(data) if args.json else render(data), flush=True)
     shutdown(ctx)
     end_process(0)
 

@@ -175,7 +175,7 @@ def run_benchmark(
         log(f"all-reduce sweep on {workers} workers (1K to {SWEEP_MAX})")
         sweep = Path(scratch) / "allreduce.json"
         code = runner(workers, ["gradsync.bench.allreduce", "--max-bytes", SWEEP_MAX, "--factor", "4", "--iters", "10",
-                                "--json", "--output", str(sweep)])
+                                "--quiet", "--output", str(sweep)])
         if code != 0 or not sweep.exists():
             raise RuntimeError(f"the all-reduce sweep failed (exit code {code}); its output is above")
         allreduce = json.loads(sweep.read_text())["results"]

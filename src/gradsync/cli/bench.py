@@ -90,6 +90,8 @@ def _worker_args(args: argparse.Namespace) -> list[str]:
         worker.append("--json")
     if args.output:
         worker += ["--output", args.output]
+    if args.quiet:
+        worker.append("--quiet")
     return worker
 
 

@@ -147,7 +147,7 @@ class CompressionHook:
         self.world_size = dist.get_world_size(process_group)
         self.stats = CompressionStats()
         self.residuals: dict[int, torch.Tensor] = {}
-        self._layouts: dict[tuple[int, int], _Layout] = {}
+        self._layouts: dict[tuple[Any, ...], _Layout] = {}
         self.__name__ = self.__qualname__ = f"gradsync_{config.name}_hook"  # DDP logs hooks by name
 
     # Unannotated on purpose: DDP checks a hook's annotations by identity, and this module's
