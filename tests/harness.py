@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,18 +18,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from gradsync.distributed import free_port
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORLD_SIZES = (1, 2, 3)
 
 
 class WorkersFailed(AssertionError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(

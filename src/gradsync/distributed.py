@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import socket
 import sys
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -161,6 +162,13 @@ def shutdown(ctx: DistContext, *, barrier: bool = True) -> None:
         if barrier:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a rendezvous this process sets up."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def end_process(code: int) -> NoReturn:

@@ -267,7 +267,7 @@ class Trainer:
         bucket_cap_mb = options.bucket_cap_mb
         if bucket_cap_mb == "auto":
             bucket_cap_mb = auto_bucket_cap_mb(model)
-            self._log_main(f"bucket_cap_mb='auto': {bucket_cap_mb} MB buckets (about 8 for this model's gradients)")
+            self.logger.info(f"bucket_cap_mb='auto': {bucket_cap_mb} MB buckets (about 8 for this model's gradients)")
         ddp_model = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -278,7 +278,7 @@ class Trainer:
             static_graph=options.static_graph,
         )
         if options.compression.name == "auto":
-            self.compression = AutoTuner(options.compression, log=self._log_main)
+            self.compression = AutoTuner(options.compression, log=self.logger.info)
         else:
             self.compression = make_hook(options.compression)
         self.comm_timer = CommTimer(self.clock, self.compression or options.comm_hook, options.comm_hook_state)
@@ -441,20 +441,16 @@ class Trainer:
             return
         self._unused_check_steps = None
         if self._sometimes_unused:
-            self._log_main(
+            self.logger.info(
                 f"find_unused_parameters is needed: {', '.join(sorted(self._sometimes_unused))} got no gradient "
                 f"in some of the first {UNUSED_CHECK_STEPS} steps."
             )
         else:
-            self._log_main(
+            self.logger.info(
                 f"find_unused_parameters=True, but every parameter got a gradient in each of the first "
                 f"{UNUSED_CHECK_STEPS} steps: set it to False to regain overlap, unless some parameters are "
                 "skipped only later (DDP raises a clear error then, and gradsync names them)."
             )
-
-    def _log_main(self, message: str) -> None:
-        if self.is_main:
-            self.logger.info(message)
 
     def _comm_counters(self) -> dict[str, float]:
         if self.comm_timer is None:

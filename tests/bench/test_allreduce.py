@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from gradsync.bench.allreduce import SweepConfig, bus_factor, parse_size, render
+from gradsync.bench.allreduce import SweepConfig, parse_size, render
+from gradsync.metrics.timing import bus_factor
 from gradsync.errors import ConfigError
 
 

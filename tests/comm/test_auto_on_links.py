@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gradsync.bench import cluster
-from tests.harness import free_port
+from gradsync.distributed import free_port
 
 
 def _auto_choice(link, tmp_path):

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from gradsync.distributed import end_process, join_process_group, plan_distributed, shutdown
 from gradsync.errors import ConfigError
-from gradsync.metrics.timing import synchronized_time
+from gradsync.metrics.timing import bus_factor, synchronized_time
 
 DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -84,11 +84,6 @@ class SizeResult:
     time_s: float
     algbw_gbps: float
     busbw_gbps: float
-
-
-def bus_factor(world_size: int) -> float:
-    """nccl-tests' all-reduce correction: each byte crosses 2(n-1)/n links' worth of bandwidth."""
-    return 2 * (world_size - 1) / world_size if world_size > 1 else 1.0
 
 
 def measure(config: SweepConfig, device: torch.device, group: Any = None) -> list[SizeResult]:

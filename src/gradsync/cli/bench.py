@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import socket
 import sys
 from typing import Any
 
 from gradsync.bench import allreduce, cluster, train
 from gradsync.cli.launch import launch_module
+from gradsync.distributed import free_port
 from gradsync.errors import ConfigError
 
 
@@ -136,9 +136,3 @@ def run_train(args: argparse.Namespace) -> int:
             log(f"wrote {path}")
     print(json.dumps(report) if args.json else train.render(report))
     return 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

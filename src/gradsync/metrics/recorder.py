@@ -18,7 +18,7 @@ import torch.distributed as dist
 from gradsync.config import MetricsConfig
 from gradsync.errors import GradsyncError
 from gradsync.metrics.sinks import JsonlSink, ProgressDisplay, TensorBoardSink
-from gradsync.metrics.timing import Clock, Mark
+from gradsync.metrics.timing import Clock, Mark, bus_factor
 
 # Keys gradsync writes into every row; user-logged values may not shadow them.
 RESERVED_KEYS = frozenset(
@@ -133,7 +133,7 @@ def _communication(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     values: dict[str, Any] = {
         "comm_bytes": sent,
         "compression_ratio": raw / sent if sent else 1.0,
-        "busbw_gbps": sent / window * 2 * (n - 1) / n / 1e9 if window > 0 and n > 1 else 0.0,
+        "busbw_gbps": sent / window * bus_factor(n) / 1e9 if window > 0 and n > 1 else 0.0,
     }
     if "encode_s" in comm:
         values["encode_s"] = statistics.fmean(r["comm"].get("encode_s", 0.0) for r in per_rank)

@@ -44,6 +44,11 @@ class Clock:
         return end - start
 
 
+def bus_factor(world_size: int) -> float:
+    """nccl-tests' all-reduce correction: each byte crosses 2(n-1)/n links' worth of bandwidth."""
+    return 2 * (world_size - 1) / world_size if world_size > 1 else 1.0
+
+
 def synchronized_time(device: torch.device) -> float:
     """Wall time once the device's queued work is done: for timing blocks of steps, not each step."""
     if device.type == "cuda":
