@@ -37,6 +37,20 @@ def test_first_crash_is_the_cause_and_others_are_consequences():
     assert diagnosis["ranks"]["0"].startswith('failed as a consequence ("Connection closed by peer")')
 
 
+def test_a_rank_the_agent_stopped_with_sigterm_is_not_the_cause_of_a_peers_exception():
+    # Rank 0's last snapshot predates rank 1's exception; the agent then stopped rank 0 with
+    # SIGTERM, before it wrote an exit record. The exception is the cause.
+    views = {
+        0: view(0, [record(1)], exitcode=-15, signal="SIGTERM"),
+        1: view(1, [record(1)], exit=exception("corrupt sample 17", "ValueError", "data.py:7", time=150.0), exitcode=1),
+    }
+    (finding,) = diagnose(views, trigger="failure", now=160.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+    # Alone, a SIGTERM is still a cause (someone stopped the job from outside).
+    (finding,) = diagnose({0: views[0], 1: view(1, [record(1)], alive=True)}, trigger="failure", now=160.0)["findings"]
+    assert finding["ranks"] == [0]
+
+
 def test_mismatch_error_inside_a_collective_is_explained_by_the_divergence():
     views = {
         0: view(0, [record(1), record(2, signature="float32[1] op=SUM", site="train.py:30", state="failed")],

@@ -206,6 +206,9 @@ def diagnose(
     divergence = find_divergence(views)
 
     crashes = [v for v in views.values() if _crash_cause(v, divergence)]
+    # torchrun's agent stops the remaining workers with SIGTERM once one has failed, possibly
+    # before their last snapshot is newer than the failure: SIGTERM is a cause only alone.
+    crashes = [v for v in crashes if v.signal != "SIGTERM"] or crashes
     teardown = [v for v in views.values() if v.finished and v.exitcode not in (None, 0)]
     everyone_finished = all(v.finished for v in views.values())
     if crashes:
