@@ -176,7 +176,8 @@ def train_and_return_parameters(recorded):
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        dist.destroy_process_group()
+        # No destroy_process_group(): with the DDP model still alive it would hold the group's last
+        # reference and deadlock in its destructor (see tests/comm/test_compression.py).
     finally:
         uninstall()
     assert recorder.backward_passes == (5 if recorded else 0)
