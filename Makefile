@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-overhead bench-run-overhead bench-compression-accuracy bench-resnet-300mbit clean
+.PHONY: demo test bench-overhead bench-run-overhead bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ bench-overhead: $(STAMP)
 
 bench-run-overhead: $(STAMP)
 	$(BIN)/python benchmarks/run_overhead.py
+
+# What sync and async checkpoints cost a ResNet-18 run, as a share of its step time.
+bench-checkpoint-overhead: $(STAMP)
+	$(BIN)/python benchmarks/checkpoint_overhead.py
 
 # Test accuracy and loss curve of the digits demo under each gradient compressor.
 bench-compression-accuracy: $(STAMP)

@@ -82,8 +82,54 @@ def test_a_restored_position_continues_with_the_next_batch():
 
 def test_restoring_into_a_different_layout_is_refused():
     state = loaders(50, 2, batch_size=3)[0].state_dict()
-    with pytest.raises(GradsyncError, match="same batch size, dataset and world size"):
+    with pytest.raises(GradsyncError, match="same per-rank batch size and dataset"):
         loaders(50, 2, batch_size=4)[0].load_state_dict(state)
+    with pytest.raises(GradsyncError, match="over 50 samples; this loader has batch_size=3 over 51"):
+        loaders(51, 2, batch_size=3)[0].load_state_dict(state)
+
+
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 2), (4, 1), (2, 2)])
+def test_another_world_size_goes_on_from_the_same_global_sample(before, after, remainder):
+    """Ranks together consumed a prefix of the epoch's order; the rest is divided anew, twice over."""
+    size = 61
+    old = loaders(size, before, batch_size=3, remainder=remainder)
+    consumed_batches = 4
+    taken = []
+    for loader in old:
+        loader.set_epoch(1)
+        taken += [i for b in itertools.islice(iter(loader), consumed_batches) for i in b[0].tolist()]
+    state = old[0].state_dict()
+    assert state["samples_consumed"] == consumed_batches * 3 * before
+
+    middle = loaders(size, after, batch_size=3, remainder=remainder)
+    seen = []
+    for loader in middle:
+        loader.load_state_dict(state)
+        loader.set_epoch(1)
+        seen += [i for b in itertools.islice(iter(loader), 2) for i in b[0].tolist()]
+    state = middle[0].state_dict()
+    newest = loaders(size, before, batch_size=3, remainder=remainder)  # and back again
+    for loader in newest:
+        loader.load_state_dict(state)
+        loader.set_epoch(1)
+        seen += [i for batch in epoch_samples(loader) for i in batch]
+    everything = taken + seen
+    if remainder == "pad":  # every sample at least once; repeats only to even out the last split
+        assert set(everything) == set(range(size)) and len(everything) - size < before + after
+    else:  # no sample twice; a few left out only to even out a split
+        assert len(set(everything)) == len(everything) and size - len(everything) < before + after
+    if before == after:
+        assert sorted(everything) == sorted(i for loader in loaders(size, before, batch_size=3, remainder=remainder)
+                                            for i in _epoch_one(loader))
+    for loader in newest:
+        loader.set_epoch(2)
+        assert len(loader) == len(loaders(size, before, batch_size=3, remainder=remainder)[0])
+
+
+def _epoch_one(loader):
+    loader.set_epoch(1)
+    return [i for batch in epoch_samples(loader) for i in batch]
 
 
 def test_loader_errors_say_what_to_change():

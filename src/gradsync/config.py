@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from gradsync.checkpoint.config import CheckpointConfig
 from gradsync.comm.compression import CompressionConfig
 from gradsync.errors import ConfigError
 
@@ -110,6 +111,7 @@ class TrainerConfig:
     timeout_s: how long a collective may wait before the backend gives up; None keeps the
         backend's default (NCCL 10 min, Gloo 30 min).
     run_dir: where metrics and TensorBoard events go; None means ./gradsync_runs/<timestamp>.
+    checkpoint: when and where to save, and whether to resume (see `CheckpointConfig`).
     """
 
     accumulation_steps: int = 1
@@ -122,10 +124,12 @@ class TrainerConfig:
     run_dir: str | None = None
     ddp: DDPConfig = field(default_factory=DDPConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ddp", _section(DDPConfig, self.ddp, "ddp"))
         object.__setattr__(self, "metrics", _section(MetricsConfig, self.metrics, "metrics"))
+        object.__setattr__(self, "checkpoint", _section(CheckpointConfig, self.checkpoint, "checkpoint"))
         if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
             raise ConfigError(
                 f"accumulation_steps={self.accumulation_steps!r}: it counts micro-batches per "

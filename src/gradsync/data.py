@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from gradsync.errors import ConfigError, GradsyncError
 
 REMAINDERS = ("pad", "drop")
+_END = object()
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -127,6 +128,9 @@ class DistributedLoader:
         self.device = device
         self.seed = seed
         self.rank = rank
+        self.world_size = world_size
+        self.shuffle = shuffle
+        self.remainder = remainder
         self.sampler = DistributedSampler(
             dataset,
             num_replicas=world_size,
@@ -140,12 +144,18 @@ class DistributedLoader:
         self.epoch = 0
         self.position = 0  # batches of the current epoch already handed out
         self.pass_id = 0  # counts `for batch in loader` passes, so a pass is never mistaken for another
-        self._restored = False  # a loaded position waits to be continued from
+        self._restored = False  # a loaded position waits for set_epoch of its epoch
+        self._continue = False  # the next pass starts at `position`, even at the epoch's end
+        # This rank's samples of an epoch resumed on another world size (None: the sampler's).
+        self._redivided: list[int] | None = None
+        self._redivided_from = 0  # samples of the epoch's order consumed before the re-division
         self._iterating = False
+        # Called between batches, before the next is fetched: where the trainer saves checkpoints.
+        self.before_batch: Callable[[], None] | None = None
 
     @property
     def samples_per_rank(self) -> int:
-        return self.sampler.num_samples
+        return len(self._redivided) if self._redivided is not None else self.sampler.num_samples
 
     def __len__(self) -> int:
         """Batches per epoch on every rank."""
@@ -166,17 +176,20 @@ class DistributedLoader:
         """Select the epoch's shuffle; starts at its first batch unless a restored position waits."""
         if self._restored and epoch == self.epoch:
             self._restored = False
+            self._continue = True
             return
-        self._restored = False
+        self._restored = self._continue = False
+        self._redivided = None
         self.epoch = epoch
         self.position = 0
         self.sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.position >= len(self):
+        if self.position >= len(self) and not self._continue:
             # The epoch was used up: another pass repeats it (call set_epoch for a new order).
             self.position = 0
-        indices = list(self.sampler)
+        self._continue = False
+        indices = self._redivided if self._redivided is not None else list(self.sampler)
         start = self.position * self.batch_size
         batches = [indices[i : i + self.batch_size] for i in range(start, len(indices), self.batch_size)]
         # Seeds the workers' own random streams, distinct per epoch and rank.
@@ -184,36 +197,75 @@ class DistributedLoader:
         self.pass_id += 1
         self._iterating = True
         try:
-            for batch in _batches_on_device(
-                self.dataset, batches, self.device, self._collate_fn, self._num_workers, generator
-            ):
+            loaded = _batches_on_device(self.dataset, batches, self.device, self._collate_fn, self._num_workers, generator)
+            while True:
+                if self.before_batch is not None:
+                    self.before_batch()  # before the fetch, which may draw random numbers
+                batch = next(loaded, _END)
+                if batch is _END:
+                    break
                 self.position += 1
                 yield batch
         finally:
             self._iterating = False
 
     def state_dict(self) -> dict[str, int]:
-        """The position to resume from: the epoch and how many of its batches were consumed."""
+        """The position to resume from: the epoch, how many of its batches were consumed, and
+        how many samples of the epoch's order all ranks together consumed."""
         return {
             "epoch": self.epoch,
             "position": self.position,
             "batch_size": self.batch_size,
             "samples_per_rank": self.samples_per_rank,
+            "world_size": self.world_size,
+            "dataset_size": len(self.dataset),
+            "epoch_start": self._epoch_start,
+            "samples_consumed": self._epoch_start + min(self.position * self.batch_size, self.samples_per_rank) * self.world_size,
         }
 
+    @property
+    def _epoch_start(self) -> int:
+        return self._redivided_from if self._redivided is not None else 0
+
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Continue from a saved position: the next batch is the one after the last consumed."""
-        if state["batch_size"] != self.batch_size or state["samples_per_rank"] != self.samples_per_rank:
+        """Continue from a saved position: the next batch is the one after the last consumed.
+
+        Saved on another world size, the epoch goes on from the same global sample: ranks
+        together consumed a prefix of the epoch's shuffled order (rank r takes every W-th
+        sample), so the rest of that order is divided anew, and no sample of the epoch is
+        skipped or seen twice. Later epochs are split as usual.
+        """
+        if state["batch_size"] != self.batch_size or state["dataset_size"] != len(self.dataset):
             raise GradsyncError(
-                f"the saved loader position was taken with batch_size={state['batch_size']} and "
-                f"{state['samples_per_rank']} samples per rank; this loader has batch_size="
-                f"{self.batch_size} and {self.samples_per_rank}. Resume with the same batch size, "
-                "dataset and world size."
+                f"the saved loader position was taken with batch_size={state['batch_size']} over "
+                f"{state['dataset_size']} samples; this loader has batch_size={self.batch_size} over "
+                f"{len(self.dataset)}. Resume with the same per-rank batch size and dataset."
             )
         self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
         self.sampler.set_epoch(self.epoch)
         self._restored = True
+        self._redivided = None
+        if state["world_size"] == self.world_size and state["epoch_start"] == 0:
+            self.position = int(state["position"])
+            return
+        consumed = int(state["samples_consumed"])
+        self._redivided = self._rest_of_epoch(consumed)
+        self._redivided_from = consumed
+        self.position = 0
+
+    def _rest_of_epoch(self, consumed: int) -> list[int]:
+        """This rank's share of the epoch's order after its first `consumed` samples."""
+        whole = DistributedSampler(self.dataset, num_replicas=1, rank=0, shuffle=self.shuffle, seed=self.sampler.seed)
+        whole.set_epoch(self.epoch)
+        rest = list(whole)[consumed:]
+        if not rest:
+            return []
+        if self.remainder == "drop":
+            rest = rest[: len(rest) - len(rest) % self.world_size]
+        else:
+            padding = -len(rest) % self.world_size
+            rest += (rest * math.ceil(padding / len(rest)))[:padding]
+        return rest[self.rank :: self.world_size]
 
 
 class EvalLoader:

@@ -32,10 +32,13 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
 from gradsync.accumulation import Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
+from gradsync.checkpoint import Checkpointer, Loaded, RunState
+from gradsync.checkpoint.checkpointer import model_state
 from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
 from gradsync.comm.compression import CompressionHook, make_hook
 from gradsync.config import TrainerConfig
@@ -47,7 +50,8 @@ from gradsync.metrics import Clock, CommTimer, MetricsRecorder, StepRecord
 from gradsync.metrics.recorder import RESERVED_KEYS
 from gradsync.rundir import fresh_run_dir
 from gradsync.precision import MixedPrecision, check_precision_supported
-from gradsync.seeding import rank_seed, seed_everything
+from gradsync.run import faults
+from gradsync.seeding import rank_seed, rng_state, seed_everything, set_rng_state
 
 # Beyond this many, skipped steps are only counted (metrics, summary), not logged one by one.
 _SKIPS_LOGGED = 10
@@ -81,6 +85,23 @@ class Trainer:
             run_dir=self.run_dir,
             logger=self.logger,
         )
+        faults.claim_steps()  # --inject-fault counts optimizer steps, not backward passes
+        self.checkpointer = (
+            Checkpointer(
+                config.checkpoint,
+                rank=self.rank,
+                world_size=self.world_size,
+                group=self.dist.control_group,
+                distributed=self.dist.has_process_group,
+                log=self.logger.info,
+                warn=self.logger.warning,
+            )
+            if config.checkpoint.enabled
+            else None
+        )
+        self._tracked: dict[str, Any] = {}  # the user's objects saved with each checkpoint
+        self._resumed: Loaded | None = None  # what a resume loaded, for parts attached later
+        self._first_epoch = 0  # where the next epochs() loop starts (a resumed run's epoch)
         self.model: nn.Module | None = None  # the user's module, unwrapped
         self.ddp_model: DistributedDataParallel | None = None  # None at world size 1
         self.optimizer: torch.optim.Optimizer | None = None
@@ -217,6 +238,10 @@ class Trainer:
         # rank draws its own stream, so dropout masks differ across replicas as they would
         # across the samples of one big batch.
         seed_everything(rank_seed(self.config.seed, self.rank))
+        if self.checkpointer is not None:
+            with self._failing_together():
+                self._resume()
+            loader.before_batch = self._save_if_due
         return (self.ddp_model if self.ddp_model is not None else model), optimizer, loader
 
     def _check_model_and_optimizer(self, model: Any, optimizer: Any) -> None:
@@ -303,6 +328,106 @@ class Trainer:
                 "that optimizer."
             )
         self.scheduler = scheduler
+        if self._resumed is not None and self._resumed.shared["scheduler"] is not None:
+            scheduler.load_state_dict(self._resumed.shared["scheduler"])
+            # Building the scheduler just set the optimizer's learning rate to its first value;
+            # put back the one the checkpointed step left for the next.
+            for group, saved in zip(self.optimizer.param_groups, self._resumed.shared["optimizer"]["param_groups"]):
+                group.update({key: value for key, value in saved.items() if key != "params"})
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def register_for_checkpointing(self, **objects: Any) -> None:
+        """Save these objects (anything with `state_dict()` and `load_state_dict()`) with every
+        checkpoint, per rank, and restore them on resume, e.g. `register_for_checkpointing(ema=ema)`.
+
+        Model, optimizer, scheduler, loss scaler, loader position, random streams and compression
+        state are saved without asking.
+        """
+        for name, obj in objects.items():
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise ConfigError(
+                    f"register_for_checkpointing({name}=...): a {type(obj).__name__} has no "
+                    "state_dict()/load_state_dict(); wrap its state in an object that has them."
+                )
+            self._tracked[name] = obj
+            saved = (self._resumed.own or {}).get("tracked", {}) if self._resumed is not None else {}
+            if name in saved:
+                obj.load_state_dict(saved[name])
+
+    def save_checkpoint(self) -> None:
+        """Save now, between two optimizer steps (collective: every rank calls it)."""
+        if self.checkpointer is None:
+            raise ConfigError("save_checkpoint() needs a checkpoint folder: setup(checkpoint={'dir': ...}).")
+        if self._window is not None:
+            raise GradsyncError(
+                "save_checkpoint() was called in the middle of an accumulation window; call it after "
+                "the step that ends a window (e.g. at the end of an epoch), so no gradients are lost."
+            )
+        self.checkpointer.save(self.optimizer_steps, self._run_state())
+
+    def _save_if_due(self, epoch_done: bool = False) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.save_if_due(lambda: self._run_state(epoch_done))
+
+    def _run_state(self, epoch_done: bool = False) -> RunState:
+        """What a checkpoint holds: the model's tensors, state equal on every rank, this rank's own.
+
+        `epoch_done`: taken after an epoch's own end-of-epoch code (evaluation) ran, so a resumed
+        run starts with the next epoch instead of running that code again.
+        """
+        assert self.model is not None and self.optimizer is not None and self.loader is not None
+        loader_state = self.loader.state_dict()
+        if epoch_done:
+            loader_state.update(epoch=loader_state["epoch"] + 1, position=0, epoch_start=0, samples_consumed=0)
+        shared = {
+            "optimizer_steps": self.optimizer_steps,
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.precision.scaler.state_dict() if self.precision.scaler is not None else None,
+            "loader": loader_state,
+        }
+        own = {
+            "rng": rng_state(),
+            "compression": self.compression.state_dict() if self.compression is not None else None,
+            "metrics": self.metrics.state_dict(pending=self._finished),
+            "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
+        }
+        return model_state(self.model, shared, own)
+
+    def _resume(self) -> None:
+        """Load the checkpoint `checkpoint.resume` names, if any, into every part of the run."""
+        assert self.checkpointer is not None and self.model is not None and self.loader is not None
+        loaded = self.checkpointer.find_and_load(model_state(self.model))
+        if loaded is None:
+            return
+        shared = loaded.shared
+        set_optimizer_state_dict(self.model, self.optimizer, shared["optimizer"])
+        if shared["scaler"] is not None and self.precision.scaler is not None:
+            self.precision.scaler.load_state_dict(shared["scaler"])
+        self.optimizer_steps = shared["optimizer_steps"]
+        self.loader.load_state_dict(shared["loader"])
+        self._first_epoch = self.loader.epoch
+        if loaded.own is not None:
+            set_rng_state(loaded.own["rng"])
+            if self.compression is not None and loaded.own["compression"] is not None:
+                self.compression.load_state_dict(loaded.own["compression"])
+            self._finished = self.metrics.load_state_dict(loaded.own["metrics"])
+        else:
+            self.logger.warning(self._world_size_change_note(loaded))
+        self._resumed = loaded
+
+    def _world_size_change_note(self, loaded: Loaded) -> str:
+        assert self.loader is not None
+        saved = loaded.shared["loader"]
+        return (
+            f"the checkpoint was written by {loaded.manifest['world_size']} ranks, this run has "
+            f"{self.world_size}: epoch {saved['epoch']} goes on from global sample {saved['samples_consumed']} "
+            f"of {saved['dataset_size']}, the rest of its order re-divided ({self.loader.samples_per_rank} per rank), "
+            "so no sample of the epoch is skipped or repeated. Not bitwise equal to an uninterrupted run: the "
+            "global batch is now batch_size x accumulation x world size, per-rank random streams restart "
+            "from the seed and gradient-compression residuals start from zero."
+        )
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -316,15 +441,20 @@ class Trainer:
         if not isinstance(num_epochs, int) or num_epochs < 0:
             raise ConfigError(f"epochs({num_epochs!r}): use a non-negative integer.")
         self.metrics.progress.set_total(num_epochs * self.steps_per_epoch)
-        if self.compression is not None:
+        resumed_compression = self._resumed is not None and self._resumed.own is not None
+        if self.compression is not None and not resumed_compression:
             self.compression.start(self.optimizer_steps + num_epochs * self.steps_per_epoch)
-        for epoch in range(num_epochs):
+        # A resumed run goes on in the epoch it stopped in (which may have no batch left: its
+        # end-of-epoch code, such as evaluation, still runs).
+        first, self._first_epoch = self._first_epoch, 0
+        for epoch in range(first, num_epochs):
             loader.set_epoch(epoch)
             self._last_step_end = self.clock.mark()  # time between epochs (evaluation) is not a step
             yield epoch
             if self._window is not None:
                 self._close_window(reduced=False)
             self._commit_finished()
+            self._save_if_due(epoch_done=True)
         self.metrics.flush()
 
     def step(self) -> "MicroStep":
@@ -408,6 +538,9 @@ class Trainer:
         if isinstance(self.compression, AutoTuner):
             self.compression.step_done(self.device)
         self._finished = record
+        faults.at_step(self.optimizer_steps)
+        if self.checkpointer is not None:
+            self.checkpointer.after_step(self.optimizer_steps)
         return applied
 
     def _explain_unused_parameters(self, error: RuntimeError) -> ConfigError | None:
@@ -606,8 +739,11 @@ class Trainer:
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
         self._commit_finished()
+        self._save_if_due()
         self.metrics.flush()
         self.metrics.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         shutdown(self.dist)
 
     def __enter__(self) -> "Trainer":

@@ -1,9 +1,13 @@
-"""The main job: `gradsync demo` trains the digits CNN with 2 processes through torchrun's agent."""
+"""The main job: `gradsync demo` trains the digits CNN with 2 processes under `gradsync run`."""
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from gradsync.cli import demo
+from gradsync.run import launcher
 
 BIN = Path(sys.executable).parent
 
@@ -23,6 +27,33 @@ def test_demo_reaches_95_percent_and_reports(tmp_path):
         assert line in done.stdout
     assert "│ processes             │                  2 │" in done.stdout
     assert "[gradsync rank 0] step " in done.stderr, "progress is reported while training"
+    diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
+    assert diagnosis["status"] == "ok" and diagnosis["findings"] == [], diagnosis
+    assert "gradsync run: ok: 2 ranks finished" in done.stderr
+    assert "warning" not in done.stderr.lower() and "FAILED" not in done.stderr, done.stderr
+
+
+def _demo_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers())
+    return parser.parse_args(["demo", *argv])
+
+
+def test_demo_runs_its_workers_under_gradsync_run_with_restarts_faults_and_checkpoint_options():
+    args = _demo_args(
+        "--nproc-per-node", "3", "--max-restarts", "2", "--inject-fault", "kill:rank=1:step=5",
+        "--inject-fault", "exit:rank=2:step=9:code=3:attempt=1", "--epochs", "1",
+        "--checkpoint-dir", "ckpt", "--resume", "auto", "--checkpoint-every", "10",
+    )
+    argv = demo.launcher_argv(args, Path("runs/x"))
+    run = launcher.build_parser().parse_args(argv)
+    assert (run.standalone, run.nproc_per_node, run.max_restarts, run.run_dir) == (True, "3", 2, "runs/x")
+    assert run.inject_fault == ["kill:rank=1:step=5", "exit:rank=2:step=9:attempt=1:code=3"]
+    assert (run.module, run.training_script) == (True, "gradsync.demo.digits")
+    assert run.training_script_args == [
+        "--run-dir", "runs/x", "--epochs", "1", "--checkpoint-dir", "ckpt", "--resume", "auto", "--checkpoint-every", "10",
+    ], "metrics share the run directory with the diagnosis; checkpoint options reach the worker verbatim"
+    assert "--max-restarts" not in run.training_script_args and "--inject-fault" not in run.training_script_args
 
 
 def test_module_entry_point_and_help():
@@ -30,3 +61,5 @@ def test_module_entry_point_and_help():
     assert done.returncode == 0 and "demo" in done.stdout
     done = subprocess.run([sys.executable, "-m", "gradsync", "demo", "--nproc-per-node", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "at least 1" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "gradsync", "demo", "--inject-fault", "kill:rank=1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "step missing" in done.stderr

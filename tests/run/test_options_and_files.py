@@ -69,3 +69,13 @@ def test_ring_file_keeps_the_last_records_and_survives_its_writer(tmp_path):
     files.write_json(files.snapshot_path(tmp_path, 0, 0), {"rank": 0})
     snapshots, _ = files.read_attempt(tmp_path, 0)
     assert snapshots[0]["collectives"] == 41 and len(snapshots[0]["records"]) == 16
+
+
+def test_a_relaunch_in_the_same_run_dir_archives_the_earlier_records(tmp_path):
+    assert files.archive_previous_launch(tmp_path) is None
+    files.write_json(files.exit_path(tmp_path, 0, 1), {"exit": {"status": "exit_code", "code": 143}})
+    files.write_json(tmp_path / files.DIAGNOSIS_FILE, {"status": "stopped"})
+    archive = files.archive_previous_launch(tmp_path)
+    assert archive is not None and archive.parent == tmp_path / "previous"
+    assert files.latest_attempt(tmp_path) is None and not (tmp_path / files.DIAGNOSIS_FILE).exists()
+    assert (archive / "workers" / "attempt0" / "rank1.exit.json").exists() and (archive / files.DIAGNOSIS_FILE).exists()

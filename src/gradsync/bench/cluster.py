@@ -162,6 +162,14 @@ def _cmd(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def _kill_everything_in(namespace: str) -> None:
+    for pid in _cmd("ip", "netns", "pids", namespace, check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+
+
 def list_namespaces(prefix: str | None = None) -> list[str]:
     """Names of the network namespaces that start with `prefix` (default: this process's prefix).
 
@@ -411,12 +419,7 @@ class SimulatedCluster:
         for name in list(reversed(self._namespaces)):
             # Anything still inside (a process that left its session, a grandchild) would keep the
             # namespace and its links alive after `ip netns del`: end it first.
-            pids = _cmd("ip", "netns", "pids", name, check=False).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ValueError, ProcessLookupError, PermissionError):
-                    pass
+            _kill_everything_in(name)
             host = re.search(r"h(\d+)$", name)
             if host is not None:  # one end of a veth pair removes the other
                 _cmd("ip", "-n", name, "link", "del", f"gs{host.group(1)}", check=False)
@@ -471,6 +474,11 @@ class SimulatedCluster:
         )
         self._processes.append(process)
         return process
+
+    def kill_host(self, host_index: int) -> None:
+        """The host dies: SIGKILL every process on it at once, launcher and workers alike (torchrun
+        starts workers in sessions of their own, so killing the launcher's group is not enough)."""
+        _kill_everything_in(self._host(host_index).name)
 
     def torchrun_args(self, host_index: int, nproc_per_node: int, master_port: int = 29500) -> list[str]:
         """torchrun options for static rendezvous on host `host_index`, served by host 0.

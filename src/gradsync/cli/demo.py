@@ -1,14 +1,42 @@
-"""`gradsync demo`: the main job, a small CNN trained on scikit-learn's digits by 2 processes."""
+"""`gradsync demo`: the main job, a small CNN trained on scikit-learn's digits by 2 processes.
+
+It runs under `gradsync run`, so the demo gets what a real job gets: a diagnosis of any hang or
+crash, restarts (--max-restarts) and failures to rehearse them with (--inject-fault). Metrics
+and the diagnosis share one run directory (metrics.jsonl, tensorboard/ next to diagnosis.json
+and workers/).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import sys
+from pathlib import Path
 
-from gradsync.cli.launch import launch_module
 from gradsync.comm import COMPRESSIONS
+from gradsync.errors import ConfigError
+from gradsync.run import faults, launcher
 from gradsync.rundir import fresh_run_dir
+
+WORKER_MODULE = "gradsync.demo.digits"
+# Demo options passed on to the worker module as given, when set (the same --names there).
+WORKER_OPTIONS = (
+    "epochs",
+    "batch_size",
+    "accumulation_steps",
+    "precision",
+    "compression",
+    "checkpoint_dir",
+    "resume",
+    "checkpoint_every",
+)
+
+
+def _fault(text: str) -> str:
+    try:
+        return str(faults.parse_fault(text))
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -20,13 +48,41 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "the share of step time spent in exposed gradient communication.",
     )
     parser.add_argument("--nproc-per-node", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--run-dir", default=None, help="where metrics go (default gradsync_runs/demo-<time>)")
+    parser.add_argument("--run-dir", default=None, help="where metrics and the diagnosis go (default gradsync_runs/demo-<time>)")
     parser.add_argument("--epochs", type=int, default=None, help="training epochs")
     parser.add_argument("--batch-size", type=int, default=None, help="samples per rank per micro-step")
     parser.add_argument("--accumulation-steps", type=int, default=None, help="micro-steps per optimizer step")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
     parser.add_argument("--compression", choices=COMPRESSIONS, default=None, help="gradient compression")
+    parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go")
+    parser.add_argument("--resume", choices=("auto",), default=None, help="auto: continue from the latest checkpoint, if any")
+    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N", help="save a checkpoint every N optimizer steps")
+    parser.add_argument(
+        "--max-restarts", type=int, default=0, metavar="K", help="restart all workers up to K times after a failure (default 0)"
+    )
+    parser.add_argument(
+        "--inject-fault",
+        action="append",
+        default=[],
+        type=_fault,
+        metavar="SPEC",
+        help="rehearse a failure, e.g. kill:rank=1:step=5 (see gradsync run -h; repeatable)",
+    )
     parser.set_defaults(run=run)
+
+
+def launcher_argv(args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """The `gradsync run` command line that runs the demo's workers."""
+    argv = ["--standalone", "--nproc-per-node", str(args.nproc_per_node), "--run-dir", str(run_dir)]
+    argv += ["--max-restarts", str(args.max_restarts)]
+    for spec in args.inject_fault:
+        argv += ["--inject-fault", spec]
+    argv += ["-m", WORKER_MODULE, "--run-dir", str(run_dir)]
+    for option in WORKER_OPTIONS:
+        value = getattr(args, option)
+        if value is not None:
+            argv += [f"--{option.replace('_', '-')}", str(value)]
+    return argv
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,9 +96,5 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    worker_args = ["--run-dir", str(args.run_dir or fresh_run_dir("demo-"))]
-    for option in ("epochs", "batch_size", "accumulation_steps", "precision", "compression"):
-        value = getattr(args, option)
-        if value is not None:
-            worker_args += [f"--{option.replace('_', '-')}", str(value)]
-    return launch_module("gradsync.demo.digits", worker_args, args.nproc_per_node)
+    run_dir = Path(args.run_dir) if args.run_dir else fresh_run_dir("demo-")
+    return launcher.main(launcher_argv(args, run_dir))

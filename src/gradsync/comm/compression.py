@@ -258,7 +258,7 @@ class Int8Hook(CompressionHook):
         super().__init__(config, process_group)
         self.carrier = torch.int8 if self.world_size <= 8 else torch.int16
         self.levels = (127 if self.carrier == torch.int8 else 32767) // self.world_size
-        self._next_scales: dict[int, tuple[Any, torch.Tensor]] = {}
+        self._next_scales: dict[int, tuple[Any, torch.Tensor]] = {}  # (pending work or None, maxima)
 
     def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
         numel = flat.numel()
@@ -266,7 +266,8 @@ class Int8Hook(CompressionHook):
         chunk_max = padded.abs().amax(dim=1)
         agreed = self._next_scales.pop(index, None)
         if agreed is not None and agreed[1].shape == chunk_max.shape:
-            agreed[0].wait()  # sent with last step's bucket: long done
+            if agreed[0] is not None:
+                agreed[0].wait()  # sent with last step's bucket: long done
             limit = agreed[1] * self.HEADROOM
         else:  # the first step (or a rebuilt bucket): agree now, once
             limit = chunk_max.clone()
@@ -283,6 +284,18 @@ class Int8Hook(CompressionHook):
         work = dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True)
         self._next_scales[index] = (work, chunk_max)
         return reduced
+
+    def state_dict(self) -> dict[str, Any]:
+        """Residuals and the scales agreed for the next step (a resumed run quantises the same)."""
+        scales = {}
+        for index, (work, chunk_max) in self._next_scales.items():
+            work.wait()
+            scales[index] = chunk_max.detach().cpu()
+        return {**super().state_dict(), "next_scales": scales}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._next_scales = {int(index): (None, limit.clone()) for index, limit in state.get("next_scales", {}).items()}
 
 
 class TopKHook(CompressionHook):

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import gradsync
+from gradsync.checkpoint import parameters_sha256
 from gradsync.distributed import end_process
 
 
@@ -75,7 +76,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--compression", default="none", help="gradient compression (see gradsync.comm)")
     parser.add_argument("--run-dir", default=None)
+    parser.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (off by default)")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="optimizer steps between checkpoints")
+    parser.add_argument("--resume", choices=("auto",), default=None, help="continue from the newest valid checkpoint")
     args = parser.parse_args(argv)
+    checkpoint = (
+        {"dir": args.checkpoint_dir, "every_steps": args.checkpoint_every, "resume": args.resume}
+        if args.checkpoint_dir
+        else {}
+    )
     started = time.perf_counter()
 
     trainer = gradsync.setup(
@@ -85,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=0,
         run_dir=args.run_dir,
         ddp={"compression": args.compression},
+        checkpoint=checkpoint,
     )
     train_set, test_set = digits_datasets(seed=0)
     model = DigitsCNN().to(trainer.device)
@@ -106,12 +116,13 @@ def main(argv: list[str] | None = None) -> None:
         trainer.log({"eval/accuracy": accuracy})
 
     summary = trainer.summary()
+    params_sha256 = parameters_sha256(trainer.unwrap(model))
     trainer.close()
     if trainer.is_main:
-        print_summary(summary, accuracy, time.perf_counter() - started, trainer.run_dir)
+        print_summary(summary, accuracy, time.perf_counter() - started, trainer.run_dir, params_sha256)
 
 
-def print_summary(summary: dict, accuracy: float, wall_s: float, run_dir) -> None:
+def print_summary(summary: dict, accuracy: float, wall_s: float, run_dir, params_sha256: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -128,6 +139,9 @@ def print_summary(summary: dict, accuracy: float, wall_s: float, run_dir) -> Non
     console = Console()
     console.print(table)
     console.print(f"metrics: {run_dir}/metrics.jsonl   tensorboard --logdir {run_dir}")
+    # Equal hashes mean bitwise-equal models: an interrupted and resumed demo ends where an
+    # uninterrupted one does.
+    print(f"params sha256: {params_sha256}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,19 @@ class StepRecord:
         }
 
 
+class RestoredStep(StepRecord):
+    """The step a checkpoint was taken at, brought back by a resume: already timed, still open to
+    `trainer.log()` (an end-of-epoch evaluation logs onto it after the resumed epoch's last step)."""
+
+    def __init__(self, row: dict[str, Any], values: dict[str, list[float]]) -> None:
+        super().__init__(step=row["step"], epoch=row["epoch"], start=None)
+        self.row = row
+        self.values = {key: list(total) for key, total in values.items()}
+
+    def resolve(self, clock: Clock) -> dict[str, Any]:
+        return {**self.row, "values": {k: float(s) / w for k, (s, w) in self.values.items() if w > 0}}
+
+
 def aggregate(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """One row for one optimizer step from every rank's record of it.
 
@@ -231,6 +244,28 @@ class MetricsRecorder:
             "exposed_comm_share": self._exposed_sum / self._step_time_sum if self._step_time_sum > 0 else 0.0,
             "loss": None if self.last_row is None else self.last_row.get("loss"),
         }
+
+    _COUNTERS = ("_steps", "_skips", "_samples", "_time", "_step_time_sum", "_exposed_sum")
+
+    def state_dict(self, pending: StepRecord | None = None) -> dict[str, Any]:
+        """Totals (equal on every rank), this rank's rows not gathered yet, and `pending`, the
+        step still open to `trainer.log()`, so a resumed run reports every step exactly once."""
+        return {
+            "totals": {name: getattr(self, name) for name in self._COUNTERS},
+            "rows": list(self._buffer),
+            "pending": None if pending is None else {
+                "row": pending.resolve(self.clock),
+                "values": {key: [float(s), float(w)] for key, (s, w) in pending.values.items()},
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> RestoredStep | None:
+        """Continue from `state_dict`; returns the pending step to keep open for `trainer.log()`."""
+        for name in self._COUNTERS:
+            setattr(self, name, state["totals"][name])
+        self._buffer = list(state["rows"])
+        pending = state["pending"]
+        return None if pending is None else RestoredStep(pending["row"], pending["values"])
 
     def close(self) -> None:
         self.progress.close()

@@ -5,4 +5,5 @@
 - `files`: the run-directory files through which workers and launcher share state.
 - `monitor`: the launcher-side watcher (stalls, drift) and `analysis`: the diagnosis rules.
 - `report`: diagnosis.json and the terminal summary; `launcher`: the command itself.
+- `faults`: `--inject-fault`, to rehearse a crash or hang on one rank at a chosen step.
 """

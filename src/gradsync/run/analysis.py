@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable
+
+from gradsync.run.faults import FaultSpec
 
 SEVERITIES = ("error", "warning")
 
@@ -62,6 +64,7 @@ class RankView:
     signal: str | None = None
     stopped_by_gradsync: bool = False
     alive: bool = False
+    injected: dict[str, Any] | None = None  # the record of an --inject-fault that fired on this rank
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -205,13 +208,16 @@ def diagnose(
     lines: dict[int, str] = {}
     divergence = find_divergence(views)
 
-    crashes = [v for v in views.values() if _crash_cause(v, divergence)]
+    injected = _fired_fault(views, trigger)
+    crashes = [injected] if injected else [v for v in views.values() if _crash_cause(v, divergence)]
     # torchrun's agent stops the remaining workers with SIGTERM once one has failed, possibly
     # before their last snapshot is newer than the failure: SIGTERM is a cause only alone.
     crashes = [v for v in crashes if v.signal != "SIGTERM"] or crashes
     teardown = [v for v in views.values() if v.finished and v.exitcode not in (None, 0)]
     everyone_finished = all(v.finished for v in views.values())
-    if crashes:
+    if injected:
+        findings.append(_injected_finding(injected, views))
+    elif crashes:
         first = min(crashes, key=_failure_time)
         findings.append(_crash_finding(first, views))
     elif divergence is not None and (trigger != "exit" or everyone_finished):
@@ -240,6 +246,52 @@ def diagnose(
         "findings": [f.as_dict() for f in findings],
         "ranks": {str(rank): line for rank, line in lines.items()},
     }
+
+
+def _fired_fault(views: dict[int, RankView], trigger: str) -> RankView | None:
+    """The rank an injected fault took down: the known cause, whatever its peers went through.
+
+    A hang only explains a stall: a job stopped for another reason is diagnosed as usual.
+    """
+    for view in sorted(views.values(), key=lambda v: v.rank):
+        if view.injected and (view.injected["action"] != "hang" or trigger == "stall"):
+            return view
+    return None
+
+
+def _fault_place(fault: dict[str, Any]) -> str:
+    if fault["at"] == "checkpoint":
+        return f"while writing the checkpoint of step {fault['step']}"
+    return f"at step {fault['step']}"
+
+
+def _fault_outcome(fault: dict[str, Any]) -> str:
+    """'was killed (SIGKILL) at step 3' for the record of a fault that fired."""
+    outcome = {"kill": "was killed (SIGKILL)", "exit": f"exited with code {fault['code']}", "hang": "hung"}[fault["action"]]
+    return f"{outcome} {_fault_place(fault)}"
+
+
+def _injected_finding(view: RankView, views: dict[int, RankView]) -> Finding:
+    fault = view.injected
+    others = ", ".join(f"rank {r}" for r in sorted(views) if r != view.rank)
+    hang = fault["action"] == "hang"
+    consequence = ""
+    if others:
+        consequence = (
+            f" The others ({others}) waited for it until the stall timeout." if hang else f" The others ({others}) only stopped because it left."
+        )
+    return Finding(
+        "rank_stuck" if hang else "rank_crashed",
+        "error",
+        [view.rank],
+        f"Rank {view.rank} {_fault_outcome(fault)} of attempt {fault['attempt']}: injected by "
+        f"--inject-fault {fault['spec']}, not a fault of the script.{consequence}",
+        "Nothing to fix: this rehearses a failure. Check that the job recovered as intended (--max-restarts, "
+        "resuming from the last checkpoint), and drop --inject-fault for real runs.",
+        locations={str(view.rank): _where(view)},
+        step=fault["step"],
+        details={"injected": fault["spec"]},
+    )
 
 
 def _failure_time(view: RankView) -> float:
@@ -525,6 +577,8 @@ def _unexplained_failure(views: dict[int, RankView], trigger: str) -> Finding:
 
 
 def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashes: list[RankView]) -> str:
+    if view.injected is not None:
+        return f"{_fault_outcome(view.injected)}, injected by --inject-fault {view.injected['spec']}"
     exception = view.exception()
     if exception is not None:
         where = exception["location"] or view.location or "?"
@@ -568,6 +622,81 @@ def _ranks_text(ranks: dict[int, Any] | list[int]) -> str:
 
 def _first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
+
+
+# -- the job: attempts, injected faults, a stop from outside ------------------------------------
+
+
+def earlier_attempts_finding(failed: dict[int, dict[str, Any]], final_status: str) -> Finding:
+    """What the attempts before the last went through: a job that recovered still lost work."""
+    told = []
+    for attempt, diagnosis in sorted(failed.items()):
+        errors = [f for f in diagnosis["findings"] if f["severity"] == "error"]
+        cause = f"{errors[0]['category']}: {_first_sentence(errors[0]['message'])}" if errors else "no cause recorded"
+        told.append(f"attempt {attempt} failed ({cause})")
+    last = max(failed) + 1
+    ending = f"attempt {last} finished" if final_status == "ok" else f"attempt {last} failed too"
+    return Finding(
+        "restarted",
+        "warning",
+        sorted({r for d in failed.values() for f in d["findings"] if f["severity"] == "error" for r in f["ranks"]}),
+        f"The workers were restarted {'once' if len(failed) == 1 else f'{len(failed)} times'}: {'; '.join(told)}; {ending}.",
+        "Each attempt's diagnosis is in RUN_DIR/workers/attemptN/diagnosis.json. A restart costs the steps "
+        "since the last checkpoint: fix what failed, unless it was injected with --inject-fault.",
+        details={"failed_attempts": sorted(failed)},
+    )
+
+
+def unfired_fault_findings(specs: Iterable[FaultSpec], fired: dict[int, dict[int, dict[str, Any]]], last_attempt: int) -> list[Finding]:
+    """Faults asked for that never fired (`fired`: attempt -> rank -> record), so were not rehearsed."""
+    findings = []
+    for spec in specs:
+        if any(record["spec"] == str(spec) for record in fired.get(spec.attempt, {}).values()):
+            continue
+        if spec.attempt > last_attempt:
+            why = f"attempt {spec.attempt} never ran (the job ended with attempt {last_attempt})"
+        else:
+            place = "the checkpoint of step" if spec.at == "checkpoint" else "step"
+            why = f"rank {spec.rank} never reached {place} {spec.step} in attempt {spec.attempt}"
+        findings.append(
+            Finding(
+                "fault_not_fired",
+                "warning",
+                [spec.rank],
+                f"--inject-fault {spec} did not fire: {why}, so this run did not rehearse that failure.",
+                "Choose a step the job reaches (without gradsync's Trainer a step is a backward pass whose "
+                "gradients DDP synchronises; at=checkpoint needs gradsync's checkpoints) and an attempt "
+                "within --max-restarts.",
+                details={"injected": str(spec)},
+            )
+        )
+    return findings
+
+
+def stopped_by_signal(diagnosis: dict[str, Any], signal_name: str, grace_s: float) -> dict[str, Any]:
+    """The diagnosis of a job stopped from outside (a scheduler's SIGTERM, Ctrl-C): not a failure of its own.
+
+    Each rank's ending is a reaction to the stop, so only the warnings about its health are kept.
+    """
+    ranks = sorted(int(r) for r in diagnosis.get("ranks", {}))
+    stop = Finding(
+        "stopped_by_signal",
+        "warning",
+        ranks,
+        f"gradsync run got {signal_name}: torchrun's agent passed it to the workers and gave them {grace_s:g} s "
+        "to save and exit before SIGKILL. The job did not finish.",
+        "Resume from the last checkpoint. If the workers need longer to save, raise --shutdown-timeout "
+        "(or TORCH_ELASTIC_SHUTDOWN_TIMEOUT).",
+        details={"signal": signal_name, "grace_s": grace_s},
+    )
+    warnings = [f for f in diagnosis["findings"] if f["severity"] == "warning"]
+    *earlier, last = diagnosis["attempts"]
+    attempts = [*earlier, {**last, "status": "stopped"}]
+    return {**diagnosis, "status": "stopped", "trigger": "signal", "findings": [stop.as_dict(), *warnings], "attempts": attempts}
+
+
+def _first_sentence(message: str) -> str:
+    return _first_line(message).split(". ")[0].rstrip(".")
 
 
 # -- stragglers ----------------------------------------------------------------------------------

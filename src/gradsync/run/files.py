@@ -6,7 +6,9 @@ then rename, so a reader never sees half a file) and leaves an exit record when 
 Its collectives go, as they happen, into a fixed-size ring of slots in a memory-mapped file: a
 worker killed by SIGKILL or aborted inside Gloo still leaves its last collectives behind (the
 page cache outlives the process), at the cost of a memcpy per record.
-Files are grouped by restart attempt, so a restarted group never mixes with the one it replaces.
+Files are grouped by restart attempt (workers/attemptN/: snapshots, rings, exit records, the
+records of injected faults that fired, and that attempt's diagnosis), so a restarted group never
+mixes with the one it replaces and every failed attempt keeps its own diagnosis.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,16 @@ def exit_path(run_dir: Path, attempt: int, rank: int) -> Path:
     return attempt_dir(run_dir, attempt) / f"rank{rank}.exit.json"
 
 
+def fault_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    """The record an injected fault leaves just before it fires (see gradsync.run.faults)."""
+    return attempt_dir(run_dir, attempt) / f"fault-rank{rank}.json"
+
+
+def attempt_diagnosis_path(run_dir: Path, attempt: int) -> Path:
+    """Each attempt's own diagnosis; RUN_DIR/diagnosis.json is the latest one (the final attempt's at the end)."""
+    return attempt_dir(run_dir, attempt) / DIAGNOSIS_FILE
+
+
 def write_json(path: Path, data: Any) -> None:
     """Atomically replace `path` with `data` as JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -50,6 +63,26 @@ def read_json(path: Path) -> Any | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def archive_previous_launch(run_dir: Path) -> Path | None:
+    """Move an earlier launch's worker files and diagnosis out of the way (into
+    RUN_DIR/previous/<time>/), so a relaunch in the same run directory, such as a resumed job,
+    is never diagnosed from the old launch's records. Returns where they went."""
+    workers, diagnosis = run_dir / "workers", run_dir / DIAGNOSIS_FILE
+    if not workers.exists() and not diagnosis.exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime((workers if workers.exists() else diagnosis).stat().st_mtime))
+    archive = run_dir / "previous" / stamp
+    n = 1
+    while archive.exists():
+        n += 1
+        archive = archive.with_name(f"{stamp}-{n}")
+    archive.mkdir(parents=True)
+    for path in (workers, diagnosis):
+        if path.exists():
+            path.rename(archive / path.name)
+    return archive
 
 
 def latest_attempt(run_dir: Path) -> int | None:
@@ -97,6 +130,16 @@ def read_ring(path: Path) -> list[dict]:
             except ValueError:
                 continue
     return sorted(records, key=lambda r: r["index"])
+
+
+def read_faults(run_dir: Path, attempt: int) -> dict[int, dict]:
+    """The injected faults that fired in one attempt, keyed by global rank."""
+    records = {}
+    for path in attempt_dir(run_dir, attempt).glob("fault-rank*.json"):
+        data = read_json(path)
+        if data is not None:
+            records[int(path.name.removeprefix("fault-rank").removesuffix(".json"))] = data
+    return records
 
 
 def read_attempt(run_dir: Path, attempt: int) -> tuple[dict[int, dict], dict[int, dict]]:

@@ -3,20 +3,29 @@
 The command line is torchrun's own parser (same options, same PET_* environment variables)
 plus gradsync's options; torchrun's elastic agent starts, watches and restarts the workers.
 gradsync only swaps the worker command for its recording entry point and watches from the side.
+A stop from outside (a scheduler's SIGTERM) reaches the workers through the agent, which gives
+them its --shutdown-timeout to save; the launcher then exits 128 + the signal number, as
+schedulers expect of a terminated job, with a diagnosis that says it was stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
+from torch.distributed.elastic.agent.server.api import WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from gradsync.errors import ConfigError
-from gradsync.run import report
+from gradsync.run import faults, files, report
+from gradsync.run.analysis import stopped_by_signal
 from gradsync.run.monitor import Monitor
 from gradsync.run.options import RunOptions
 from gradsync.rundir import fresh_run_dir
@@ -41,6 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=120.0,
         help="seconds without progress on any rank before the job is diagnosed and stopped (default 120)",
     )
+    extra.add_argument(
+        "--inject-fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="rehearse a failure: ACTION:rank=R:step=S[:attempt=A][:code=C][:at=step|checkpoint], ACTION "
+        "kill, hang or exit, e.g. kill:rank=1:step=5; fires on the first attempt unless attempt= says "
+        "otherwise (repeatable)",
+    )
     return parser
 
 
@@ -51,6 +69,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"gradsync run: {error}", file=sys.stderr)
         return 2
+    archived = files.archive_previous_launch(Path(options.run_dir))
+    if archived is not None:
+        print(f"gradsync run: {options.run_dir} held an earlier launch's records; moved them to {archived}", file=sys.stderr)
     _wrap_worker_command(args, options.save())
     nproc = args.nproc_per_node
     if str(nproc).isdigit():
@@ -58,17 +79,38 @@ def main(argv: list[str]) -> int:
         # (a value the user set wins).
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(nproc))))
 
+    if args.max_restarts > 0:
+        # torchrun shares its rendezvous store with the workers without a per-attempt prefix, so a
+        # restarted group can read the replaced group's addresses and fail to connect (4 restarts
+        # in 6 here; pytorch/pytorch#135712). A store per attempt avoids it (a value the user set wins).
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+
     monitor = Monitor(options, report.publish)
     monitor.start()
     failures = {}
-    try:
-        run(args)
-    except ChildFailedError as failure:
-        failures = failure.failures
-    finally:
-        monitor.stop()
+    stopped_by = None
+    with _reporting_restarts(monitor):
+        try:
+            run(args)
+        except ChildFailedError as failure:
+            failures = failure.failures
+        except SignalException as stop:  # the agent already forwarded it and waited for the workers
+            stopped_by = stop.sigval
+        finally:
+            monitor.stop()
     diagnosis = monitor.final(failures)
-    if diagnosis.get("attempt") not in monitor.stall_diagnoses:
+    if stopped_by is not None:
+        grace_s = _shutdown_grace_s(args)
+        path = report.write(stopped_by_signal(diagnosis, stopped_by.name, grace_s), options.run_dir)
+        print(
+            f"gradsync run: stopped by {stopped_by.name}; workers were asked to stop and given {grace_s} s "
+            f"to save (diagnosis: {path})",
+            file=sys.stderr,
+        )
+        return 128 + int(stopped_by)
+    if diagnosis["attempt"] in monitor.stall_diagnoses:
+        report.write(diagnosis, options.run_dir)  # shown when the stall was found
+    else:
         report.publish(diagnosis, options.run_dir)
     return 0 if diagnosis["status"] == "ok" else 1
 
@@ -84,8 +126,72 @@ def _options(args: argparse.Namespace) -> RunOptions:
             "--run-path runs the script inside the launcher process, where the recorder cannot "
             "watch it; drop --run-path (gradsync run starts ordinary worker processes)."
         )
+    specs = faults.parse_faults(args.inject_fault)
+    _check_faults_can_fire(specs, args)
     run_dir = Path(args.run_dir) if args.run_dir else fresh_run_dir()
-    return RunOptions(run_dir=run_dir, stall_timeout_s=args.stall_timeout)
+    return RunOptions(run_dir=run_dir, stall_timeout_s=args.stall_timeout, faults=tuple(str(s) for s in specs))
+
+
+def _check_faults_can_fire(specs: tuple[faults.FaultSpec, ...], args: argparse.Namespace) -> None:
+    """A fault on a rank or attempt the job never has would silently rehearse nothing."""
+    nnodes = str(args.nnodes).split(":")[-1]
+    world_size = int(args.nproc_per_node) * int(nnodes) if str(args.nproc_per_node).isdigit() and nnodes.isdigit() else None
+    for spec in specs:
+        if world_size is not None and spec.rank >= world_size:
+            raise ConfigError(
+                f"--inject-fault {spec}: the job has ranks 0-{world_size - 1}, so rank {spec.rank} never runs; "
+                "give a global rank (RANK) of this job."
+            )
+        if spec.attempt > args.max_restarts:
+            raise ConfigError(
+                f"--inject-fault {spec}: with --max-restarts {args.max_restarts} the job has attempts "
+                f"0-{args.max_restarts}, so attempt {spec.attempt} never runs; raise --max-restarts."
+            )
+
+
+@contextlib.contextmanager
+def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
+    """Let the monitor diagnose each attempt the agent restarts, after its workers stopped, before the next start.
+
+    The agent keeps an attempt's failures (exit codes, signals) to itself and goes straight on to
+    the next attempt, so two of its steps are wrapped while the job runs: watching the workers
+    (which returns the failures) and starting a group (which a restart does after stopping it).
+    """
+    agent = LocalElasticAgent
+    originals = {name: vars(agent).get(name) for name in ("_monitor_workers", "_initialize_workers")}
+    monitor_workers, initialize_workers = agent._monitor_workers, agent._initialize_workers
+    last_result = []
+
+    def watching(self, worker_group):
+        result = monitor_workers(self, worker_group)
+        last_result[:] = [result]
+        return result
+
+    def starting(self, worker_group):
+        if last_result and last_result[0].state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            monitor.restarting(last_result[0].failures)
+        last_result.clear()
+        return initialize_workers(self, worker_group)
+
+    agent._monitor_workers, agent._initialize_workers = watching, starting
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            if original is None:
+                delattr(agent, name)
+            else:
+                setattr(agent, name, original)
+
+
+def _shutdown_grace_s(args: argparse.Namespace) -> int:
+    """How long the agent waits for workers after forwarding a stop signal, before SIGKILL.
+
+    torchrun's --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s (the agent's
+    PContext.close timeout; torch versions without the option always wait 30 s).
+    """
+    explicit = getattr(args, "shutdown_timeout", None)
+    return explicit if explicit is not None else int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
 
 
 def _wrap_worker_command(args: argparse.Namespace, options_path: Path) -> None:

@@ -4,6 +4,9 @@ It reads the snapshots the workers leave in the run directory (never the process
 may be the stuck thing), notices a stall long before the backend's timeout, diagnoses it, and
 stops the workers so torchrun's agent ends (or restarts) the job. It also follows the ranks'
 collective checkpoints while the job is healthy, to warn about drift as soon as it shows.
+When the agent restarts the workers (--max-restarts), the failed attempt is diagnosed before the
+next one starts and its diagnosis stays in that attempt's folder; the final diagnosis tells
+what the earlier attempts went through.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gradsync.run import files
-from gradsync.run.analysis import RankView, StragglerTracker, diagnose
+from gradsync.run import faults, files
+from gradsync.run.analysis import RankView, StragglerTracker, diagnose, earlier_attempts_finding, unfired_fault_findings
 from gradsync.run.options import RunOptions
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping a stalled job
@@ -38,7 +41,11 @@ def pid_alive(pid: int) -> bool:
 
 
 class Monitor(threading.Thread):
-    """Polls the latest attempt's worker files; on a stall, diagnoses and stops the workers."""
+    """Polls the latest attempt's worker files; on a stall, diagnoses and stops the workers.
+
+    Stopping them is what makes torchrun's agent see the attempt fail, so it restarts the group
+    when restarts remain; the next attempt's files are watched afresh.
+    """
 
     def __init__(self, options: RunOptions, report: Callable[[dict[str, Any], Path], None]):
         super().__init__(name="gradsync-monitor", daemon=True)
@@ -49,6 +56,8 @@ class Monitor(threading.Thread):
         self.stopped = threading.Event()
         self.attempt: int | None = None
         self.stall_diagnoses: dict[int, dict[str, Any]] = {}
+        self.restarts = 0  # attempts the agent replaced so far, so also the number of the current one
+        self.failed_attempts: dict[int, dict[str, Any]] = {}
         self.stopped_pids: set[int] = set()
         self.trackers: dict[int, StragglerTracker] = {}
         self.drift_warned = False
@@ -117,7 +126,7 @@ class Monitor(threading.Thread):
                     return
 
     def _on_stall(self, attempt: int, snapshots, exits, alive: list[int], now: float) -> None:
-        views = build_views(snapshots, exits, failures={}, stopped=set())
+        views = build_views(snapshots, exits, failures={}, stopped=set(), fired=files.read_faults(self.run_dir, attempt))
         for rank in alive:
             views[rank].alive = True
         diagnosis = diagnose(views, trigger="stall", now=now, world_size=_world_size(snapshots), stragglers=self.tracker(attempt).findings())
@@ -129,29 +138,61 @@ class Monitor(threading.Thread):
         self.stopped_pids.update(pids)
         _stop(pids)
 
+    def restarting(self, failures: dict[int, Any]) -> None:
+        """The agent stopped a failed attempt and is about to start the next: keep and show its diagnosis."""
+        attempt = self.restarts
+        self.restarts += 1
+        diagnosis = self.stall_diagnoses.get(attempt)  # a stall was shown when it was found
+        if diagnosis is None:
+            diagnosis = self._diagnose(attempt, failures)
+            self.report(diagnosis, self.run_dir)
+        self.failed_attempts[attempt] = diagnosis
+        print(
+            f"gradsync run: restarting the workers as attempt {attempt + 1} (--max-restarts); attempt "
+            f"{attempt}'s diagnosis stays in {files.attempt_diagnosis_path(self.run_dir, attempt)}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def final(self, failures: dict[int, Any]) -> dict[str, Any]:
-        """The diagnosis of the last attempt once torchrun's agent returned (`failures`: its failures)."""
-        attempt = files.latest_attempt(self.run_dir)
-        if attempt is None:
-            return {
+        """The diagnosis of the job once torchrun's agent returned (`failures`: the last attempt's).
+
+        It is the last attempt's, plus what the earlier attempts went through and the injected
+        faults that never fired.
+        """
+        attempt = self.restarts
+        diagnosis = self.stall_diagnoses.get(attempt) or self._diagnose(attempt, failures)
+        if self.failed_attempts:
+            diagnosis["findings"].append(earlier_attempts_finding(self.failed_attempts, diagnosis["status"]).as_dict())
+        fired = {a: files.read_faults(self.run_dir, a) for a in range(attempt + 1)}
+        unfired = unfired_fault_findings(faults.parse_faults(self.options.faults), fired, attempt)
+        diagnosis["findings"] += [finding.as_dict() for finding in unfired]
+        diagnosis["attempts"] = [
+            {"attempt": a, "status": d["status"], "diagnosis": str(files.attempt_diagnosis_path(self.run_dir, a))}
+            for a, d in sorted({**self.failed_attempts, attempt: diagnosis}.items())
+        ]
+        return diagnosis
+
+    def _diagnose(self, attempt: int, failures: dict[int, Any]) -> dict[str, Any]:
+        """One attempt's diagnosis after its workers ended (`failures`: what the agent saw of them)."""
+        snapshots, exits = files.read_attempt(self.run_dir, attempt)
+        if not snapshots and not exits:
+            diagnosis = {
                 "status": "failed" if failures else "ok",
                 "trigger": "failure" if failures else "exit",
                 "findings": [],
                 "ranks": {},
                 "note": "no worker reported: they failed before the recorder started (see their output above)",
             }
-        snapshots, exits = files.read_attempt(self.run_dir, attempt)
-        if attempt in self.stall_diagnoses:
-            diagnosis = self.stall_diagnoses[attempt]
         else:
-            views = build_views(snapshots, exits, failures, self.stopped_pids)
+            views = build_views(snapshots, exits, failures, self.stopped_pids, files.read_faults(self.run_dir, attempt))
             tracker = self.tracker(attempt)
             tracker.observe(snapshots)
             diagnosis = diagnose(
                 views,
                 trigger="failure" if failures else "exit",
                 now=time.time(),
-                world_size=_world_size(snapshots),
+                world_size=_world_size({**snapshots, **exits}),
                 stragglers=tracker.findings(),
             )
         diagnosis["attempt"] = attempt
@@ -162,10 +203,11 @@ def _world_size(snapshots: dict[int, dict[str, Any]]) -> int:
     return max(s.get("world_size", 1) for s in snapshots.values())
 
 
-def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int]) -> dict[int, RankView]:
-    """Join each rank's files with what the agent saw (exit code, signal) and what gradsync stopped."""
+def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int], fired: dict[int, dict]) -> dict[int, RankView]:
+    """Join each rank's files with what the agent saw (exit code, signal), what gradsync stopped and
+    the injected faults that `fired`."""
     views = {}
-    for rank in sorted(set(snapshots) | set(exits) | set(failures)):
+    for rank in sorted(set(snapshots) | set(exits) | set(failures) | set(fired)):
         exit_record = exits.get(rank)
         snapshot = exit_record or snapshots.get(rank)
         failure = failures.get(rank)
@@ -177,6 +219,7 @@ def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int]) -
             exitcode=exitcode,
             signal=failure.signal_name() if exitcode is not None and exitcode < 0 else None,
             stopped_by_gradsync=snapshot is not None and snapshot.get("pid") in stopped,
+            injected=fired.get(rank),
         )
     return views
 

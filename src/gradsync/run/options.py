@@ -24,6 +24,7 @@ class RunOptions:
     longest legitimate pause (evaluation or checkpointing while the other ranks wait).
     `straggler_ratio`: a rank whose typical lateness at collectives exceeds this share of the
     typical step is reported as a straggler (when also over `straggler_min_s`).
+    `faults`: the `--inject-fault` specs, as checked canonical text (see gradsync.run.faults).
     """
 
     run_dir: Path
@@ -31,6 +32,7 @@ class RunOptions:
     ring_size: int = 256
     straggler_ratio: float = 0.2
     straggler_min_s: float = 0.05
+    faults: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.stall_timeout_s >= 1:
@@ -63,4 +65,5 @@ class RunOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         data = {k: v for k, v in data.items() if k in known}
         data["run_dir"] = Path(data["run_dir"])
+        data["faults"] = tuple(data.get("faults", ()))
         return cls(**data)

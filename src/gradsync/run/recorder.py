@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from gradsync.run import faults
 from gradsync.run.callsite import caller_location
 from gradsync.run.files import RECORD_FIELDS
 
@@ -361,7 +362,8 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
                     if not bool(flag):
                         recorder.note_nonfinite(index, bucket_names, site, passes_ago=1)
                 watch.pending_checks = watch.pending_checks[-1:]
-        if bucket.is_last():
+        last = bucket.is_last()
+        if last:
             recorder.backward_passes += 1
             watch.pass_done()
         try:
@@ -370,6 +372,10 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
             recorder.finish(record, error)
             raise
         recorder.finish_when_done(record, future)
+        if last:
+            # An injected fault fires once the pass's last reduction is issued, so the peers' step
+            # is not left half-matched (a hang then shows as this rank stuck, not a mismatch).
+            faults.at_backward_pass(recorder.backward_passes)
         return future
 
     recording_hook.__qualname__ = getattr(hook, "__qualname__", "hook")

@@ -21,7 +21,7 @@ def write(diagnosis: dict[str, Any], run_dir: Path) -> Path:
     files.write_json(path, diagnosis)
     attempt = diagnosis.get("attempt")
     if attempt is not None:
-        files.write_json(files.attempt_dir(Path(run_dir), attempt) / files.DIAGNOSIS_FILE, diagnosis)
+        files.write_json(files.attempt_diagnosis_path(Path(run_dir), attempt), diagnosis)
     return path
 
 

@@ -1,9 +1,10 @@
 """The worker side of `gradsync run`: record, publish, then run the user's script unchanged.
 
 torchrun starts `python -m gradsync.run.worker --options FILE [-m] TARGET ARGS...` in place of
-`python TARGET ARGS...`. This installs the collective recorder before the script imports
-anything, starts a thread that publishes the recorder's state to the run directory, runs the
-script as `__main__` exactly as Python would, and leaves an exit record saying how it ended
+`python TARGET ARGS...`. This installs the collective recorder (and the `--inject-fault` faults
+meant for this rank and attempt) before the script imports anything, starts a thread that
+publishes the recorder's state to the run directory, runs the script as `__main__` exactly as
+Python would, and leaves an exit record saying how it ended
 (returned, raised what where, or was still inside a collective). A process group the script
 left open is destroyed once the script has returned.
 """
@@ -23,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from gradsync.distributed import end_process
-from gradsync.run import files
+from gradsync.run import faults, files
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
 from gradsync.run.recorder import CollectiveRecorder, install
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     recorder = CollectiveRecorder(options.ring_size)
     recorder.sink = files.RingWriter(files.ring_path(options.run_dir, identity["attempt"], identity["rank"]), options.ring_size)
     install(recorder)
+    rank, attempt = identity["rank"], identity["attempt"]
+    faults.install(faults.parse_faults(options.faults), rank, attempt, files.fault_path(options.run_dir, attempt, rank))
     recorder.phase = "running"
     writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
     writer.start()

@@ -1,0 +1,418 @@
+"""Saving and resuming a training run with torch.distributed.checkpoint, atomically and safely.
+
+The trainer hands over what a run consists of (`RunState`); the checkpointer decides when to
+save, writes it, commits it, and finds and checks the checkpoint to resume from:
+
+- *when*: every N optimizer steps, every T minutes, on SIGTERM. Ranks see the clock and the
+  signal at different moments, so each optimizer step ends with one tiny all-reduce of those
+  flags, and every rank saves at the same step or none does.
+- *write*: DCP (`torch.distributed.checkpoint`), the model under its parameter names so a
+  replicated tensor is written once, everything else as tensors plus a JSON skeleton
+  (`gradsync.checkpoint.safe`). Each rank's own state (random generators, compression
+  residuals) goes under `rank{r}/`, shared state once.
+- *commit*: each rank hashes what it wrote, then rank 0 writes the manifest; before that, the
+  folder is an unfinished save that resuming ignores (`gradsync.checkpoint.store`).
+- *async*: DCP stages the state in memory and writes from a thread on a group of its own (two
+  threads issuing collectives on one group would interleave); the commit happens at the first
+  step after every rank reported its part written.
+- *resume*: the newest committed checkpoint whose files all match their checksums, checked by
+  the ranks in parallel; a broken one is skipped with a warning, a checkpoint of another model
+  or of a newer format is an error that names what differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from gradsync.checkpoint import safe, store
+from gradsync.checkpoint.config import CheckpointConfig
+from gradsync.checkpoint.store import CheckpointError
+from gradsync.run import faults
+
+EXIT_ON_SIGTERM = 128 + signal.SIGTERM
+
+
+@dataclass
+class RunState:
+    """One checkpoint's contents: the model's parameters and buffers, state shared by every
+    rank, this rank's own."""
+
+    parameters: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    shared: dict[str, Any]
+    own: dict[str, Any]
+
+    @property
+    def model(self) -> dict[str, torch.Tensor]:
+        return {**self.parameters, **self.buffers}
+
+
+@dataclass
+class Loaded:
+    """What a resume read: the checkpoint's folder, manifest, shared state and this rank's (None
+    when the checkpoint was written by a different world size)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    shared: dict[str, Any]
+    own: dict[str, Any] | None
+
+
+@dataclass
+class _PendingSave:
+    step: int
+    path: Path
+    manifest: dict[str, Any]
+    future: Any
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class StoppedBySignal(SystemExit):
+    """Raised on every rank after the final checkpoint that SIGTERM asked for."""
+
+
+class Checkpointer:
+    """Decides when to save, saves, commits, and finds the checkpoint to resume from."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        *,
+        rank: int,
+        world_size: int,
+        group: Any,
+        distributed: bool,
+        log: Callable[[str], None],
+        warn: Callable[[str], None],
+    ) -> None:
+        assert config.dir is not None
+        self.config = config
+        self.root = Path(config.dir)
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group  # the group DCP's synchronous collectives and the agreement run on
+        self.distributed = distributed and world_size > 1
+        self.log = log
+        self.warn = warn
+        # Built by every rank at the same point (here), as new_group requires.
+        self.async_group = dist.new_group(backend="gloo") if config.async_save and self.distributed else group
+        self.saves = 0
+        self.save_seconds = 0.0  # time the training thread spent in saves (staging, for async)
+        self.last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._pending: _PendingSave | None = None
+        self.due_step: int | None = None  # a save agreed at this step, made before the next batch
+        self._stop = False
+        self._sigterm = False
+        self._previous_handler: Any = None
+        # Without a signal, a clock or a background save to agree on, every rank already knows
+        # when to save (every N steps) and the per-step all-reduce is skipped.
+        self._must_agree = self.distributed and (config.on_sigterm or config.every_minutes is not None or config.async_save)
+        if rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+        if config.on_sigterm and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # -- when ------------------------------------------------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if not self._sigterm:
+            self._sigterm = True
+            self.warn("SIGTERM received: saving a checkpoint after this optimizer step, then exiting")
+
+    def after_step(self, step: int) -> None:
+        """Called by every rank at the end of each optimizer step: commit a finished background
+        save, and agree whether to save (and stop) before the next batch."""
+        stop, time_due, pending_done, pending_failed = self._agree(
+            self._sigterm,
+            self.rank == 0
+            and self.config.every_minutes is not None
+            and time.monotonic() - self._last_save_time >= 60 * self.config.every_minutes,
+            self._pending is not None and self._pending.done.is_set() and self._pending.error is None,
+            self._pending is not None and self._pending.error is not None,
+        )
+        if self._pending is not None and pending_failed:
+            self._abandon_pending()
+        elif self._pending is not None and pending_done == self.world_size:
+            self._commit(self._pending.path, self._pending.manifest)
+            self._pending = None
+        every = self.config.every_steps
+        if stop or time_due or (every is not None and step % every == 0):
+            self.due_step = step
+        self._stop = bool(stop)
+
+    def save_if_due(self, capture: Callable[[], RunState]) -> None:
+        """Between two batches: save if the last optimizer step made a save due, and stop if
+        SIGTERM asked for it.
+
+        Not at the optimizer step itself: the user's code after it (logging, an EMA update, a
+        counter) belongs to that step, and the next batch must not be fetched yet (fetching can
+        draw random numbers), so a resumed run starts exactly where the saved one left off.
+        """
+        if self.due_step is None:
+            return
+        step, self.due_step = self.due_step, None
+        self.save(step, capture(), wait=self._stop)
+        if self._stop:
+            self.close()
+            self.log(f"stopped by SIGTERM after saving step {step}; resume with checkpoint.resume='auto'")
+            raise StoppedBySignal(EXIT_ON_SIGTERM)
+
+    def _agree(self, *flags: bool) -> list[int]:
+        values = torch.tensor([int(f) for f in flags], dtype=torch.int32)
+        if self._must_agree:
+            dist.all_reduce(values, group=self.group)
+        return values.tolist()
+
+    # -- saving ----------------------------------------------------------------------------
+
+    def save(self, step: int, state: RunState, *, wait: bool = False, manifest_extra: dict[str, Any] | None = None) -> None:
+        """Write the checkpoint of `step` (collective: every rank calls it at the same step)."""
+        started = time.perf_counter()
+        self._finish_pending()
+        path = store.step_dir(self.root, step)
+        if self.rank == 0:
+            # A folder of the same step from an earlier run (resume=None) is replaced, never
+            # mixed with this one; ranks write only after DCP's first collective, after this.
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+        manifest = {
+            "gradsync_version": _version(),
+            "step": step,
+            "world_size": self.world_size,
+            "time": time.time(),
+            "model": {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in state.model.items()},
+            **(manifest_extra or {}),
+        }
+        contents = {
+            "model": state.parameters,
+            "shared": safe.encode(state.shared),
+            f"rank{self.rank}": safe.encode(state.own),
+        }
+        if self.rank == 0 and state.buffers:
+            # Buffers (BatchNorm statistics) may differ across ranks between DDP's broadcasts
+            # from rank 0; rank 0's are the ones every rank uses next, so only rank 0 saves them.
+            contents["buffers"] = state.buffers
+        if self.config.async_save and not wait:
+            self._save_async(step, path, manifest, contents)
+        else:
+            dcp.save(contents, storage_writer=dcp.FileSystemWriter(path), process_group=self.group)
+            faults.at_checkpoint(step)
+            store.write_rank_checksums(path, self.rank)
+            self._barrier()
+            self._commit(path, manifest)
+        self.saves += 1
+        self.save_seconds += time.perf_counter() - started
+        self._last_save_time = time.monotonic()
+
+    def _save_async(self, step: int, path: Path, manifest: dict[str, Any], contents: dict[str, Any]) -> None:
+        future = dcp.async_save(contents, storage_writer=dcp.FileSystemWriter(path), process_group=self.async_group)
+        pending = _PendingSave(step, path, manifest, future)
+
+        def written(finished: Any) -> None:
+            try:
+                finished.result()
+                faults.at_checkpoint(step)
+                store.write_rank_checksums(path, self.rank)
+            except BaseException as error:  # reported at the next step, on every rank
+                pending.error = error
+            pending.done.set()
+
+        future.add_done_callback(written)
+        self._pending = pending
+
+    def _finish_pending(self) -> None:
+        """Wait for the background save still running (collective), and commit it."""
+        if self._pending is None:
+            return
+        self._pending.done.wait()
+        failed = self._agree(self._pending.error is not None)[0]
+        if failed:
+            self._abandon_pending()
+        else:
+            self._commit(self._pending.path, self._pending.manifest)
+        self._pending = None
+
+    def _abandon_pending(self) -> None:
+        assert self._pending is not None
+        error = self._pending.error
+        self.warn(
+            f"the background save of step {self._pending.step} failed"
+            + (f" on this rank: {type(error).__name__}: {error}" if error else " on another rank")
+            + "; the previous checkpoint stays the newest."
+        )
+        self._pending = None
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.group)
+
+    def _commit(self, path: Path, manifest: dict[str, Any]) -> None:
+        if self.rank == 0:
+            store.commit(path, manifest, self.world_size)
+            for pruned in store.prune(self.root, self.config.keep):
+                self.log(f"deleted old checkpoint {pruned}")
+            self.log(f"checkpoint of step {manifest['step']} committed: {path}")
+        self.last_saved_step = manifest["step"]
+
+    def close(self) -> None:
+        """Finish a background save and give SIGTERM back to its previous handler (collective)."""
+        self._finish_pending()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    # -- resuming --------------------------------------------------------------------------
+
+    def find_and_load(self, model: RunState) -> Loaded | None:
+        """Load the checkpoint `resume` names into the parameters and buffers of `model` (in
+        place) and return the rest.
+
+        None when `resume="auto"` finds no checkpoint at all: the run starts fresh.
+        """
+        resume = self.config.resume
+        if resume is None:
+            committed = [step for step, path in store.checkpoint_dirs(self.root) if (path / store.MANIFEST).exists()]
+            if committed:
+                self.warn(
+                    f"{self.root} already holds checkpoints (newest: step {committed[0]}) and resume is None: "
+                    "this run starts fresh and replaces them step by step. Pass resume='auto' to continue from them."
+                )
+            return None
+        if resume == "auto":
+            candidates = []
+            for _, path in store.checkpoint_dirs(self.root):
+                if (path / store.MANIFEST).exists():
+                    candidates.append(path)
+                else:
+                    self.log(f"ignoring {path}: a save that never finished")
+            if not candidates:
+                self.log(f"no committed checkpoint in {self.root}: starting from scratch")
+                return None
+        else:
+            candidates = [Path(resume)]
+            if not candidates[0].is_dir():
+                raise CheckpointError(f"checkpoint.resume={resume!r}: no such checkpoint folder.")
+        problems: list[str] = []
+        for path in candidates:
+            manifest, trouble = self._check(path, model.model)
+            if trouble:
+                problems.append(f"{path.name}: " + "; ".join(trouble))
+                if resume == "auto":
+                    self.warn(f"skipping checkpoint {path}: " + "; ".join(trouble))
+                continue
+            assert manifest is not None
+            return self._load(path, manifest, model)
+        raise CheckpointError(
+            "no valid checkpoint to resume from: " + " | ".join(problems)
+            + ". Delete the broken folders, point checkpoint.resume at a good one, or set it to None to start fresh."
+        )
+
+    def _check(self, path: Path, model: dict[str, torch.Tensor]) -> tuple[dict[str, Any] | None, list[str]]:
+        """The manifest and the problems every rank agrees on (each rank hashes its share of the files)."""
+        try:
+            manifest = store.read_manifest(path)
+        except store.NewerFormatError:
+            raise
+        except CheckpointError as error:
+            return None, [str(error)]
+        _check_same_model(path, manifest, model)
+        names = sorted(manifest["files"])
+        mine = store.verify_files(path, manifest, names[self.rank :: self.world_size])
+        if self.distributed:
+            everyone: list[Any] = [None] * self.world_size
+            dist.all_gather_object(everyone, mine, group=self.group)
+            mine = [problem for part in everyone for problem in part]
+        return manifest, mine
+
+    def _load(self, path: Path, manifest: dict[str, Any], model: RunState) -> Loaded:
+        metadata = safe.read_metadata(path / ".metadata")
+        same_world = manifest["world_size"] == self.world_size
+        own_prefix = f"rank{self.rank}."
+        contents: dict[str, Any] = {"model": model.parameters, "shared": _skeleton(metadata, "shared.")}
+        if model.buffers:
+            contents["buffers"] = model.buffers
+        if same_world:
+            contents[f"rank{self.rank}"] = _skeleton(metadata, own_prefix)
+        safe.load(contents, path, self.group)
+        self.last_saved_step = manifest["step"]
+        self.log(f"resuming from {path} (step {manifest['step']})")
+        return Loaded(
+            path=path,
+            manifest=manifest,
+            shared=safe.decode(contents["shared"]),
+            own=safe.decode(contents[f"rank{self.rank}"]) if same_world else None,
+        )
+
+
+def _skeleton(metadata: Any, prefix: str) -> dict[str, torch.Tensor]:
+    """Empty tensors shaped like the checkpoint's entries under `prefix`, for DCP to load into."""
+    entries = {}
+    for key, item in metadata.state_dict_metadata.items():
+        if key.startswith(prefix):
+            if not hasattr(item, "size"):
+                raise safe.UnsafeCheckpointError(f"the checkpoint stores '{key}' as a pickled object; gradsync refuses to unpickle it.")
+            entries[key[len(prefix) :]] = torch.empty(item.size, dtype=item.properties.dtype)
+    if safe.JSON_KEY not in entries:
+        raise CheckpointError(f"the checkpoint has no '{prefix}{safe.JSON_KEY}' entry: it was not written by gradsync.")
+    return entries
+
+
+def _check_same_model(path: Path, manifest: dict[str, Any], model: dict[str, torch.Tensor]) -> None:
+    saved = {name: tuple(shape) for name, (shape, _) in manifest["model"].items()}
+    current = {name: tuple(t.shape) for name, t in model.items()}
+    missing = sorted(set(current) - set(saved))
+    unexpected = sorted(set(saved) - set(current))
+    misshaped = sorted(name for name in set(saved) & set(current) if saved[name] != current[name])
+    if missing or unexpected or misshaped:
+        parts = []
+        if missing:
+            parts.append("missing from the checkpoint: " + ", ".join(missing))
+        if unexpected:
+            parts.append("in the checkpoint but not in the model: " + ", ".join(unexpected))
+        if misshaped:
+            parts.append("different shapes: " + ", ".join(f"{n} {list(saved[n])} saved vs {list(current[n])} now" for n in misshaped))
+        raise CheckpointError(
+            f"{path} was saved from a different model ({'; '.join(parts)}). Resume with the model "
+            "that wrote it, or start fresh in another checkpoint folder."
+        )
+
+
+def model_state(model: nn.Module, shared: dict[str, Any] | None = None, own: dict[str, Any] | None = None) -> RunState:
+    """The module's parameters and buffers by name, sharing their storage (DCP loads in place)."""
+    names = {name for name, _ in model.named_parameters()}
+    tensors = {name: tensor.detach() for name, tensor in model.state_dict(keep_vars=True).items()}
+    return RunState(
+        parameters={n: t for n, t in tensors.items() if n in names},
+        buffers={n: t for n, t in tensors.items() if n not in names},
+        shared=shared or {},
+        own=own or {},
+    )
+
+
+def parameters_sha256(model: nn.Module) -> str:
+    """One hash of every parameter and buffer, by name: equal hashes mean bitwise-equal models."""
+    sha = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        sha.update(name.encode())
+        sha.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return sha.hexdigest()
+
+
+def _version() -> str:
+    from gradsync import __version__
+
+    return __version__

@@ -1,0 +1,166 @@
+"""The checkpoint directory on disk: one folder per step, committed by a manifest written last.
+
+    CHECKPOINT_DIR/
+      step-000000120/
+        .metadata, __0_0.distcp, __1_0.distcp   DCP's index and each rank's data
+        manifest.json                           the commit marker, written last by rank 0
+
+A folder without `manifest.json` is a save that did not finish (a rank died while writing) and
+is never loaded. Each rank hashes the files it wrote itself, so checksumming a large checkpoint
+is spread over the ranks (`write_rank_checksums`); rank 0 folds those into the manifest once
+every rank's part is there (`commit`). The manifest also says which gradsync format wrote it,
+the world size, the model's parameter shapes and the position in the data, so resuming can
+check all of that before it reads a byte of tensor data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gradsync.errors import GradsyncError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"step-(\d+)$")
+_CHECKSUMS = "checksums-rank{rank}.json"
+
+
+class CheckpointError(GradsyncError):
+    """A checkpoint cannot be used; the message names the file and what is wrong with it."""
+
+
+class NewerFormatError(CheckpointError):
+    """The checkpoint was written by a newer gradsync whose format this one cannot read."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:09d}"
+
+
+def write_durably(path: Path, text: str) -> None:
+    """Replace `path` atomically and make the new contents survive a power cut."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "w") as stream:
+        stream.write(text)
+        stream.flush()
+        os.fsync(stream.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    sha = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 22):
+            sha.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": sha.hexdigest()}
+
+
+def write_rank_checksums(directory: Path, rank: int) -> None:
+    """Hash the files this rank wrote (DCP names them __RANK_*; rank 0 also writes the index)."""
+    written = sorted(directory.glob(f"__{rank}_*"))
+    if rank == 0:
+        written.append(directory / ".metadata")
+    digests = {path.name: file_digest(path) for path in written}
+    write_durably(directory / _CHECKSUMS.format(rank=rank), json.dumps(digests))
+
+
+def commit(directory: Path, manifest: dict[str, Any], world_size: int) -> None:
+    """Write the manifest (with every rank's checksums): from now on the checkpoint exists."""
+    files: dict[str, Any] = {}
+    for rank in range(world_size):
+        part = directory / _CHECKSUMS.format(rank=rank)
+        files.update(json.loads(part.read_text()))
+    write_durably(directory / MANIFEST, json.dumps({**manifest, "format": FORMAT_VERSION, "files": files}, indent=1))
+    for rank in range(world_size):
+        (directory / _CHECKSUMS.format(rank=rank)).unlink(missing_ok=True)
+
+
+def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every step folder under `root`, newest first, committed or not."""
+    if not root.is_dir():
+        return []
+    found = [(int(m[1]), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of a committed checkpoint; CheckpointError if there is none or it is unreadable."""
+    path = directory / MANIFEST
+    if not path.exists():
+        raise CheckpointError(f"{directory} has no {MANIFEST}: its save never finished (a rank stopped while writing).")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path} is unreadable ({error}).") from error
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("format"), int):
+        raise CheckpointError(f"{path} is not a gradsync checkpoint manifest.")
+    if manifest["format"] > FORMAT_VERSION:
+        raise NewerFormatError(
+            f"{directory} was written in checkpoint format {manifest['format']} by gradsync "
+            f"{manifest.get('gradsync_version', '?')}; this gradsync ({_version()}) reads format "
+            f"{FORMAT_VERSION} and older. Upgrade gradsync to resume from it."
+        )
+    return manifest
+
+
+def verify_files(directory: Path, manifest: dict[str, Any], names: list[str]) -> list[str]:
+    """Problems with the named files of a checkpoint (missing, truncated, altered); [] if none."""
+    problems = []
+    for name in names:
+        expected = manifest["files"][name]
+        path = directory / name
+        if not path.exists():
+            problems.append(f"{path} is missing")
+            continue
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            problems.append(f"{path} has {size} bytes, the manifest says {expected['bytes']} (truncated or replaced)")
+        elif file_digest(path)["sha256"] != expected["sha256"]:
+            problems.append(f"{path} does not match its checksum (corrupted or replaced)")
+    return problems
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` committed checkpoints, and unfinished saves older than those.
+
+    The manifest goes first, so a crash halfway through a deletion leaves an uncommitted folder,
+    never a committed one with files missing.
+    """
+    committed = [path for _, path in checkpoint_dirs(root) if (path / MANIFEST).exists()]
+    if not committed:
+        return []
+    newest_kept_step = int(_STEP_DIR.match(committed[0].name)[1])  # type: ignore[index]
+    doomed = committed[keep:] + [
+        path for step, path in checkpoint_dirs(root) if not (path / MANIFEST).exists() and step < newest_kept_step
+    ]
+    for path in doomed:
+        (path / MANIFEST).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def _version() -> str:
+    from gradsync import __version__
+
+    return __version__
+
+
+@dataclass(frozen=True)
+class Found:
+    """A committed, verified checkpoint chosen for resuming, and what was skipped to get to it."""
+
+    path: Path
+    manifest: dict[str, Any]
+    skipped: tuple[str, ...]

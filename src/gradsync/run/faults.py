@@ -1,0 +1,205 @@
+"""Injected faults (`gradsync run --inject-fault`): kill, stop or hang one rank at a chosen step.
+
+Recovery that was never exercised does not work when it is needed: restarts, resuming from a
+checkpoint and the stall detector are only trustworthy once a real failure has gone through
+them. This module owns the fault specs (parsing and checking `kill:rank=1:step=5`) and the
+in-worker trigger: the worker entry point installs the specs, and the code that knows what a
+step is reports each step here.
+
+What a step is:
+- gradsync's Trainer calls `claim_steps()` once at setup, `at_step(n)` after optimizer step n
+  (counted from 1) and `at_checkpoint(n)` while writing the checkpoint of step n, after this
+  rank's data is written and before the checkpoint is committed;
+- in any other script (no `claim_steps()`), step n is the n-th backward pass whose gradients
+  DDP synchronises: the run recorder calls `at_backward_pass(n)` when that pass hands its last
+  gradient bucket to the reduction (passes under `no_sync()` do not count, nor do those of a
+  model with a C++ built-in comm hook, which the recorder cannot see).
+A fault fires when a rank reaches exactly its step; a job resumed past that step never fires
+it. Each fault targets one attempt (default 0, the first), so the job that torchrun's agent
+restarts after the fault runs clean.
+
+Before acting, the rank leaves a record in the run directory (so the diagnosis says the
+failure was injected, not a bug) and prints one line to stderr. When nothing is installed for
+this rank and attempt, every entry point is a check of one module global.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradsync.errors import ConfigError
+from gradsync.run import files
+
+ACTIONS = ("kill", "hang", "exit")
+PLACES = ("step", "checkpoint")
+EXAMPLE = "kill:rank=1:step=5 (or exit:rank=0:step=3:code=7, hang:rank=1:step=4, kill:rank=1:step=6:at=checkpoint)"
+SYNTAX = "ACTION:rank=R:step=S[:attempt=A][:code=C][:at=step|checkpoint], ACTION one of kill, hang, exit"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One injected fault: `action` on global rank `rank` when it reaches `step` in attempt `attempt`.
+
+    `code` is the exit status of an `exit` fault; `at` says whether the fault fires after the
+    optimizer step or in the middle of writing that step's checkpoint.
+    """
+
+    action: str
+    rank: int
+    step: int
+    attempt: int = 0
+    code: int = 1
+    at: str = "step"
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            _refuse(f"unknown action {self.action!r}: use kill, hang or exit")
+        if self.rank < 0:
+            _refuse(f"rank={self.rank}: ranks count from 0")
+        if self.step < 1:
+            _refuse(f"step={self.step}: steps count from 1")
+        if self.attempt < 0:
+            _refuse(f"attempt={self.attempt}: attempts count from 0 (the first run of the job)")
+        if not 1 <= self.code <= 255:
+            _refuse(f"code={self.code}: an exit code of a failure is 1-255 (0 means success)")
+        if self.at not in PLACES:
+            _refuse(f"at={self.at}: use at=step or at=checkpoint")
+
+    def __str__(self) -> str:
+        """The canonical spec text, as the user would type it (defaults left out)."""
+        text = f"{self.action}:rank={self.rank}:step={self.step}"
+        if self.attempt:
+            text += f":attempt={self.attempt}"
+        if self.action == "exit" and self.code != 1:
+            text += f":code={self.code}"
+        if self.at != "step":
+            text += f":at={self.at}"
+        return text
+
+    def describe(self) -> str:
+        """'killing rank 1 at step 5, attempt 0': what firing does, for the line printed before it."""
+        what = {"kill": "killing", "hang": "hanging", "exit": "exiting"}[self.action] + f" rank {self.rank}"
+        if self.action == "exit":
+            what += f" with code {self.code}"
+        where = f"at step {self.step}" if self.at == "step" else f"while writing the checkpoint of step {self.step}"
+        return f"{what} {where}, attempt {self.attempt}"
+
+
+def _refuse(problem: str) -> None:
+    raise ConfigError(f"--inject-fault: {problem}. Write {SYNTAX}, e.g. {EXAMPLE}.")
+
+
+def parse_fault(text: str) -> FaultSpec:
+    """`kill:rank=1:step=5` (and the optional `attempt=`, `code=`, `at=`) as a FaultSpec."""
+    action, *fields = text.strip().split(":")
+    if action not in ACTIONS:
+        _refuse(f"{text!r} starts with {action!r}, not an action (kill, hang or exit)")
+    values: dict[str, str] = {}
+    for field_text in fields:
+        key, equals, value = field_text.partition("=")
+        if not equals or not value:
+            _refuse(f"{text!r}: {field_text!r} is not key=value")
+        if key not in ("rank", "step", "attempt", "code", "at"):
+            _refuse(f"{text!r}: unknown field {key!r} (rank, step, attempt, code, at)")
+        if key in values:
+            _refuse(f"{text!r}: {key} is given twice")
+        values[key] = value
+    missing = [key for key in ("rank", "step") if key not in values]
+    if missing:
+        _refuse(f"{text!r}: {' and '.join(missing)} missing")
+    if "code" in values and action != "exit":
+        _refuse(f"{text!r}: code= only applies to exit (a {action} has no exit code of its own)")
+    numbers = {}
+    for key in ("rank", "step", "attempt", "code"):
+        if key in values:
+            try:
+                numbers[key] = int(values[key])
+            except ValueError:
+                _refuse(f"{text!r}: {key}={values[key]} is not a whole number")
+    return FaultSpec(action, at=values.get("at", "step"), **numbers)
+
+
+def parse_faults(texts: list[str] | tuple[str, ...]) -> tuple[FaultSpec, ...]:
+    """Every `--inject-fault` of a job; two faults on the same rank, attempt and step are refused."""
+    specs = tuple(parse_fault(text) for text in texts)
+    seen: dict[tuple[int, int, str, int], FaultSpec] = {}
+    for spec in specs:
+        key = (spec.rank, spec.attempt, spec.at, spec.step)
+        if key in seen:
+            _refuse(f"{seen[key]} and {spec} would both fire on rank {spec.rank} at the same step; keep one")
+        seen[key] = spec
+    return specs
+
+
+# -- in the worker --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Armed:
+    """The faults of this rank and attempt, by (at, step)."""
+
+    faults: dict[tuple[str, int], FaultSpec]
+    record_path: Path | None
+    steps_claimed: bool = False
+
+
+_armed: _Armed | None = None
+
+
+def install(specs: list[FaultSpec] | tuple[FaultSpec, ...], rank: int, attempt: int, record_path: Path | None = None) -> None:
+    """Arm the faults meant for this `rank` on this `attempt`; the others are dropped here.
+
+    `record_path`: where a firing fault leaves its record for the launcher's diagnosis.
+    """
+    global _armed
+    mine = {(s.at, s.step): s for s in specs if s.rank == rank and s.attempt == attempt}
+    _armed = _Armed(mine, record_path) if mine else None
+
+
+def claim_steps() -> None:
+    """Training code that counts optimizer steps itself says so; backward passes then stop counting."""
+    if _armed is not None:
+        _armed.steps_claimed = True
+
+
+def at_step(step: int) -> None:
+    """Optimizer step `step` (from 1) is done: fire the fault set for it, if any."""
+    if _armed is not None:
+        _reach("step", step)
+
+
+def at_checkpoint(step: int) -> None:
+    """This rank wrote its part of step `step`'s checkpoint, not committed yet: fire an at=checkpoint fault."""
+    if _armed is not None:
+        _reach("checkpoint", step)
+
+
+def at_backward_pass(passes: int) -> None:
+    """The run recorder's count of synchronised backward passes; a step unless steps were claimed."""
+    if _armed is not None and not _armed.steps_claimed:
+        _reach("step", passes)
+
+
+def _reach(at: str, step: int) -> None:
+    spec = _armed.faults.get((at, step))
+    if spec is not None:
+        _fire(spec, _armed.record_path)
+
+
+def _fire(spec: FaultSpec, record_path: Path | None) -> None:
+    if record_path is not None:
+        files.write_json(record_path, {**dataclasses.asdict(spec), "spec": str(spec), "time": time.time(), "pid": os.getpid()})
+    print(f"gradsync: injected fault (--inject-fault {spec}): {spec.describe()}", file=sys.stderr, flush=True)
+    if spec.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif spec.action == "exit":
+        os._exit(spec.code)
+    # hang: this thread never returns, as with a deadlocked data loader or file system.
+    while True:
+        time.sleep(3600)

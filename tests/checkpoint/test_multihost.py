@@ -1,0 +1,68 @@
+"""Two simulated hosts (network namespaces) under `gradsync run` with torchrun's c10d rendezvous:
+one host dies with all its processes, the other waits, the host comes back, and the job finishes
+bitwise equal to a run that never stopped. Needs root (skipped otherwise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
+from gradsync.distributed import free_port
+from tests.checkpoint.train_script import train
+from tests.harness import REPO_ROOT, launch
+
+
+def _launcher(cluster: SimulatedCluster, host: int, port: int, tmp_path: Path, restarts: int):
+    addresses = [h.address for h in cluster.hosts]
+    argv = [
+        sys.executable, "-m", "gradsync", "run",
+        "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", str(restarts),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addresses[0]}:{port}", "--rdzv-id", "multihost-test",
+        # Hostnames do not resolve inside a namespace: each host names its own address, and
+        # host 0 serves the rendezvous store (see ../shared/README.md).
+        "--local-addr", addresses[host], "--rdzv-conf", f"is_host={'true' if host == 0 else 'false'}",
+        "--run-dir", str(tmp_path / f"run-host{host}"), "--stall-timeout", "20",
+        "tests/checkpoint/train_script.py", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--out", str(tmp_path / "out"), "--step-delay", "0.3",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    with open(tmp_path / f"host{host}-{time.monotonic_ns()}.log", "w") as log:
+        return cluster.run(host, argv, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(240)
+def test_a_host_dies_and_comes_back_and_the_job_ends_bitwise_equal(needs_cluster, tmp_path):
+    reference = launch(train, 2, checkpoint_dir=None)[0]["sha256"]
+    port = free_port()
+    with SimulatedCluster(ClusterSpec(hosts=2, link="1gbit")) as cluster:
+        host0 = _launcher(cluster, 0, port, tmp_path, restarts=2)
+        host1 = _launcher(cluster, 1, port, tmp_path, restarts=2)
+        _wait(lambda: (tmp_path / "ckpt" / "step-000000003" / "manifest.json").exists(), 90, "the first checkpoint")
+        cluster.kill_host(1)  # the host dies: its launcher and its worker at once
+        host1.wait()
+        assert not (tmp_path / "ckpt" / "step-000000015" / "manifest.json").exists(), "killed too late to test anything"
+        time.sleep(2)
+        assert host0.poll() is None, "the surviving host gave up instead of waiting for its peer"
+        host1 = _launcher(cluster, 1, port, tmp_path, restarts=2)  # the host comes back
+        host1.wait(timeout=150)
+        host0.wait(timeout=30)
+        logs = "".join(p.read_text() for p in sorted(tmp_path.glob("host*.log")))
+        assert (host0.returncode, host1.returncode) == (0, 0), logs
+    shas = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text())["sha256"] for r in range(2)]
+    assert shas == [reference] * 2, logs
+    assert "resuming from" in logs

@@ -1,0 +1,133 @@
+"""A small but complete training run for checkpoint tests: dropout, accumulation with a short
+last window, AdamW, a one-cycle schedule, checkpoints every few steps.
+
+Run as a script under a launcher (`gradsync run ... train_script.py --checkpoint-dir D`) or call
+`train()` from the test harness. It writes the SHA-256 of its final parameters and the samples
+each rank saw to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+import gradsync
+from gradsync.checkpoint import parameters_sha256
+
+SAMPLES = 120
+
+
+class IndexedData(Dataset):
+    """Synthetic regression samples that also say which sample they are."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(1)
+        self.x = torch.randn(SAMPLES, 8, generator=generator)
+        self.y = self.x @ torch.randn(8, 1, generator=generator)
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int):
+        return self.x[index], self.y[index], index
+
+
+class StepCounter:
+    """A user's own object with state, saved with each checkpoint by register_for_checkpointing."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]
+
+
+def train(
+    checkpoint_dir: str | None = None,
+    *,
+    epochs: int = 4,
+    every_steps: int | None = 3,
+    resume: str | None = "auto",
+    async_save: bool = False,
+    stop_after_step: int | None = None,
+    run_dir: str | None = None,
+    compression: str = "none",
+    step_delay_s: float = 0.0,
+    hidden: int = 64,
+) -> dict:
+    checkpoint = {"dir": checkpoint_dir, "every_steps": every_steps, "resume": resume, "async_save": async_save} if checkpoint_dir else {}
+    trainer = gradsync.setup(
+        accumulation_steps=2,
+        seed=3,
+        run_dir=run_dir,
+        checkpoint=checkpoint,
+        metrics={"log_every": 4, "progress": False, "tensorboard": False},
+        ddp={"compression": compression},
+    )
+    model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, loader = trainer.prepare(model, optimizer, IndexedData(), batch_size=8)
+    trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=epochs * trainer.steps_per_epoch))
+    counter = StepCounter()
+    trainer.register_for_checkpointing(counter=counter)
+    seen: dict[int, list[int]] = {}
+    for epoch in trainer.epochs(epochs):
+        for x, y, index in loader:
+            seen.setdefault(epoch, []).extend(index.tolist())
+            with trainer.step() as step:
+                step.backward(F.mse_loss(model(x), y))
+            trainer.log(loss=0.0)
+            counter.steps += step.stepped
+            if step_delay_s:
+                import time
+
+                time.sleep(step_delay_s)
+            if stop_after_step is not None and trainer.optimizer_steps >= stop_after_step and step.stepped:
+                break
+        if stop_after_step is not None and trainer.optimizer_steps >= stop_after_step:
+            break
+    result = {"sha256": parameters_sha256(trainer.unwrap(model)), "steps": trainer.optimizer_steps, "seen": seen,
+              "summary_steps": trainer.summary()["steps"], "counter": counter.steps}
+    trainer.close()
+    return result
+
+
+def train_expecting_error(**options) -> dict:
+    """`train`, returning the gradsync error it raises instead of failing the worker."""
+    try:
+        return {"result": train(**options)}
+    except gradsync.GradsyncError as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkpoint-dir")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--every-steps", type=int, default=3)
+    parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--step-delay", type=float, default=0.0)
+    args = parser.parse_args()
+    result = train(args.checkpoint_dir, epochs=args.epochs, every_steps=args.every_steps, async_save=args.async_save,
+                   step_delay_s=args.step_delay)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
+    from gradsync.distributed import end_process
+
+    end_process(0)
