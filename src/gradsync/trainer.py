@@ -95,6 +95,7 @@ class Trainer:
                 distributed=self.dist.has_process_group,
                 log=self.logger.info,
                 warn=self.logger.warning,
+                description=config.describe(),
             )
             if config.checkpoint.enabled
             else None

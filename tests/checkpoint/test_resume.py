@@ -39,6 +39,8 @@ def test_interrupted_run_resumes_bitwise(tmp_path, uninterrupted, async_save):
     assert second[0]["counter"] == uninterrupted["counter"] == 16  # the user's registered object
     manifest = json.loads((checkpoints / "step-000000015" / "manifest.json").read_text())
     assert manifest["step"] == 15 and manifest["world_size"] == 2 and manifest["format"] == 1
+    assert manifest["config"]["accumulation_steps"] == 2 and manifest["data"]["epoch"] == 3
+    assert manifest["model"]["0.weight"] == [[64, 8], "float32"]
     assert _steps(checkpoints) == ["step-000000009", "step-000000012", "step-000000015"]  # keep=3
 
 
@@ -95,3 +97,11 @@ def test_other_model_and_newer_format_are_refused(tmp_path):
     [outcome] = launch(train_expecting_error, 1, checkpoint_dir=str(checkpoints))
     assert outcome["error"].startswith("NewerFormatError")
     assert "format 99 by gradsync 9.0" in outcome["error"] and "reads format 1" in outcome["error"]
+
+
+def test_time_based_saves_happen_at_the_same_step_on_every_rank(tmp_path):
+    # Rank 0's clock decides; were the ranks to save at different steps, DCP's collectives
+    # would pair up wrongly and the run would hang or fail.
+    results = launch(train, 2, checkpoint_dir=str(tmp_path), every_steps=None, every_minutes=0.002, step_delay_s=0.05)
+    assert results[0]["saves"] == results[1]["saves"] >= 3
+    assert len(list(tmp_path.glob("step-*/manifest.json"))) == 3  # keep=3

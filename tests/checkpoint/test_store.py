@@ -55,3 +55,20 @@ def test_newer_format_names_both_versions(tmp_path):
     (path / store.MANIFEST).write_text(json.dumps({**manifest, "format": 2, "gradsync_version": "0.9"}))
     with pytest.raises(store.NewerFormatError, match=r"format 2 by gradsync 0\.9; this gradsync \(.*\) reads format 1"):
         store.read_manifest(path)
+
+
+def test_files_swapped_between_ranks_or_checkpoints_are_caught(tmp_path):
+    path = _fake_save(tmp_path, 5)
+    older = _fake_save(tmp_path, 4)
+    manifest = store.read_manifest(path)
+    a, b = path / "__0_0.distcp", path / "__1_0.distcp"
+    a_bytes, b_bytes = a.read_bytes(), b.read_bytes()
+    a.write_bytes(b_bytes)
+    b.write_bytes(a_bytes)  # same sizes, swapped contents
+    assert len(store.verify_files(path, manifest, sorted(manifest["files"]))) == 2
+    a.write_bytes(a_bytes)
+    b.write_bytes(b_bytes)
+    (path / ".metadata").write_bytes((older / ".metadata").read_bytes() + b"x")  # another checkpoint's index
+    assert store.verify_files(path, manifest, [".metadata"]) == [
+        f"{path / '.metadata'} has 6 bytes, the manifest says 5 (truncated or replaced)"
+    ]

@@ -58,6 +58,7 @@ def train(
     *,
     epochs: int = 4,
     every_steps: int | None = 3,
+    every_minutes: float | None = None,
     resume: str | None = "auto",
     async_save: bool = False,
     stop_after_step: int | None = None,
@@ -66,7 +67,8 @@ def train(
     step_delay_s: float = 0.0,
     hidden: int = 64,
 ) -> dict:
-    checkpoint = {"dir": checkpoint_dir, "every_steps": every_steps, "resume": resume, "async_save": async_save} if checkpoint_dir else {}
+    checkpoint = {"dir": checkpoint_dir, "every_steps": every_steps, "every_minutes": every_minutes, "resume": resume,
+                  "async_save": async_save} if checkpoint_dir else {}
     trainer = gradsync.setup(
         accumulation_steps=2,
         seed=3,
@@ -98,7 +100,8 @@ def train(
         if stop_after_step is not None and trainer.optimizer_steps >= stop_after_step:
             break
     result = {"sha256": parameters_sha256(trainer.unwrap(model)), "steps": trainer.optimizer_steps, "seen": seen,
-              "summary_steps": trainer.summary()["steps"], "counter": counter.steps}
+              "summary_steps": trainer.summary()["steps"], "counter": counter.steps,
+              "saves": trainer.checkpointer.saves if trainer.checkpointer else 0}
     trainer.close()
     return result
 

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,28 @@ def test_demo_reaches_95_percent_and_reports(tmp_path):
     assert diagnosis["status"] == "ok" and diagnosis["findings"] == [], diagnosis
     assert "gradsync run: ok: 2 ranks finished" in done.stderr
     assert "warning" not in done.stderr.lower() and "FAILED" not in done.stderr, done.stderr
+
+
+def _params_sha256(output: str) -> str:
+    match = re.search(r"^params sha256: ([0-9a-f]{64})$", output, re.MULTILINE)
+    assert match, output
+    return match[1]
+
+
+def test_a_demo_killed_and_restarted_ends_with_the_same_parameters(tmp_path):
+    def demo_run(*options: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [str(BIN / "gradsync"), "demo", "--epochs", "3", *options],
+            cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    plain = demo_run("--run-dir", str(tmp_path / "plain"))
+    faulted = demo_run("--run-dir", str(tmp_path / "faulted"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+                       "--checkpoint-every", "7", "--max-restarts", "1", "--inject-fault", "kill:rank=1:step=20")
+    assert "injected fault" in faulted.stderr and "resuming from" in faulted.stderr
+    assert _params_sha256(faulted.stdout) == _params_sha256(plain.stdout)
 
 
 def _demo_args(*argv: str) -> argparse.Namespace:

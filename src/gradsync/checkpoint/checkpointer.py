@@ -97,6 +97,7 @@ class Checkpointer:
         distributed: bool,
         log: Callable[[str], None],
         warn: Callable[[str], None],
+        description: dict[str, Any] | None = None,
     ) -> None:
         assert config.dir is not None
         self.config = config
@@ -107,6 +108,7 @@ class Checkpointer:
         self.distributed = distributed and world_size > 1
         self.log = log
         self.warn = warn
+        self.description = description or {}  # the run's configuration, written into each manifest
         # Built by every rank at the same point (here), as new_group requires.
         self.async_group = dist.new_group(backend="gloo") if config.async_save and self.distributed else group
         self.saves = 0
@@ -179,7 +181,7 @@ class Checkpointer:
 
     # -- saving ----------------------------------------------------------------------------
 
-    def save(self, step: int, state: RunState, *, wait: bool = False, manifest_extra: dict[str, Any] | None = None) -> None:
+    def save(self, step: int, state: RunState, *, wait: bool = False) -> None:
         """Write the checkpoint of `step` (collective: every rank calls it at the same step)."""
         started = time.perf_counter()
         self._finish_pending()
@@ -195,7 +197,8 @@ class Checkpointer:
             "world_size": self.world_size,
             "time": time.time(),
             "model": {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in state.model.items()},
-            **(manifest_extra or {}),
+            "config": self.description,
+            "data": {k: state.shared["loader"][k] for k in ("epoch", "position", "samples_consumed")} if "loader" in state.shared else {},
         }
         contents = {
             "model": state.parameters,
