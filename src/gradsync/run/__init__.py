@@ -6,4 +6,6 @@
 - `monitor`: the launcher-side watcher (stalls, drift) and `analysis`: the diagnosis rules.
 - `report`: diagnosis.json and the terminal summary; `launcher`: the command itself.
 - `faults`: `--inject-fault`, to rehearse a crash or hang on one rank at a chosen step.
+- `script_check` (in each worker) and `script_check_analysis` (in the launcher): `--doctor-steps K`,
+  the script run for K optimizer steps with checks that compare what the ranks saw.
 """

@@ -18,6 +18,33 @@ from typing import Any, Iterable
 from gradsync.run.faults import FaultSpec
 
 SEVERITIES = ("error", "warning")
+ERROR, WARNING, EITHER = ("error",), ("warning",), SEVERITIES
+
+# The vocabulary of diagnosis.json: every category a finding may have, its severities, and what it means.
+CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "collective_mismatch": (ERROR, "ranks called different collectives at the same point"),
+    "shape_mismatch": (ERROR, "the same collective at the same line with different tensors"),
+    "rank_exited": (ERROR, "a rank finished its script while others still expected it"),
+    "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
+    "rank_stuck": (ERROR, "a rank stopped making progress outside any collective while the others wait"),
+    "hang": (ERROR, "every rank waits in matching collectives: the network or backend is not delivering"),
+    "desync": (ERROR, "the ranks' collectives were paired out of step although nothing failed"),
+    "unused_parameters": (EITHER, "DDP's crash on parameters without gradients, or parameters that never get one"),
+    "nonfinite_gradients": (WARNING, "where a NaN/inf gradient first appeared, before averaging spread it"),
+    "straggler": (WARNING, "a rank typically arrives late at collectives"),
+    "teardown_failure": (WARNING, "every rank finished, then a process crashed while shutting down"),
+    "restarted": (WARNING, "attempts before the last failed and the workers were restarted"),
+    "fault_not_fired": (WARNING, "an --inject-fault never fired, so nothing was rehearsed"),
+    "stopped_by_signal": (WARNING, "the job was stopped from outside"),
+    # Found by --doctor-steps (gradsync.run.script_check_analysis):
+    "no_distributed_sampler": (ERROR, "every rank fed DDP identical inputs: the ranks train on the same batches"),
+    "sampler_epoch_not_set": (WARNING, "a shuffling DistributedSampler repeated an epoch's order (no set_epoch)"),
+    "uneven_batches": (ERROR, "ranks have different numbers of batches per epoch: a hang at the epoch's end"),
+    "accumulation_without_no_sync": (WARNING, "gradients were all-reduced on micro-steps that end in no optimizer step"),
+    "parameters_diverged": (ERROR, "the replicas' parameters differ across ranks after the checked steps"),
+    "buffers_diverged": (ERROR, "the replicas' buffers (e.g. BatchNorm statistics) differ across ranks"),
+    "find_unused_parameters_unneeded": (WARNING, "find_unused_parameters=True although every parameter got a gradient"),
+}
 
 # Errors a rank gets because another rank left, crashed or misbehaved, not because of its own code.
 _CONSEQUENCE = re.compile(
@@ -45,6 +72,11 @@ class Finding:
     collective: str | None = None
     step: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        severities, _ = CATEGORIES.get(self.category, ((), ""))
+        if self.severity not in severities:
+            raise ValueError(f"finding {self.category!r} with severity {self.severity!r} is not in analysis.CATEGORIES")
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -202,8 +234,12 @@ def diagnose(
     now: float,
     world_size: int | None = None,
     stragglers: list[Finding] | None = None,
+    script_check: list[Finding] | None = None,
 ) -> dict[str, Any]:
-    """The diagnosis of one attempt of a job; `trigger` is 'stall', 'failure' or 'exit'."""
+    """The diagnosis of one attempt of a job; `trigger` is 'stall', 'failure' or 'exit'.
+
+    `script_check`: what --doctor-steps found by comparing the ranks' facts.
+    """
     findings: list[Finding] = []
     lines: dict[int, str] = {}
     divergence = find_divergence(views)
@@ -229,6 +265,7 @@ def diagnose(
     if teardown and not crashes:
         findings.append(_teardown_finding(teardown, views))
     findings += _health_findings(views)
+    findings += script_check or []
     findings += stragglers or []
 
     failed_job = trigger == "stall" or any(
@@ -591,7 +628,11 @@ def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashe
         return f"failed as a consequence ({said}){inside} at {where}"
     if view.finished:
         tail = f"; crashed afterwards ({view.signal or view.exitcode})" if view.exitcode not in (None, 0) else ""
-        return f"finished its script after {(view.snapshot or {}).get('collectives', '?')} collectives{tail}"
+        collectives = (view.snapshot or {}).get("collectives", "?")
+        stopped = view.exit.get("stopped_after_steps")
+        if stopped:
+            return f"stopped after optimizer step {stopped} (--doctor-steps) and {collectives} collectives{tail}"
+        return f"finished its script after {collectives} collectives{tail}"
     waiting = view.waiting_on()
     if view.signal and not view.stopped_by_gradsync and view.exit is None:
         return f"killed by {view.signal}; last seen at {_last_site(view) or view.location or '?'}"

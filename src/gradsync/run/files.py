@@ -7,7 +7,8 @@ Its collectives go, as they happen, into a fixed-size ring of slots in a memory-
 worker killed by SIGKILL or aborted inside Gloo still leaves its last collectives behind (the
 page cache outlives the process), at the cost of a memcpy per record.
 Files are grouped by restart attempt (workers/attemptN/: snapshots, rings, exit records, the
-records of injected faults that fired, and that attempt's diagnosis), so a restarted group never
+records of injected faults that fired, the script-check facts of --doctor-steps, and that
+attempt's diagnosis), so a restarted group never
 mixes with the one it replaces and every failed attempt keeps its own diagnosis.
 """
 
@@ -43,6 +44,11 @@ def exit_path(run_dir: Path, attempt: int, rank: int) -> Path:
 def fault_path(run_dir: Path, attempt: int, rank: int) -> Path:
     """The record an injected fault leaves just before it fires (see gradsync.run.faults)."""
     return attempt_dir(run_dir, attempt) / f"fault-rank{rank}.json"
+
+
+def script_check_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    """What a rank saw of its own run under --doctor-steps (see gradsync.run.script_check)."""
+    return attempt_dir(run_dir, attempt) / f"script-check-rank{rank}.json"
 
 
 def attempt_diagnosis_path(run_dir: Path, attempt: int) -> Path:
@@ -140,6 +146,16 @@ def read_faults(run_dir: Path, attempt: int) -> dict[int, dict]:
         if data is not None:
             records[int(path.name.removeprefix("fault-rank").removesuffix(".json"))] = data
     return records
+
+
+def read_script_checks(run_dir: Path, attempt: int) -> dict[int, dict]:
+    """The script-check facts the ranks of one attempt left, keyed by global rank."""
+    facts = {}
+    for path in attempt_dir(run_dir, attempt).glob("script-check-rank*.json"):
+        data = read_json(path)
+        if data is not None:
+            facts[int(path.name.removeprefix("script-check-rank").removesuffix(".json"))] = data
+    return facts
 
 
 def read_attempt(run_dir: Path, attempt: int) -> tuple[dict[int, dict], dict[int, dict]]:

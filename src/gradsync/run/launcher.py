@@ -59,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
         "kill, hang or exit, e.g. kill:rank=1:step=5; fires on the first attempt unless attempt= says "
         "otherwise (repeatable)",
     )
+    extra.add_argument(
+        "--doctor-steps",
+        type=int,
+        default=None,
+        metavar="K",
+        help="check the script instead of training it: run it for K optimizer steps with heavy checks on "
+        "(same batches on every rank, uneven batches, a sampler without set_epoch, accumulation without "
+        "no_sync, replicas that drift apart, find_unused_parameters without need), then stop every rank "
+        "and report what was found",
+    )
     return parser
 
 
@@ -129,7 +139,12 @@ def _options(args: argparse.Namespace) -> RunOptions:
     specs = faults.parse_faults(args.inject_fault)
     _check_faults_can_fire(specs, args)
     run_dir = Path(args.run_dir) if args.run_dir else fresh_run_dir()
-    return RunOptions(run_dir=run_dir, stall_timeout_s=args.stall_timeout, faults=tuple(str(s) for s in specs))
+    return RunOptions(
+        run_dir=run_dir,
+        stall_timeout_s=args.stall_timeout,
+        faults=tuple(str(s) for s in specs),
+        doctor_steps=args.doctor_steps,
+    )
 
 
 def _check_faults_can_fire(specs: tuple[faults.FaultSpec, ...], args: argparse.Namespace) -> None:

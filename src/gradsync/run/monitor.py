@@ -22,6 +22,7 @@ from typing import Any, Callable
 from gradsync.run import faults, files
 from gradsync.run.analysis import RankView, StragglerTracker, diagnose, earlier_attempts_finding, unfired_fault_findings
 from gradsync.run.options import RunOptions
+from gradsync.run.script_check_analysis import script_check_findings
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping a stalled job
 
@@ -129,7 +130,14 @@ class Monitor(threading.Thread):
         views = build_views(snapshots, exits, failures={}, stopped=set(), fired=files.read_faults(self.run_dir, attempt))
         for rank in alive:
             views[rank].alive = True
-        diagnosis = diagnose(views, trigger="stall", now=now, world_size=_world_size(snapshots), stragglers=self.tracker(attempt).findings())
+        diagnosis = diagnose(
+            views,
+            trigger="stall",
+            now=now,
+            world_size=_world_size(snapshots),
+            stragglers=self.tracker(attempt).findings(),
+            script_check=script_check_findings(files.read_script_checks(self.run_dir, attempt)),
+        )
         diagnosis["stall_timeout_s"] = self.options.stall_timeout_s
         diagnosis["attempt"] = attempt
         self.stall_diagnoses[attempt] = diagnosis
@@ -194,6 +202,7 @@ class Monitor(threading.Thread):
                 now=time.time(),
                 world_size=_world_size({**snapshots, **exits}),
                 stragglers=tracker.findings(),
+                script_check=script_check_findings(files.read_script_checks(self.run_dir, attempt)),
             )
         diagnosis["attempt"] = attempt
         return diagnosis

@@ -25,6 +25,9 @@ class RunOptions:
     `straggler_ratio`: a rank whose typical lateness at collectives exceeds this share of the
     typical step is reported as a straggler (when also over `straggler_min_s`).
     `faults`: the `--inject-fault` specs, as checked canonical text (see gradsync.run.faults).
+    `doctor_steps`: with `--doctor-steps K`, every rank runs the script with the script check's
+    instrumentation (gradsync.run.script_check) and stops itself after its K-th optimizer step;
+    None for a plain run, which installs none of it.
     """
 
     run_dir: Path
@@ -33,6 +36,7 @@ class RunOptions:
     straggler_ratio: float = 0.2
     straggler_min_s: float = 0.05
     faults: tuple[str, ...] = ()
+    doctor_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not self.stall_timeout_s >= 1:
@@ -44,6 +48,12 @@ class RunOptions:
             raise ConfigError(f"ring_size={self.ring_size}: keep at least 16 collectives per rank.")
         if not 0 < self.straggler_ratio < 10:
             raise ConfigError(f"straggler_ratio={self.straggler_ratio}: use a share of the step, e.g. 0.2.")
+        steps = self.doctor_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ConfigError(
+                f"--doctor-steps {steps}: give the number of optimizer steps to check, a whole "
+                "number of at least 1 (e.g. 20: enough for the checks, short enough to run before every job)."
+            )
 
     @property
     def snapshot_interval_s(self) -> float:

@@ -302,7 +302,10 @@ class DDPWatch:
         # DDP's own error messages give parameter indices in this order.
         self.reducer_order = [self.names.get(id(p), "?") for p in ddp._module_parameters if p.requires_grad]
         self.used: set[int] = set()
+        self.used_this_pass: set[int] = set()
         self.passes = 0
+        self.checked_passes = 0  # synchronised passes watched for usage
+        self.incomplete_passes = 0  # of those, passes in which some parameter got no gradient
         self.pending_checks: list[tuple[torch.Tensor, int, list[str], str | None]] = []
         self.watches_usage = ddp.find_unused_parameters
         self._usage_hooks = []
@@ -316,10 +319,19 @@ class DDPWatch:
 
     def _mark_used(self, parameter: torch.Tensor) -> None:
         self.used.add(id(parameter))
+        self.used_this_pass.add(id(parameter))
 
     def pass_done(self) -> None:
+        # A parameter's gradient is accumulated (and marked used) before DDP hears of it, so
+        # the pass's last bucket comes after every mark of that pass.
         self.passes += 1
-        if self._usage_hooks and self.passes >= UNUSED_CHECK_PASSES:
+        if not self._usage_hooks:
+            return
+        self.checked_passes += 1
+        if len(self.used_this_pass) < len(self.watched):
+            self.incomplete_passes += 1
+        self.used_this_pass.clear()
+        if self.passes >= UNUSED_CHECK_PASSES:
             for handle in self._usage_hooks:
                 handle.remove()
             self._usage_hooks = []

@@ -5,7 +5,9 @@ torchrun starts `python -m gradsync.run.worker --options FILE [-m] TARGET ARGS..
 meant for this rank and attempt) before the script imports anything, starts a thread that
 publishes the recorder's state to the run directory, runs the script as `__main__` exactly as
 Python would, and leaves an exit record saying how it ended
-(returned, raised what where, or was still inside a collective). A process group the script
+(returned, raised what where, or was still inside a collective). Under --doctor-steps K it also
+installs the script check (gradsync.run.script_check), whose facts it writes before the exit
+record, and the rank ends itself after its K-th optimizer step. A process group the script
 left open is destroyed once the script has returned.
 """
 
@@ -28,6 +30,7 @@ from gradsync.run import faults, files
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
 from gradsync.run.recorder import CollectiveRecorder, install
+from gradsync.run.script_check import ScriptCheck
 
 class SnapshotWriter(threading.Thread):
     """Publishes the recorder's state every interval; also decides if a quiet main thread is busy.
@@ -139,27 +142,55 @@ def main(argv: list[str] | None = None) -> None:
     faults.install(faults.parse_faults(options.faults), rank, attempt, files.fault_path(options.run_dir, attempt, rank))
     recorder.phase = "running"
     writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
+    check = None
+    if options.doctor_steps is not None:
+        check = _install_script_check(recorder, writer, options, identity)
     writer.start()
+
+    def finish(outcome: dict[str, Any]) -> None:
+        if check is not None:
+            check.write()
+        writer.finish(outcome)
+
     try:
         _run_target(as_module, target, args)
     except SystemExit as exiting:
         code = exiting.code
         if code is None or code == 0:
-            writer.finish({"status": "finished", "code": 0, "time": time.time()})
+            finish({"status": "finished", "code": 0, "time": time.time()})
             _tear_down(recorder)
             end_process(0)
         if not isinstance(code, int):
             print(code, file=sys.stderr)  # what Python does with sys.exit("message")
             code = 1
-        writer.finish({"status": "exit_code", "code": code, "time": time.time()})
+        finish({"status": "exit_code", "code": code, "time": time.time()})
         end_process(code)
     except BaseException as error:
-        writer.finish({"status": "exception", "time": time.time(), **describe_exception(error)})
+        finish({"status": "exception", "time": time.time(), **describe_exception(error)})
         sys.excepthook(type(error), error, error.__traceback__)
         end_process(130 if isinstance(error, KeyboardInterrupt) else 1)
-    writer.finish({"status": "finished", "code": 0, "time": time.time()})
+    finish({"status": "finished", "code": 0, "time": time.time()})
     _tear_down(recorder)
     end_process(0)
+
+
+def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, options: RunOptions, identity: dict[str, Any]) -> ScriptCheck:
+    """--doctor-steps K: check the script, and end this rank right after its K-th optimizer step.
+
+    The rank ends where it stands, inside that step, without destroying the process group: its
+    step's collectives are complete, every rank stops at the same point of the same code, and a
+    destroy racing a peer's exit can abort a process that did nothing wrong.
+    """
+    steps = options.doctor_steps
+
+    def stop() -> None:
+        writer.finish({"status": "finished", "code": 0, "time": time.time(), "stopped_after_steps": steps})
+        end_process(0)
+
+    path = files.script_check_path(options.run_dir, identity["attempt"], identity["rank"])
+    check = ScriptCheck(recorder, steps, path, stop)
+    check.install()
+    return check
 
 
 def _tear_down(recorder: CollectiveRecorder) -> None:

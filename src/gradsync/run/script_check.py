@@ -1,0 +1,313 @@
+"""The worker side of `gradsync run --doctor-steps K`: what each rank saw of its own run, for K optimizer steps.
+
+Some mistakes neither fail nor hang until much later, or never: every rank training on the same
+batches, a sampler that repeats the first epoch's order, ranks with different numbers of
+batches (a hang at the end of the first epoch), gradients all-reduced on every micro-step of an
+accumulation, replicas that drift apart, `find_unused_parameters=True` without need. Each shows
+in the first steps, but only by comparing ranks. So every rank records facts about its own run:
+a cheap fingerprint of each training forward's inputs, each DataLoader's length when its
+iteration starts, each pass of a DistributedSampler (epoch, shuffle), the synchronised backward
+passes per optimizer step and, at the end, a hash of every parameter and buffer of its DDP
+models. It writes them to a file in the attempt directory when it stops (right after its K-th
+optimizer step) or when the script ends, and the launcher compares the ranks' files
+(gradsync.run.script_check_analysis). As in the rest of `gradsync run`, nothing goes through
+the process group, which a broken script may be stuck in.
+
+The patches (DataLoader and its iterators, DistributedSampler, Join, DDP's constructor and
+forward, a global optimizer-step hook) are installed only under --doctor-steps: a plain
+`gradsync run` pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+from torch.utils.data.distributed import DistributedSampler
+
+from gradsync.run import files
+from gradsync.run.callsite import caller_location
+from gradsync.run.recorder import CollectiveRecorder
+
+FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
+FINGERPRINT_SAMPLES = 256  # values sampled (evenly strided) from each input tensor
+MAX_RECORDS = 64  # DataLoaders and sampler passes kept per rank
+_NESTING_DEPTH = 3  # how deep lists, tuples and dicts of inputs are searched for tensors
+
+
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.detach().reshape(-1).contiguous().cpu()
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def _header(tensor: torch.Tensor) -> int:
+    return zlib.crc32(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+
+
+def tensor_fingerprint(tensor: torch.Tensor) -> int | None:
+    """A CRC of dtype, shape and an evenly strided sample of the values (None when unreadable).
+
+    Cheap enough for every forward of the first steps (a few hundred values copied to the CPU);
+    two different batches agree on it only by an unlikely coincidence.
+    """
+    try:
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+        return zlib.crc32(_raw_bytes(flat[::stride][:FINGERPRINT_SAMPLES]), _header(tensor))
+    except (RuntimeError, TypeError):  # sparse, quantized or meta tensors: not comparable
+        return None
+
+
+def tensor_hash(tensor: torch.Tensor) -> int | None:
+    """A CRC of dtype, shape and every byte of the values (None when unreadable)."""
+    try:
+        return zlib.crc32(_raw_bytes(tensor), _header(tensor))
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < _NESTING_DEPTH and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item, depth + 1)
+    elif depth < _NESTING_DEPTH and isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item, depth + 1)
+
+
+def inputs_fingerprint(args: tuple, kwargs: dict) -> int | None:
+    """One fingerprint of every tensor among a forward's arguments; None when there is none."""
+    combined = 0
+    found = False
+    for tensor in _tensors((args, kwargs)):
+        fingerprint = tensor_fingerprint(tensor)
+        if fingerprint is None:
+            return None
+        combined = zlib.crc32(fingerprint.to_bytes(4, "little"), combined)
+        found = True
+    return combined if found else None
+
+
+def _index_sampler(loader: DataLoader) -> Any:
+    """The sampler whose indices the loader batches (None for a plain list of batches)."""
+    if loader.batch_sampler is None:  # batch_size=None: one sample at a time
+        return loader.sampler
+    return getattr(loader.batch_sampler, "sampler", None)
+
+
+def _length(thing: Any) -> int | None:
+    try:
+        return len(thing)
+    except TypeError:  # an IterableDataset without __len__, a batch sampler without one
+        return None
+
+
+def _replace(owner: type, name: str, make: Callable[[Callable], Callable]) -> None:
+    original = getattr(owner, name)
+    replacement = functools.wraps(original)(make(original))
+    setattr(owner, name, replacement)
+
+
+class ScriptCheck:
+    """The facts one rank gathers under --doctor-steps, and its stop after the K-th optimizer step."""
+
+    def __init__(self, recorder: CollectiveRecorder, steps: int, path: Path, on_last_step: Callable[[], None]):
+        """`on_last_step` ends the process once the K-th step's facts are written."""
+        self.recorder = recorder
+        self.steps_to_check = steps
+        self.path = path
+        self.on_last_step = on_last_step
+        self.steps = 0  # optimizer steps taken (an optimizer stepping inside another's step is one)
+        self._stepping = 0  # optimizer steps in progress, nested
+        self._synced_before = 0  # the recorder's synchronised backward passes at the previous step
+        self.syncs_per_step: list[int] = []
+        self.forwards: list[dict[str, Any]] = []
+        self.loaders: list[dict[str, Any]] = []
+        self.sampler_passes: list[dict[str, Any]] = []
+        self._loader_entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._iterator_entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._sampler_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._current_loader: dict[str, Any] | None = None  # the loader of the batch fetched last
+        self._joined = 0  # Join context managers entered and not left
+        # Held, not weakly referenced: a script that returns before its K-th step has dropped its
+        # own references by the time its replicas are hashed.
+        self.models: list[tuple[DistributedDataParallel, str | None]] = []
+
+    # -- installing --------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Patch what the checks watch, around the recorder's patches (so install it after the recorder)."""
+        register_optimizer_step_pre_hook(self._before_step)
+        register_optimizer_step_post_hook(self._after_step)
+        check = self
+
+        def make_ddp_init(original):
+            def __init__(ddp, *args, **kwargs):
+                original(ddp, *args, **kwargs)
+                check.models.append((ddp, caller_location()))
+
+            return __init__
+
+        def make_ddp_forward(original):
+            def forward(ddp, *args, **kwargs):
+                if ddp.training and torch.is_grad_enabled():
+                    check._training_forward(args, kwargs)
+                return original(ddp, *args, **kwargs)
+
+            return forward
+
+        def make_loader_iter(original):
+            def __iter__(loader):
+                iterator = original(loader)
+                check._iterator_entries[iterator] = check._loader_entry(loader)
+                return iterator
+
+            return __iter__
+
+        def make_iterator_next(original):
+            def __next__(iterator):
+                check._current_loader = check._iterator_entries.get(iterator)
+                return original(iterator)
+
+            return __next__
+
+        def make_sampler_iter(original):
+            def __iter__(sampler):
+                if len(check.sampler_passes) < MAX_RECORDS:
+                    check.sampler_passes.append(
+                        {"sampler": check._sampler_key(sampler), "epoch": sampler.epoch, "shuffle": sampler.shuffle, "site": caller_location()}
+                    )
+                return original(sampler)
+
+            return __iter__
+
+        def make_join_enter(original):
+            def __enter__(join):
+                check._joined += 1
+                return original(join)
+
+            return __enter__
+
+        def make_join_exit(original):
+            def __exit__(join, *exc_info):
+                check._joined -= 1
+                return original(join, *exc_info)
+
+            return __exit__
+
+        _replace(DistributedDataParallel, "__init__", make_ddp_init)
+        _replace(DistributedDataParallel, "forward", make_ddp_forward)
+        _replace(DataLoader, "__iter__", make_loader_iter)
+        _replace(_BaseDataLoaderIter, "__next__", make_iterator_next)
+        _replace(DistributedSampler, "__iter__", make_sampler_iter)
+        _replace(Join, "__enter__", make_join_enter)
+        _replace(Join, "__exit__", make_join_exit)
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def _sampler_key(self, sampler: DistributedSampler) -> int:
+        key = self._sampler_keys.get(sampler)
+        if key is None:
+            key = self._sampler_keys[sampler] = len(self._sampler_keys)
+        return key
+
+    def _loader_entry(self, loader: DataLoader) -> dict[str, Any]:
+        entry = self._loader_entries.get(loader)
+        if entry is None:
+            site = caller_location()
+            sampler = _index_sampler(loader)
+            entry = {
+                # Ranks run the same code, so the n-th loader iterated at a line is the same loader.
+                "key": f"{site}#{sum(1 for other in self.loaders if other['site'] == site)}",
+                "site": site,
+                "batches": _length(loader),
+                "samples": _length(sampler) if sampler is not None else None,
+                "sampler": self._sampler_key(sampler) if isinstance(sampler, DistributedSampler) else None,
+                "feeds_training": False,
+                "under_join": self._joined > 0,
+            }
+            self._loader_entries[loader] = entry
+            if len(self.loaders) < MAX_RECORDS:
+                self.loaders.append(entry)
+        return entry
+
+    def _training_forward(self, args: tuple, kwargs: dict) -> None:
+        loader = self._current_loader
+        if loader is not None:
+            loader["feeds_training"] = True
+        if len(self.forwards) < FORWARDS_FINGERPRINTED:
+            self.forwards.append(
+                {"fingerprint": inputs_fingerprint(args, kwargs), "site": caller_location(), "loader": loader["site"] if loader else None}
+            )
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepping += 1
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._stepping -= 1
+        if self._stepping:  # e.g. ZeroRedundancyOptimizer's local optimizer, inside its own step
+            return
+        self.steps += 1
+        synced = self.recorder.backward_passes
+        self.syncs_per_step.append(synced - self._synced_before)
+        self._synced_before = synced
+        if self.steps == self.steps_to_check:
+            self.write()
+            self.on_last_step()
+
+    # -- the facts ---------------------------------------------------------------------------
+
+    def _last_backward_site(self) -> str | None:
+        for record in reversed(self.recorder.ring):
+            if record.kind.startswith("DDP gradient bucket"):
+                return record.site
+        return None
+
+    def _model_facts(self, ddp: DistributedDataParallel, site: str | None) -> dict[str, Any]:
+        watch = ddp._gradsync_watch
+        return {
+            "site": site,
+            "find_unused_parameters": bool(ddp.find_unused_parameters),
+            "usage_checked_passes": watch.checked_passes,
+            "incomplete_passes": watch.incomplete_passes,
+            # `broadcast_buffers` (a property over `forward_sync_buffers` since torch 2.13): when
+            # on, every forward starts from rank 0's buffers, so ranks differing after one is normal.
+            "buffers_synced": bool(getattr(ddp, "broadcast_buffers", True)),
+            "parameters": {name: tensor_hash(p) for name, p in ddp.module.named_parameters()},
+            "buffers": {name: tensor_hash(b) for name, b in ddp.module.named_buffers()},
+        }
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "doctor_steps": self.steps_to_check,
+            "steps": self.steps,
+            "syncs_per_step": self.syncs_per_step,
+            "backward_site": self._last_backward_site(),
+            "forwards": self.forwards,
+            "loaders": self.loaders,
+            "sampler_passes": self.sampler_passes,
+            "models": [self._model_facts(ddp, site) for ddp, site in self.models],
+        }
+
+    def write(self) -> None:
+        """Leave the facts for the launcher; a failure here must not change how the script ends."""
+        try:
+            files.write_json(self.path, self.facts())
+        except Exception as error:  # reported, never raised into the user's script
+            print(f"gradsync run: could not write the script check's facts to {self.path}: {error!r}", file=sys.stderr)

@@ -1,0 +1,296 @@
+"""The launcher side of `gradsync run --doctor-steps K`: compare what the ranks saw of their own runs.
+
+Each rank left its facts in the attempt directory (gradsync.run.script_check); these pure
+functions turn them into findings of diagnosis.json, one rule per mistake. The rules only speak
+when the facts can tell: forwards, loaders and models are compared where every rank has them,
+replicas only when every rank hashed them after the same number of optimizer steps, and a loop
+under `Join` or a sampler that only feeds evaluation is left alone, so a correct script gets no
+error or warning.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from gradsync.run.analysis import Finding
+
+NAMES_SHOWN = 5  # differing parameter or buffer names spelled out in a message
+
+
+def script_check_findings(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    """Every finding the ranks' facts (`checks`: global rank -> facts) support."""
+    return [
+        *_identical_batches(checks),
+        *_uneven_batches(checks),
+        *_sampler_epoch_not_set(checks),
+        *_accumulation_without_no_sync(checks),
+        *_diverged_replicas(checks),
+        *_find_unused_parameters_unneeded(checks),
+    ]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in sorted(ranks))
+
+
+def _odd_ones_out(values: dict[int, Any]) -> list[int]:
+    """The ranks outside the one largest group of equal values; every rank when no group is largest."""
+    groups: dict[Any, list[int]] = {}
+    for rank, value in values.items():
+        groups.setdefault(value, []).append(rank)
+    sizes = sorted((len(ranks) for ranks in groups.values()), reverse=True)
+    if len(sizes) > 1 and sizes[0] > sizes[1]:
+        largest = max(groups.values(), key=len)
+        return sorted(r for r in values if r not in largest)
+    return sorted(values)
+
+
+def _names_text(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN])
+    return shown + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else "")
+
+
+# -- the data -------------------------------------------------------------------------------
+
+
+def _identical_batches(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    if len(checks) < 2:
+        return []
+    forwards = {rank: facts["forwards"] for rank, facts in checks.items()}
+    compared = [
+        index
+        for index in range(min(len(f) for f in forwards.values()))
+        if all(f[index]["fingerprint"] is not None for f in forwards.values())
+    ]
+    if not compared or any(len({f[i]["fingerprint"] for f in forwards.values()}) > 1 for i in compared):
+        return []
+    first = {rank: f[compared[0]] for rank, f in forwards.items()}
+    loaders = sorted({forward["loader"] for forward in first.values() if forward["loader"]})
+    source = f", batches from the DataLoader iterated at {', '.join(loaders)}" if loaders else ""
+    ranks = sorted(checks)
+    return [
+        Finding(
+            "no_distributed_sampler",
+            "error",
+            ranks,
+            f"Every rank fed DDP the same inputs in each of the {len(compared)} training forwards compared "
+            f"(at {first[ranks[0]]['site'] or '?'}{source}): the ranks train on identical batches, so the "
+            f"{len(ranks)} processes do the work of one (every batch is computed {len(ranks)} times) and the run "
+            "is no faster than on one process.",
+            "Give each rank its own share of the data: DataLoader(dataset, sampler=DistributedSampler(dataset)) "
+            "with sampler.set_epoch(epoch) at the start of each epoch, or gradsync's loader "
+            "(trainer.prepare(model, optimizer, dataset, batch_size=...)). Data generated on each rank needs "
+            "a different seed per rank.",
+            locations={str(rank): forward["site"] or "?" for rank, forward in sorted(first.items())},
+            details={"forwards_compared": len(compared)},
+        )
+    ]
+
+
+def _uneven_batches(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    by_key: dict[str, dict[int, dict[str, Any]]] = {}
+    for rank, facts in checks.items():
+        for loader in facts["loaders"]:
+            by_key.setdefault(loader["key"], {})[rank] = loader
+    findings = []
+    reported_sites = set()
+    for entries in by_key.values():
+        site = next(iter(entries.values()))["site"]
+        batches = {rank: loader["batches"] for rank, loader in entries.items()}
+        if (
+            len(entries) < 2
+            or site in reported_sites
+            or None in batches.values()
+            or len(set(batches.values())) == 1
+            or not any(loader["feeds_training"] for loader in entries.values())
+            or any(loader["under_join"] for loader in entries.values())  # Join shadows the missing steps
+        ):
+            continue
+        reported_sites.add(site)
+        counts = ", ".join(
+            f"rank {rank}: {n} batches" + (f" ({entries[rank]['samples']} samples)" if entries[rank]["samples"] is not None else "")
+            for rank, n in sorted(batches.items())
+        )
+        findings.append(
+            Finding(
+                "uneven_batches",
+                "error",
+                _odd_ones_out(batches),
+                f"The ranks have different numbers of batches per epoch from the DataLoader iterated at {site} "
+                f"({counts}). Every training batch all-reduces gradients, so when the ranks with fewer batches "
+                "leave the loop, the others wait for partners that never come: the job will hang at the end of "
+                "the epoch (or pair their gradients with a different collective).",
+                "Give every rank the same number of batches: DistributedSampler (it pads every rank to the same "
+                "number of samples, or trims with drop_last=True) or gradsync's loader instead of a hand-made "
+                "shard; if uneven inputs are intended, train inside `with Join([ddp]):` "
+                "(torch.distributed.algorithms.join).",
+                locations={str(rank): site or "?" for rank in sorted(entries)},
+                details={"batches": {str(r): n for r, n in sorted(batches.items())}},
+            )
+        )
+    return findings
+
+
+def _sampler_epoch_not_set(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    repeats: dict[int, dict[str, Any]] = {}
+    for rank, facts in sorted(checks.items()):
+        attached = {loader["sampler"] for loader in facts["loaders"] if loader["sampler"] is not None}
+        training = {loader["sampler"] for loader in facts["loaders"] if loader["feeds_training"] and loader["sampler"] is not None}
+        last_epoch: dict[int, int] = {}
+        for sampler_pass in facts["sampler_passes"]:
+            key = sampler_pass["sampler"]
+            # An evaluation order repeated each epoch is harmless: only samplers feeding training
+            # (or used without any DataLoader seen) count.
+            relevant = key in training or key not in attached
+            if sampler_pass["shuffle"] and relevant and last_epoch.get(key) == sampler_pass["epoch"]:
+                repeats[rank] = sampler_pass
+                break
+            last_epoch[key] = sampler_pass["epoch"]
+    if not repeats:
+        return []
+    epochs = sorted({p["epoch"] for p in repeats.values()})
+    return [
+        Finding(
+            "sampler_epoch_not_set",
+            "warning",
+            sorted(repeats),
+            f"A shuffling DistributedSampler started another pass with the same epoch ({', '.join(map(str, epochs))}) "
+            f"as its previous pass on {_ranks_text(list(repeats))} (loop at "
+            f"{', '.join(sorted({p['site'] or '?' for p in repeats.values()}))}): every epoch repeats the same "
+            "order, because the sampler's shuffle is seeded by its epoch and set_epoch was not called.",
+            "Call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader "
+            "(gradsync's trainer.epochs() does it for its loader).",
+            locations={str(rank): p["site"] or "?" for rank, p in sorted(repeats.items())},
+            details={"epoch": epochs[0]},
+        )
+    ]
+
+
+# -- gradient traffic ---------------------------------------------------------------------------
+
+
+def _accumulation_without_no_sync(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    # The median per step ignores a few steps a GradScaler skipped (their passes synced, no step).
+    affected = {
+        rank: facts
+        for rank, facts in sorted(checks.items())
+        if facts["syncs_per_step"] and statistics.median(facts["syncs_per_step"]) >= 2
+    }
+    if not affected:
+        return []
+    ratios = {rank: sum(f["syncs_per_step"]) / len(f["syncs_per_step"]) for rank, f in affected.items()}
+    ratio = max(ratios.values())
+    facts = next(iter(affected.values()))
+    return [
+        Finding(
+            "accumulation_without_no_sync",
+            "warning",
+            sorted(affected),
+            f"Gradients were all-reduced on {ratio:.3g} backward passes per optimizer step "
+            f"({sum(facts['syncs_per_step'])} synchronised passes for {len(facts['syncs_per_step'])} steps on "
+            f"{_ranks_text([next(iter(affected))])}): the micro-steps of an accumulation synchronise although only "
+            f"the sum at the last one is used, {ratio:.3g}× the needed gradient traffic.",
+            "Run the forward and backward of every micro-step but the last under `with ddp.no_sync():` (the "
+            "summed gradient is the same), or let gradsync accumulate: gradsync.setup(accumulation_steps=N).",
+            locations={str(rank): f["backward_site"] or "?" for rank, f in affected.items()},
+            details={"syncs_per_step": {str(rank): round(r, 3) for rank, r in ratios.items()}},
+        )
+    ]
+
+
+# -- the replicas -------------------------------------------------------------------------------
+
+
+def _common_models(checks: dict[int, dict[str, Any]]) -> list[dict[int, dict[str, Any]]]:
+    """For each DDP model every rank built (in construction order): rank -> its facts."""
+    if len(checks) < 2:
+        return []
+    count = min(len(facts["models"]) for facts in checks.values())
+    return [{rank: facts["models"][index] for rank, facts in checks.items()} for index in range(count)]
+
+
+_DIVERGED_SUGGESTIONS = {
+    "parameters": "Look for an update made on some ranks only: parameters changed after optimizer.step() under "
+    "`if rank == ...`, a learning rate, clipping or loss scale decided per rank, or weights loaded on one rank "
+    "after DDP was built; or a non-deterministic op in the update. Make such changes on every rank (or "
+    "broadcast the parameters from rank 0 afterwards).",
+    "buffers": "Keep DDP's buffer sync on (broadcast_buffers=True, forward_sync_buffers=True since torch 2.13: each "
+    "forward starts from rank 0's buffers), or use nn.SyncBatchNorm.convert_sync_batchnorm(model) so the "
+    "statistics are computed over all ranks; with buffer sync off on purpose, average the buffers before "
+    "evaluating or saving. A non-deterministic op writing the buffers does this too.",
+}
+
+
+def _diverged_replicas(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    steps = {facts["steps"] for facts in checks.values()}
+    if len(steps) != 1:
+        return []  # ranks that stopped at different steps hold different models for that reason alone
+    step = steps.pop()
+    findings = []
+    for models in _common_models(checks):
+        site = next(iter(models.values()))["site"] or "?"
+        for kind in ("parameters", "buffers"):
+            if kind == "buffers" and any(model["buffers_synced"] for model in models.values()):
+                continue  # the next forward replaces them with rank 0's
+            hashes = {rank: model[kind] for rank, model in models.items()}
+            names = [name for name in next(iter(hashes.values())) if all(name in h for h in hashes.values())]
+            differing = [
+                name
+                for name in names
+                if None not in {h[name] for h in hashes.values()} and len({h[name] for h in hashes.values()}) > 1
+            ]
+            if not differing:
+                continue
+            ranks = _odd_ones_out({rank: tuple(h[name] for name in differing) for rank, h in hashes.items()})
+            who = f"between {_ranks_text(ranks)}" if len(ranks) == len(hashes) else f"on {_ranks_text(ranks)} from the other ranks'"
+            why = (
+                "DDP keeps replicas equal only while every rank applies the same averaged gradient: from here on "
+                "the ranks train different models, and a checkpoint saved by rank 0 holds only rank 0's."
+                if kind == "parameters"
+                else "DDP does not sync this model's buffers during training (broadcast_buffers / "
+                "forward_sync_buffers off), so each rank's statistics follow its own data: evaluation and "
+                "checkpoints depend on which rank produced them."
+            )
+            findings.append(
+                Finding(
+                    f"{kind}_diverged",
+                    "error",
+                    ranks,
+                    f"After optimizer step {step} the replicas' {kind} differ {who}: {len(differing)} of "
+                    f"{len(names)} ({_names_text(differing)}) of the model wrapped in DDP at {site}. {why}",
+                    _DIVERGED_SUGGESTIONS[kind],
+                    locations={str(rank): site for rank in ranks},
+                    step=step,
+                    details={kind: differing},
+                )
+            )
+    return findings
+
+
+def _find_unused_parameters_unneeded(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    findings = []
+    for models in _common_models(checks):
+        if not all(
+            model["find_unused_parameters"] and model["usage_checked_passes"] > 0 and model["incomplete_passes"] == 0
+            for model in models.values()
+        ):
+            continue
+        site = next(iter(models.values()))["site"] or "?"
+        passes = min(model["usage_checked_passes"] for model in models.values())
+        findings.append(
+            Finding(
+                "find_unused_parameters_unneeded",
+                "warning",
+                sorted(models),
+                f"DDP was built with find_unused_parameters=True at {site}, but every parameter got a gradient in "
+                f"each of the {passes} synchronised backward passes checked on every rank. The flag makes DDP "
+                "walk the autograd graph after every forward and costs overlap of gradient communication with "
+                "the backward pass.",
+                "Pass find_unused_parameters=False (the default), unless some parameters go unused only in "
+                "later steps (a branch taken now and then): DDP then stops with an error that `gradsync run` "
+                "turns into the names of those parameters.",
+                locations={str(rank): site for rank in sorted(models)},
+            )
+        )
+    return findings

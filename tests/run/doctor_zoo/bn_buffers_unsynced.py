@@ -1,0 +1,37 @@
+"""BatchNorm under DDP with buffer sync off (broadcast_buffers=False; forward_sync_buffers=False since
+torch 2.13): each rank's running statistics follow its own data, so the replicas' buffers differ."""
+
+import inspect
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+BUFFER_SYNC = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1))
+    ddp = DDP(model, **{BUFFER_SYNC: False})  # doctor: ddp
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1000 + rank)
+
+    for step in range(1, 21):
+        x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)
+        loss = F.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

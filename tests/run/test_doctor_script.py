@@ -1,0 +1,391 @@
+"""`gradsync run --doctor-steps K`: the script check, on unmodified scripts and on hand-made facts.
+
+Each script of tests/run/doctor_zoo (one mistake each) and a few of tests/run/zoo runs once per
+session under the real launcher (torchrun's agent, Gloo, 2 processes), two at a time; the tests
+read each run's diagnosis.json, facts files and terminal output. Lines are found by their
+`# doctor: <tag>` (doctor_zoo) or `# zoo: <tag>` (zoo) markers. The rules themselves are then
+checked on hand-made facts, for the cases a correct script must not be blamed for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from gradsync.errors import ConfigError
+from gradsync.run import launcher
+from gradsync.run.analysis import Finding
+from gradsync.run.options import RunOptions
+from gradsync.run.script_check import (
+    inputs_fingerprint,
+    tensor_fingerprint,
+    tensor_hash,
+)
+from gradsync.run.script_check_analysis import script_check_findings
+from tests.harness import REPO_ROOT
+
+RUN_TESTS = Path(__file__).parent
+# name -> (script under tests/run, K)
+SCRIPTS = {
+    "no_sampler": ("doctor_zoo/no_sampler.py", 4),
+    "epoch_not_set": ("doctor_zoo/epoch_not_set.py", 5),  # 2 batches per epoch: the 2nd epoch starts at step 3
+    "uneven_shards": ("doctor_zoo/uneven_shards.py", 3),  # stops before the shorter epoch ends
+    "accumulation_no_sync": ("doctor_zoo/accumulation_no_sync.py", 3),
+    "rank_local_update": ("doctor_zoo/rank_local_update.py", 4),
+    "bn_buffers_unsynced": ("doctor_zoo/bn_buffers_unsynced.py", 4),
+    "find_unused_all_used": ("doctor_zoo/find_unused_all_used.py", 4),
+    "nan_on_rank1": ("zoo/nan_on_rank1.py", 6),  # NaN at step 4
+    "unused_parameter_find": ("zoo/unused_parameter_find.py", 5),
+    "healthy_ddp": ("zoo/healthy_ddp.py", 12),  # 8 steps per epoch: stops inside the 2nd epoch
+    "healthy_accumulation": ("zoo/healthy_accumulation.py", 20),  # 10 steps: finishes before K
+    "healthy_gradsync": ("zoo/healthy_gradsync.py", 20),  # 16 steps: finishes before K
+}
+HEALTHY = ["healthy_ddp", "healthy_accumulation", "healthy_gradsync"]
+
+
+@dataclass
+class DoctorRun:
+    name: str
+    returncode: int
+    output: str
+    diagnosis: dict
+    run_dir: Path
+
+    @property
+    def script(self) -> str:
+        return SCRIPTS[self.name][0]
+
+    @property
+    def steps(self) -> int:
+        return SCRIPTS[self.name][1]
+
+    def line(self, tag: str) -> str:
+        """'tests/run/<script>:LINE' of the line marked `# doctor: tag` (or `# zoo: tag`)."""
+        marker = "zoo" if self.script.startswith("zoo/") else "doctor"
+        text = (RUN_TESTS / self.script).read_text().splitlines()
+        numbers = [i for i, line in enumerate(text, 1) if line.rstrip().endswith(f"# {marker}: {tag}")]
+        assert len(numbers) == 1, f"{self.script} must mark exactly one line with '# {marker}: {tag}'"
+        return f"tests/run/{self.script}:{numbers[0]}"
+
+    def findings(self) -> list[dict]:
+        return self.diagnosis["findings"]
+
+    def only(self, category: str, severity: str) -> dict:
+        """The run's one finding, which must be `category` with `severity`."""
+        assert [(f["category"], f["severity"]) for f in self.findings()] == [(category, severity)], self.explain()
+        return self.findings()[0]
+
+    def facts(self, rank: int) -> dict:
+        return json.loads((self.run_dir / "workers" / "attempt0" / f"script-check-rank{rank}.json").read_text())
+
+    def exit_record(self, rank: int) -> dict:
+        return json.loads((self.run_dir / "workers" / "attempt0" / f"rank{rank}.exit.json").read_text())["exit"]
+
+    def explain(self) -> str:
+        return f"{self.name}: exit {self.returncode}\n{json.dumps(self.diagnosis, indent=1)}\n{self.output[-3000:]}"
+
+
+def _run(name: str, root: Path) -> DoctorRun:
+    script, steps = SCRIPTS[name]
+    run_dir = root / name
+    command = [
+        sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "2", "--doctor-steps", str(steps),
+        "--stall-timeout", "20", "--run-dir", str(run_dir), f"tests/run/{script}",
+    ]
+    # A script stopped after K steps never reaches its own clean-up: its temporary files go to `root`.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(root)}
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=150, env=env)
+    path = run_dir / "diagnosis.json"
+    diagnosis = json.loads(path.read_text()) if path.exists() else {"findings": [], "missing": True}
+    return DoctorRun(name, done.returncode, done.stdout + done.stderr, diagnosis, run_dir)
+
+
+@pytest.fixture(scope="session")
+def doctor(tmp_path_factory) -> dict[str, DoctorRun]:
+    root = tmp_path_factory.mktemp("doctor")
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda name: _run(name, root), SCRIPTS))
+    print(f"\n{len(runs)} --doctor-steps runs in {time.monotonic() - start:.0f} s", file=sys.stderr)
+    return {run.name: run for run in runs}
+
+
+# -- one script per mistake ---------------------------------------------------------------------
+
+
+def _assert_failed(run: DoctorRun, category: str) -> None:
+    assert run.returncode == 1 and run.diagnosis["status"] == "failed", run.explain()
+    assert f"gradsync run: FAILED: {category} (ranks 0, 1)" in run.output, run.explain()
+
+
+def _assert_warned(run: DoctorRun, category: str) -> None:
+    assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
+    assert f"warning: {category} (ranks [0, 1])" in run.output, run.explain()
+
+
+def test_identical_batches_on_every_rank(doctor):
+    run = doctor["no_sampler"]
+    finding = run.only("no_distributed_sampler", "error")
+    assert finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": run.line("forward"), "1": run.line("forward")}, run.explain()
+    assert run.line("loop") in finding["message"]  # where the batches come from
+    assert finding["details"]["forwards_compared"] == run.steps
+    _assert_failed(run, "no_distributed_sampler")
+
+
+def test_sampler_iterated_again_without_set_epoch(doctor):
+    run = doctor["epoch_not_set"]
+    finding = run.only("sampler_epoch_not_set", "warning")
+    assert finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": run.line("loop"), "1": run.line("loop")}, run.explain()
+    assert finding["details"] == {"epoch": 0}
+    _assert_warned(run, "sampler_epoch_not_set")
+
+
+def test_uneven_batches_per_rank(doctor):
+    run = doctor["uneven_shards"]
+    finding = run.only("uneven_batches", "error")
+    assert finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": run.line("loop"), "1": run.line("loop")}, run.explain()
+    assert finding["details"] == {"batches": {"0": 5, "1": 4}}
+    assert "rank 0: 5 batches (80 samples), rank 1: 4 batches (64 samples)" in finding["message"]
+    assert "hang at the end of the epoch" in finding["message"]
+    _assert_failed(run, "uneven_batches")
+
+
+def test_accumulation_without_no_sync(doctor):
+    run = doctor["accumulation_no_sync"]
+    finding = run.only("accumulation_without_no_sync", "warning")
+    assert finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": run.line("backward"), "1": run.line("backward")}, run.explain()
+    assert finding["details"] == {"syncs_per_step": {"0": 4.0, "1": 4.0}}
+    assert "4× the needed gradient traffic" in finding["message"]
+    assert "no_sync()" in finding["suggestion"]
+    _assert_warned(run, "accumulation_without_no_sync")
+
+
+def test_rank_local_parameter_update(doctor):
+    run = doctor["rank_local_update"]
+    finding = run.only("parameters_diverged", "error")
+    assert finding["ranks"] == [0, 1] and finding["step"] == run.steps
+    assert finding["details"] == {"parameters": ["0.weight"]}, run.explain()
+    assert finding["locations"] == {"0": run.line("ddp"), "1": run.line("ddp")}
+    _assert_failed(run, "parameters_diverged")
+
+
+def test_batchnorm_buffers_without_buffer_sync(doctor):
+    run = doctor["bn_buffers_unsynced"]
+    finding = run.only("buffers_diverged", "error")  # the parameters themselves stay equal
+    assert finding["ranks"] == [0, 1] and finding["step"] == run.steps
+    assert finding["details"] == {"buffers": ["1.running_mean", "1.running_var"]}, run.explain()
+    assert finding["locations"] == {"0": run.line("ddp"), "1": run.line("ddp")}
+    _assert_failed(run, "buffers_diverged")
+
+
+def test_find_unused_parameters_without_unused_parameters(doctor):
+    run = doctor["find_unused_all_used"]
+    finding = run.only("find_unused_parameters_unneeded", "warning")
+    assert finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": run.line("ddp"), "1": run.line("ddp")}, run.explain()
+    assert f"each of the {run.steps} synchronised backward passes" in finding["message"]
+    _assert_warned(run, "find_unused_parameters_unneeded")
+
+
+def test_nonfinite_gradients_are_reported_in_doctor_mode(doctor):
+    run = doctor["nan_on_rank1"]
+    finding = run.only("nonfinite_gradients", "warning")  # the NaN spread to both replicas alike
+    assert finding["ranks"] == [1] and finding["step"] == 4, run.explain()
+    assert finding["locations"] == {"1": run.line("backward")}
+
+
+def test_unused_parameters_are_reported_in_doctor_mode(doctor):
+    run = doctor["unused_parameter_find"]
+    finding = run.only("unused_parameters", "warning")  # so find_unused_parameters is needed: no other warning
+    assert finding["details"]["parameters"] == ["unused_head.weight", "unused_head.bias"], run.explain()
+
+
+# -- healthy scripts and how ranks end ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_scripts_get_no_findings(doctor, name):
+    run = doctor[name]
+    assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
+    assert run.findings() == [], run.explain()
+    assert "gradsync run: ok: 2 ranks finished" in run.output and "warning:" not in run.output, run.explain()
+
+
+def test_every_rank_stops_right_after_its_kth_optimizer_step(doctor):
+    for name in ("healthy_ddp", "no_sampler", "uneven_shards"):
+        run = doctor[name]
+        for rank in (0, 1):
+            assert run.exit_record(rank)["stopped_after_steps"] == run.steps, run.explain()
+            assert run.facts(rank)["steps"] == run.steps
+            assert run.diagnosis["ranks"][str(rank)].startswith(f"stopped after optimizer step {run.steps} (--doctor-steps)")
+
+
+def test_a_script_shorter_than_k_steps_is_checked_on_what_it_did(doctor):
+    run = doctor["healthy_accumulation"]
+    for rank in (0, 1):
+        facts = run.facts(rank)
+        assert facts["steps"] == 10 and facts["syncs_per_step"] == [1] * 10, facts
+        assert len(facts["forwards"]) == 40 and len(facts["models"]) == 1
+        assert "stopped_after_steps" not in run.exit_record(rank)
+        assert run.diagnosis["ranks"][str(rank)].startswith("finished its script")
+
+
+def test_bad_values_of_doctor_steps_are_refused_with_exit_code_2(tmp_path, capsys):
+    assert launcher.main(["--doctor-steps", "0", "--run-dir", str(tmp_path), "train.py"]) == 2
+    assert "--doctor-steps 0: give the number of optimizer steps to check" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exiting:
+        launcher.main(["--doctor-steps", "twenty", "--run-dir", str(tmp_path), "train.py"])
+    assert exiting.value.code == 2
+    assert "--doctor-steps: invalid int value: 'twenty'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="at least 1"):
+        RunOptions(run_dir=tmp_path, doctor_steps=-3)
+
+
+def test_doctor_steps_reach_the_workers_through_the_options_file(tmp_path):
+    assert RunOptions.load(RunOptions(run_dir=tmp_path, doctor_steps=7).save()).doctor_steps == 7
+    assert RunOptions.load(RunOptions(run_dir=tmp_path).save()).doctor_steps is None
+
+
+# -- fingerprints -------------------------------------------------------------------------------
+
+
+def test_fingerprints_tell_batches_apart_and_hashes_see_every_value():
+    batch = torch.arange(10_000, dtype=torch.float32).reshape(100, 100)
+    assert tensor_fingerprint(batch) == tensor_fingerprint(batch.clone())
+    assert tensor_fingerprint(batch) != tensor_fingerprint(batch + 1)
+    assert tensor_fingerprint(batch) != tensor_fingerprint(batch.double())
+    assert tensor_fingerprint(batch) != tensor_fingerprint(batch.reshape(10_000))
+    nudged = batch.clone()
+    nudged[0, 1] += 1  # not among the sampled values, but a hash reads them all
+    assert tensor_fingerprint(nudged) == tensor_fingerprint(batch)
+    assert tensor_hash(nudged) != tensor_hash(batch)
+    assert tensor_hash(torch.tensor(3)) != tensor_hash(torch.tensor(4))  # 0-dim (num_batches_tracked)
+
+
+def test_input_fingerprints_cover_nested_arguments():
+    x, mask = torch.randn(4, 3), torch.ones(4)
+    assert inputs_fingerprint((x,), {"mask": mask}) == inputs_fingerprint((x.clone(),), {"mask": mask.clone()})
+    assert inputs_fingerprint(({"x": x},), {}) != inputs_fingerprint(({"x": x + 1},), {})
+    assert inputs_fingerprint((3, "text"), {}) is None  # nothing to compare
+
+
+# -- the rules on hand-made facts ---------------------------------------------------------------
+
+
+def _facts(**overrides) -> dict:
+    facts = {
+        "doctor_steps": 4,
+        "steps": 4,
+        "syncs_per_step": [1, 1, 1, 1],
+        "backward_site": "train.py:30",
+        "forwards": [],
+        "loaders": [],
+        "sampler_passes": [],
+        "models": [],
+    }
+    return {**facts, **overrides}
+
+
+def _forward(fingerprint: int | None) -> dict:
+    return {"fingerprint": fingerprint, "site": "train.py:28", "loader": None}
+
+
+def _loader(batches: int, **overrides) -> dict:
+    loader = {"key": "train.py:27#0", "site": "train.py:27", "batches": batches, "samples": None, "sampler": 0,
+              "feeds_training": True, "under_join": False}
+    return {**loader, **overrides}
+
+
+def _model(parameters: dict, buffers: dict | None = None, **overrides) -> dict:
+    model = {"site": "train.py:20", "find_unused_parameters": False, "usage_checked_passes": 0, "incomplete_passes": 0,
+             "buffers_synced": True, "parameters": parameters, "buffers": buffers or {}}
+    return {**model, **overrides}
+
+
+def _categories(checks: dict[int, dict]) -> list[str]:
+    return [finding.category for finding in script_check_findings(checks)]
+
+
+def test_identical_inputs_count_only_when_every_compared_forward_agrees():
+    same = [_forward(1), _forward(2)]
+    assert _categories({0: _facts(forwards=same), 1: _facts(forwards=same)}) == ["no_distributed_sampler"]
+    assert _categories({0: _facts(forwards=same), 1: _facts(forwards=[_forward(1), _forward(3)])}) == []
+    # Forwards without comparable tensors are left out; with none left there is nothing to say.
+    assert _categories({0: _facts(forwards=[_forward(None)]), 1: _facts(forwards=[_forward(None)])}) == []
+    assert _categories({0: _facts(forwards=same)}) == []  # one rank: nothing to compare with
+
+
+def test_uneven_loaders_count_only_when_they_feed_training_outside_join():
+    assert _categories({0: _facts(loaders=[_loader(5)]), 1: _facts(loaders=[_loader(4)])}) == ["uneven_batches"]
+    assert _categories({0: _facts(loaders=[_loader(5)]), 1: _facts(loaders=[_loader(5)])}) == []
+    evaluation = {0: _facts(loaders=[_loader(5, feeds_training=False)]), 1: _facts(loaders=[_loader(4, feeds_training=False)])}
+    assert _categories(evaluation) == []  # uneven evaluation runs no collective per batch
+    joined = {0: _facts(loaders=[_loader(5, under_join=True)]), 1: _facts(loaders=[_loader(4, under_join=True)])}
+    assert _categories(joined) == []
+    three = {0: _facts(loaders=[_loader(5)]), 1: _facts(loaders=[_loader(5)]), 2: _facts(loaders=[_loader(4)])}
+    assert [f.ranks for f in script_check_findings(three)] == [[2]]
+
+
+def test_a_repeated_epoch_counts_only_for_a_shuffling_sampler_that_feeds_training():
+    passes = [{"sampler": 0, "epoch": 0, "shuffle": True, "site": "train.py:27"}] * 2
+    assert _categories({0: _facts(sampler_passes=passes, loaders=[_loader(4)])}) == ["sampler_epoch_not_set"]
+    assert _categories({0: _facts(sampler_passes=passes)}) == ["sampler_epoch_not_set"]  # no DataLoader seen
+    assert _categories({0: _facts(sampler_passes=passes, loaders=[_loader(4, feeds_training=False)])}) == []
+    unshuffled = [{**p, "shuffle": False} for p in passes]
+    assert _categories({0: _facts(sampler_passes=unshuffled, loaders=[_loader(4)])}) == []
+    set_epoch = [passes[0], {**passes[0], "epoch": 1}, {**passes[0], "epoch": 2}]
+    assert _categories({0: _facts(sampler_passes=set_epoch, loaders=[_loader(4)])}) == []
+
+
+def test_accumulation_is_judged_on_the_typical_step():
+    assert _categories({0: _facts(syncs_per_step=[4, 4, 4])}) == ["accumulation_without_no_sync"]
+    # A GradScaler that skipped a step leaves one step with two synchronised passes: not accumulation.
+    assert _categories({0: _facts(syncs_per_step=[1, 2, 1, 1])}) == []
+    # Two optimizers stepping after one backward: half a pass per step.
+    assert _categories({0: _facts(syncs_per_step=[1, 0, 1, 0])}) == []
+
+
+def test_replicas_are_compared_only_at_the_same_step_and_name_the_odd_rank():
+    equal, other = {"w": 1, "b": 2}, {"w": 1, "b": 3}
+    three = {0: _facts(models=[_model(equal)]), 1: _facts(models=[_model(equal)]), 2: _facts(models=[_model(other)])}
+    (finding,) = script_check_findings(three)
+    assert (finding.category, finding.ranks, finding.details) == ("parameters_diverged", [2], {"parameters": ["b"]})
+    assert "on rank 2 from the other ranks'" in finding.message
+    different_steps = {0: _facts(models=[_model(equal)]), 1: _facts(steps=3, models=[_model(other)])}
+    assert _categories(different_steps) == []
+
+
+def test_buffers_count_only_when_ddp_does_not_sync_them():
+    synced = {0: _facts(models=[_model({}, {"bn.running_mean": 1})]), 1: _facts(models=[_model({}, {"bn.running_mean": 2})])}
+    assert _categories(synced) == []  # the next forward starts from rank 0's buffers
+    unsynced = {r: _facts(models=[_model({}, {"bn.running_mean": r}, buffers_synced=False)]) for r in (0, 1)}
+    assert _categories(unsynced) == ["buffers_diverged"]
+
+
+def test_find_unused_parameters_is_needed_when_a_pass_missed_a_gradient():
+    def checks(incomplete: int) -> dict:
+        model = _model({}, find_unused_parameters=True, usage_checked_passes=4, incomplete_passes=incomplete)
+        return {0: _facts(models=[model]), 1: _facts(models=[model])}
+
+    assert _categories(checks(0)) == ["find_unused_parameters_unneeded"]
+    assert _categories(checks(1)) == []
+
+
+def test_findings_must_use_the_vocabulary():
+    with pytest.raises(ValueError, match="not in analysis.CATEGORIES"):
+        Finding("no_such_category", "error", [0], "message", "suggestion")
+    with pytest.raises(ValueError, match="not in analysis.CATEGORIES"):
+        Finding("uneven_batches", "warning", [0], "message", "suggestion")
