@@ -15,8 +15,7 @@ import pytest
 
 from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
 from gradsync.distributed import free_port
-from tests.checkpoint.train_script import train
-from tests.harness import REPO_ROOT, launch
+from tests.harness import REPO_ROOT
 
 
 def _launcher(cluster: SimulatedCluster, host: int, port: int, tmp_path: Path, restarts: int):
@@ -30,7 +29,7 @@ def _launcher(cluster: SimulatedCluster, host: int, port: int, tmp_path: Path, r
         "--local-addr", addresses[host], "--rdzv-conf", f"is_host={'true' if host == 0 else 'false'}",
         "--run-dir", str(tmp_path / f"run-host{host}"), "--stall-timeout", "20",
         "tests/checkpoint/train_script.py", "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--out", str(tmp_path / "out"), "--step-delay", "0.3",
+        "--out", str(tmp_path / "out"), "--step-delay", "0.2",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     with open(tmp_path / f"host{host}-{time.monotonic_ns()}.log", "w") as log:
@@ -46,8 +45,8 @@ def _wait(predicate, timeout: float, what: str) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_a_host_dies_and_comes_back_and_the_job_ends_bitwise_equal(needs_cluster, tmp_path):
-    reference = launch(train, 2, checkpoint_dir=None)[0]["sha256"]
+def test_a_host_dies_and_comes_back_and_the_job_ends_bitwise_equal(needs_cluster, tmp_path, uninterrupted):
+    reference = uninterrupted["sha256"]
     port = free_port()
     with SimulatedCluster(ClusterSpec(hosts=2, link="1gbit")) as cluster:
         host0 = _launcher(cluster, 0, port, tmp_path, restarts=2)

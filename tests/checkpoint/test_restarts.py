@@ -19,16 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoint.train_script import train
-from tests.harness import REPO_ROOT, launch
+from tests.harness import REPO_ROOT
 
 SCRIPT = "tests/checkpoint/train_script.py"
 
 
-@pytest.fixture(scope="module")
-def reference_sha() -> str:
-    """The parameters of the same training on 2 ranks, never interrupted."""
-    return launch(train, 2, checkpoint_dir=None)[0]["sha256"]
+@pytest.fixture
+def reference_sha(uninterrupted) -> str:
+    return uninterrupted["sha256"]
 
 
 def _command(tmp_path: Path, *gradsync_options: str, script_options: tuple[str, ...] = ()) -> list[str]:

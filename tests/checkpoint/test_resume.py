@@ -13,12 +13,6 @@ from tests.checkpoint.train_script import SAMPLES, train, train_expecting_error
 from tests.harness import launch
 
 
-@pytest.fixture(scope="module")
-def uninterrupted() -> dict:
-    """The reference: the same training on 2 ranks, never stopped, never checkpointed."""
-    return launch(train, 2, checkpoint_dir=None)[0]
-
-
 def _steps(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir())
 
