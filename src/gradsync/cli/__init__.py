@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gradsync.cli import bench, demo
+from gradsync.cli import bench, demo, doctor
 from gradsync.run import launcher
 
 
@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.add_parser(commands)
     bench.add_parser(commands)
+    doctor.add_parser(commands)
     commands.add_parser(
         "run",
         add_help=False,

@@ -1,0 +1,179 @@
+"""`gradsync doctor`: check the environment before a distributed job.
+
+Alone (`gradsync doctor`) it checks this process's view of the machine. With launcher options
+(`--nproc-per-node N`, and for several hosts torchrun's `--nnodes --node-rank --master-addr
+--master-port` or `--rdzv-*`) it starts its workers through torch.distributed.run, like every
+gradsync launch, and also compares the ranks and measures the network between them. Exit code:
+0 when every line is ok or a warning, 1 when one is a problem, 2 for bad options.
+
+`gradsync doctor --steps K SCRIPT [ARGS]` checks a training script instead: it runs it under
+`gradsync run --doctor-steps K` (see gradsync.run.script_check) and reports like gradsync run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from gradsync.cli.launch import launch_module_with
+from gradsync.doctor import worker
+from gradsync.doctor.checks import worst
+from gradsync.errors import ConfigError, GradsyncError
+
+WORKER_MODULE = "gradsync.doctor.worker"
+DEFAULT_STEPS = 20
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """torchrun's options that `gradsync doctor` takes (None: not given)."""
+
+    nproc_per_node: int | None = None
+    nnodes: str | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_conf: str | None = None
+    local_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node {self.nproc_per_node}: start at least 1 worker per host")
+        if self.nnodes is not None:
+            match = re.fullmatch(r"(\d+)(?::(\d+))?", self.nnodes)
+            if match is None or int(match[1]) < 1 or (match[2] is not None and int(match[2]) < int(match[1])):
+                raise ConfigError(f"--nnodes {self.nnodes!r}: give a host count (2) or a range MIN:MAX (1:4)")
+        if self.node_rank is not None:
+            if self.node_rank < 0:
+                raise ConfigError(f"--node-rank {self.node_rank}: node ranks start at 0")
+            if self.nnodes is not None and ":" not in self.nnodes and self.node_rank >= int(self.nnodes):
+                raise ConfigError(f"--node-rank {self.node_rank}: with --nnodes {self.nnodes} use 0 to {int(self.nnodes) - 1}")
+        if self.master_port is not None and not 1 <= self.master_port <= 65535:
+            raise ConfigError(f"--master-port {self.master_port}: use a TCP port between 1 and 65535")
+        if self.rdzv_backend is not None and self.rdzv_backend not in RDZV_BACKENDS:
+            raise ConfigError(f"--rdzv-backend {self.rdzv_backend!r}: use one of {', '.join(RDZV_BACKENDS)}")
+        if self.several_hosts:
+            if self.master_addr is None and self.rdzv_endpoint is None:
+                raise ConfigError(
+                    f"--nnodes {self.nnodes} needs a meeting point: --master-addr <node 0's address> on every host "
+                    "(static rendezvous), or --rdzv-backend c10d --rdzv-endpoint <host:port>"
+                )
+            if self.rdzv_backend in (None, "static") and self.node_rank is None:
+                raise ConfigError(f"--nnodes {self.nnodes} with static rendezvous: give each host its --node-rank (0 on the master's host)")
+
+    @property
+    def several_hosts(self) -> bool:
+        return self.nnodes is not None and self.nnodes.split(":")[-1] != "1"
+
+    @property
+    def launched(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+    def torchrun_options(self) -> list[str]:
+        """The rendezvous options torchrun gets (`--standalone` for one host without a meeting point)."""
+        if not self.several_hosts and self.master_addr is None and self.rdzv_endpoint is None and self.rdzv_backend is None:
+            return ["--standalone"]
+        argv = ["--nnodes", self.nnodes or "1"]
+        for name in ("node_rank", "master_addr", "master_port", "rdzv_backend", "rdzv_endpoint", "rdzv_id",
+                     "rdzv_conf", "local_addr"):
+            value = getattr(self, name)
+            if value is not None:
+                argv += [f"--{name.replace('_', '-')}", str(value)]
+        return argv
+
+
+def _count(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "doctor",
+        help="check versions, GPUs, NCCL/Gloo variables, network, /dev/shm, file limits and disk before a job",
+        description=__doc__.split("\n\n")[0] + " " + " ".join(__doc__.split("\n\n")[1].split()),
+    )
+    worker.add_arguments(parser)
+    launch = parser.add_argument_group("launcher (torchrun's options; without them the doctor checks this process only)")
+    launch.add_argument("--nproc-per-node", type=_count, default=None, metavar="N", help="worker processes per host")
+    launch.add_argument("--nnodes", default=None, metavar="N|MIN:MAX", help="hosts in the job")
+    launch.add_argument("--node-rank", type=_count, default=None, metavar="R", help="this host's rank (static rendezvous)")
+    launch.add_argument("--master-addr", default=None, metavar="ADDR", help="node 0's address (static rendezvous)")
+    launch.add_argument("--master-port", type=_count, default=None, metavar="PORT", help="node 0's port (default 29500)")
+    launch.add_argument("--rdzv-backend", default=None, metavar="NAME", help=f"one of {', '.join(RDZV_BACKENDS)}")
+    launch.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
+    launch.add_argument("--rdzv-id", default=None, metavar="ID")
+    launch.add_argument("--rdzv-conf", default=None, metavar="K=V,...")
+    launch.add_argument("--local-addr", default=None, metavar="ADDR", help="this host's address, where the hostname does not resolve")
+    script = parser.add_argument_group("script check (instead of the environment checks)")
+    script.add_argument("--steps", type=_count, default=DEFAULT_STEPS, metavar="K",
+                        help=f"optimizer steps to run SCRIPT for (default {DEFAULT_STEPS})")
+    script.add_argument("--run-dir", default=None, metavar="DIR", help="where diagnosis.json goes (default gradsync_runs/<time>)")
+    script.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
+                        help="your unmodified training script: run under `gradsync run --doctor-steps K` and checked "
+                             "for the silent mistakes (same sampler on every rank, uneven batches, diverged replicas, ...)")
+    script.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
+    parser.set_defaults(run=run)
+
+
+def launch_options(args: argparse.Namespace) -> LaunchOptions:
+    return LaunchOptions(**{f.name: getattr(args, f.name) for f in fields(LaunchOptions)})
+
+
+def check_script(args: argparse.Namespace, launch: LaunchOptions) -> int:
+    """`gradsync doctor --steps K SCRIPT`: the script under `gradsync run --doctor-steps K`, with its
+    findings in the same diagnosis.json and terminal layout as every gradsync run."""
+    from gradsync.run import launcher
+
+    if args.steps < 1:
+        print(f"gradsync doctor: --steps {args.steps}: run the script for at least 1 optimizer step", file=sys.stderr)
+        return 2
+    argv = ["--doctor-steps", str(args.steps), *launch.torchrun_options(), "--nproc-per-node", str(launch.nproc_per_node or 1)]
+    if args.run_dir is not None:
+        argv += ["--run-dir", args.run_dir]
+    return launcher.main([*argv, args.script, *args.script_args])
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.time()
+    try:
+        options = worker.WorkerOptions(json=args.json, checkpoint_dir=args.checkpoint_dir, shm_path=args.shm_path,
+                                       started_at=started)
+        launch = launch_options(args)
+    except ConfigError as error:
+        print(f"gradsync doctor: {error}", file=sys.stderr)
+        return 2
+    if args.script is not None:
+        return check_script(args, launch)
+    if args.steps != DEFAULT_STEPS or args.run_dir is not None:
+        print("gradsync doctor: --steps and --run-dir belong to the script check: add the SCRIPT to run", file=sys.stderr)
+        return 2
+    if not launch.launched:
+        try:
+            return worker.run(options, alone=True)
+        except GradsyncError as error:
+            print(f"gradsync doctor: {error}", file=sys.stderr)
+            return 2
+    worker_args = ["--checkpoint-dir", options.checkpoint_dir, "--shm-path", options.shm_path, "--started-at", str(started)]
+    if options.json:
+        worker_args.append("--json")
+    with tempfile.TemporaryDirectory(prefix="gradsync-doctor-") as results:
+        code = launch_module_with(launch.torchrun_options(), WORKER_MODULE, [*worker_args, "--result-dir", results],
+                                  launch.nproc_per_node or 1)
+        statuses = [json.loads(path.read_text())["status"] for path in Path(results).glob("rank*.json")]
+    if not statuses:
+        print("gradsync doctor: no worker finished its report; their output is above", file=sys.stderr)
+        return 1
+    return 1 if code != 0 or worst(statuses) == "problem" else 0
