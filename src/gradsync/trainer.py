@@ -27,18 +27,15 @@ import re
 from collections import defaultdict
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
 from gradsync.accumulation import Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
-from gradsync.checkpoint import Checkpointer, Loaded, RunState
-from gradsync.checkpoint.checkpointer import model_state
 from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
 from gradsync.comm.compression import CompressionHook, make_hook
 from gradsync.config import TrainerConfig
@@ -52,6 +49,9 @@ from gradsync.rundir import fresh_run_dir
 from gradsync.precision import MixedPrecision, check_precision_supported
 from gradsync.run import faults
 from gradsync.seeding import rank_seed, rng_state, seed_everything, set_rng_state
+
+if TYPE_CHECKING:
+    from gradsync.checkpoint.checkpointer import Checkpointer, Loaded, RunState
 
 # Beyond this many, skipped steps are only counted (metrics, summary), not logged one by one.
 _SKIPS_LOGGED = 10
@@ -86,8 +86,13 @@ class Trainer:
             logger=self.logger,
         )
         faults.claim_steps()  # --inject-fault counts optimizer steps, not backward passes
-        self.checkpointer = (
-            Checkpointer(
+        self.checkpointer: Checkpointer | None = None
+        if config.checkpoint.enabled:
+            # Imported here: torch.distributed.checkpoint takes ~0.8 s to import, which only runs
+            # that checkpoint should pay.
+            from gradsync.checkpoint.checkpointer import Checkpointer
+
+            self.checkpointer = Checkpointer(
                 config.checkpoint,
                 rank=self.rank,
                 world_size=self.world_size,
@@ -97,9 +102,6 @@ class Trainer:
                 warn=self.logger.warning,
                 description=config.describe(),
             )
-            if config.checkpoint.enabled
-            else None
-        )
         self._tracked: dict[str, Any] = {}  # the user's objects saved with each checkpoint
         self._resumed: Loaded | None = None  # what a resume loaded, for parts attached later
         self._first_epoch = 0  # where the next epochs() loop starts (a resumed run's epoch)
@@ -377,6 +379,10 @@ class Trainer:
         `epoch_done`: taken after an epoch's own end-of-epoch code (evaluation) ran, so a resumed
         run starts with the next epoch instead of running that code again.
         """
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        from gradsync.checkpoint.checkpointer import model_state
+
         assert self.model is not None and self.optimizer is not None and self.loader is not None
         loader_state = self.loader.state_dict()
         if epoch_done:
@@ -398,6 +404,10 @@ class Trainer:
 
     def _resume(self) -> None:
         """Load the checkpoint `checkpoint.resume` names, if any, into every part of the run."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        from gradsync.checkpoint.checkpointer import model_state
+
         assert self.checkpointer is not None and self.model is not None and self.loader is not None
         loaded = self.checkpointer.find_and_load(model_state(self.model))
         if loaded is None:

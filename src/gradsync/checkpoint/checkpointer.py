@@ -22,7 +22,6 @@ save, writes it, commits it, and finds and checks the checkpoint to resume from:
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import signal
 import threading
@@ -404,15 +403,6 @@ def model_state(model: nn.Module, shared: dict[str, Any] | None = None, own: dic
         shared=shared or {},
         own=own or {},
     )
-
-
-def parameters_sha256(model: nn.Module) -> str:
-    """One hash of every parameter and buffer, by name: equal hashes mean bitwise-equal models."""
-    sha = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        sha.update(name.encode())
-        sha.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return sha.hexdigest()
 
 
 def _version() -> str:
