@@ -188,8 +188,9 @@ class Checkpointer:
         if self.rank == 0:
             # A folder of the same step from an earlier run (resume=None) is replaced, never
             # mixed with this one; ranks write only after DCP's first collective, after this.
+            # Another rank's writer may create the folder meanwhile (seen in CI): exist_ok.
             shutil.rmtree(path, ignore_errors=True)
-            path.mkdir(parents=True)
+            path.mkdir(parents=True, exist_ok=True)
         manifest = {
             "gradsync_version": _version(),
             "step": step,
