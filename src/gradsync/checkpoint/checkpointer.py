@@ -192,7 +192,7 @@ class Checkpointer:
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True, exist_ok=True)
         manifest = {
-            "gradsync_version": _version(),
+            "gradsync_version": store.gradsync_version(),
             "step": step,
             "world_size": self.world_size,
             "time": time.time(),
@@ -404,9 +404,3 @@ def model_state(model: nn.Module, shared: dict[str, Any] | None = None, own: dic
         shared=shared or {},
         own=own or {},
     )
-
-
-def _version() -> str:
-    from gradsync import __version__
-
-    return __version__

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +108,7 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if manifest["format"] > FORMAT_VERSION:
         raise NewerFormatError(
             f"{directory} was written in checkpoint format {manifest['format']} by gradsync "
-            f"{manifest.get('gradsync_version', '?')}; this gradsync ({_version()}) reads format "
+            f"{manifest.get('gradsync_version', '?')}; this gradsync ({gradsync_version()}) reads format "
             f"{FORMAT_VERSION} and older. Upgrade gradsync to resume from it."
         )
     return manifest
@@ -151,16 +150,7 @@ def prune(root: Path, keep: int) -> list[Path]:
     return doomed
 
 
-def _version() -> str:
-    from gradsync import __version__
+def gradsync_version() -> str:
+    from gradsync import __version__  # at call time: gradsync's __init__ imports this package
 
     return __version__
-
-
-@dataclass(frozen=True)
-class Found:
-    """A committed, verified checkpoint chosen for resuming, and what was skipped to get to it."""
-
-    path: Path
-    manifest: dict[str, Any]
-    skipped: tuple[str, ...]
