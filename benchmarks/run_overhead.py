@@ -6,10 +6,11 @@ Two measurements, both ratios of median step times (2 processes, Gloo):
    alternating (ABBA order) for several rounds so that drift hits both alike. This includes
    everything (recorder, snapshot thread, the launcher's monitor) but between-launch noise on a
    small machine is several percent.
-2. in one job: the same processes alternate short blocks of steps on two identical models, one
-   built and trained with the recorder installed (ring file and snapshot thread included), one
-   without. Each back-to-back pair gives one ratio; the median of many pairs, with a
-   confidence interval, pins down the recorder's own cost far better than whole launches.
+2. in one job: the same processes alternate short blocks of steps with the recorder off, on
+   (ring file and snapshot thread included) and on under `--record-buckets`. Each back-to-back
+   round gives one ratio per recorded block; the median of many rounds, with a confidence
+   interval, pins down the recorder's own cost far better than whole launches (see
+   `in_process_worker` for how model-to-model differences are cancelled).
 
 Run with `make bench-run-overhead` or `python benchmarks/run_overhead.py [--rounds 4]`.
 """
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gradsync.distributed import end_process
 
 
 def build_model(width: int):
@@ -74,10 +77,20 @@ def worker(args: argparse.Namespace) -> None:
     median = slowest_rank_median(timed_steps(model, optimizer, x, y, args.steps))
     if dist.get_rank() == 0:
         Path(args.result).write_text(json.dumps({"median_step_s": median}))
-    dist.destroy_process_group()
+    dist.barrier()
+    end_process(0)  # not destroy_process_group() with DDP models alive: see gradsync.distributed
 
 
 def in_process_worker(args: argparse.Namespace) -> None:
+    """Blocks of steps on three models in one job: plain, recorded, and recorded per bucket.
+
+    Two identical DDP models differ by a few percent in speed here even with nothing recorded
+    (measured 3%: memory placement), as much as the recorder costs. So the default recorder is
+    measured on two models that swap roles every round, one recorded while the other runs plain
+    DDP (between rounds the recorder is uninstalled, and a model on DDP's C++ path is then plain).
+    `--record-buckets` registers a comm hook for good, so its model is compared with whichever
+    runs plain: that ratio carries the instance difference, within its wider interval.
+    """
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -93,39 +106,50 @@ def in_process_worker(args: argparse.Namespace) -> None:
     recorder = CollectiveRecorder(options.ring_size)
     recorder.sink = RingWriter(ring_path(options.run_dir, 0, rank), options.ring_size)
     identity = {"rank": rank, "attempt": 0, "pid": 0}
-    plain = DistributedDataParallel(build_model(args.width))
-    uninstall = install(recorder)
-    recorded = DistributedDataParallel(build_model(args.width))
-    uninstall()
-    models = {name: (m, torch.optim.SGD(m.parameters(), lr=0.01)) for name, m in (("plain", plain), ("recorded", recorded))}
-    generator = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(args.batch_size, 256, generator=generator), torch.randint(0, 10, (args.batch_size,), generator=generator)
+    x_generator = torch.Generator().manual_seed(rank)
+    x = torch.randn(args.batch_size, 256, generator=x_generator)
+    y = torch.randint(0, 10, (args.batch_size,), generator=x_generator)
+    models = {}
+    for name, record_buckets in (("a", False), ("b", False), ("buckets", True)):
+        uninstall = install(recorder, record_buckets=record_buckets)
+        models[name] = DistributedDataParallel(build_model(args.width))
+        optimizer = torch.optim.SGD(models[name].parameters(), lr=0.01)
+        models[name] = (models[name], optimizer)
+        timed_steps(*models[name], x, y, 2)  # the first forward fixes how the model reduces
+        uninstall()
 
-    def block(name: str) -> float:
-        model, optimizer = models[name]
-        if name == "plain":
-            return statistics.median(timed_steps(model, optimizer, x, y, args.steps_per_block))
-        uninstall = install(recorder)
+    def block(name: str, recorded: bool) -> float:
+        if not recorded:
+            return statistics.median(timed_steps(*models[name], x, y, args.steps_per_block))
+        uninstall = install(recorder, record_buckets=name == "buckets")
         writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
         writer.start()
-        median = statistics.median(timed_steps(model, optimizer, x, y, args.steps_per_block))
+        median = statistics.median(timed_steps(*models[name], x, y, args.steps_per_block))
         writer.stopped.set()
         uninstall()
         return median
 
-    block("plain"), block("recorded")  # warm-up
-    ratios, plain_medians = [], []
-    for pair in range(args.pairs):
-        order = ("plain", "recorded") if pair % 2 == 0 else ("recorded", "plain")
-        medians = {name: block(name) for name in order}
-        plain_medians.append(medians["plain"])
-        # A pair's two blocks run back to back, so slow drift of the machine cancels in their ratio.
-        ratio = torch.tensor([medians["recorded"] / medians["plain"]])
-        dist.all_reduce(ratio, op=dist.ReduceOp.MAX)  # the job runs at its slowest rank's pace
-        ratios.append(ratio.item())
+    for name in models:
+        block(name, recorded=False), block(name, recorded=True)  # warm-up
+    ratios: dict[str, list[float]] = {"recorded": [], "record_buckets": []}
+    plain_medians = []
+    for round_ in range(args.rounds_in_job):
+        plain, recorded = ("a", "b") if round_ % 2 == 0 else ("b", "a")
+        blocks = [("plain", plain, False), ("recorded", recorded, True), ("record_buckets", "buckets", True)]
+        shift = (round_ // 2) % len(blocks)  # rotate who goes first
+        medians = {arm: block(name, on) for arm, name, on in blocks[shift:] + blocks[:shift]}
+        # The job runs at its slowest rank's pace. Each arm's slowest median, then the ratio: the
+        # larger of two ranks' noisy ratios would be biased upwards (3% here, nothing recorded).
+        slowest = torch.tensor([medians["plain"]] + [medians[arm] for arm in ratios])
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        plain_medians.append(slowest[0].item())
+        # A round's blocks run back to back, so slow drift of the machine cancels in their ratios.
+        for arm, median in zip(ratios, slowest[1:].tolist()):
+            ratios[arm].append(median / slowest[0].item())
     if rank == 0:
         Path(args.result).write_text(json.dumps({"ratios": ratios, "plain_step_s": statistics.median(plain_medians)}))
-    dist.destroy_process_group()
+    dist.barrier()
+    end_process(0)  # not destroy_process_group() with DDP models alive: see gradsync.distributed
 
 
 def median_with_interval(values: list[float]) -> tuple[float, float, float]:
@@ -155,8 +179,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="ABBA rounds of whole launches (0 skips them)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--pairs", type=int, default=60, help="pairs of blocks (recorder off/on) in the one-job measurement")
-    parser.add_argument("--steps-per-block", type=int, default=10)
+    parser.add_argument("--rounds-in-job", type=int, default=200, help="rounds of blocks (recorder off, on, on with buckets) in the one-job measurement")
+    parser.add_argument("--steps-per-block", type=int, default=20)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -188,14 +212,17 @@ def main() -> None:
         result = Path(scratch) / "in_process.json"
         subprocess.run(
             [*torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--in-process-worker", "--result", str(result),
-             "--pairs", str(args.pairs), "--steps-per-block", str(args.steps_per_block), "--width", str(args.width),
+             "--rounds-in-job", str(args.rounds_in_job), "--steps-per-block", str(args.steps_per_block), "--width", str(args.width),
              "--batch-size", str(args.batch_size)],
             check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         in_job = json.loads(result.read_text())
-    median, low, high = median_with_interval(in_job["ratios"])
-    print(f"in one job: recorder on / off = {median:.3f} (95% interval {low:.3f}-{high:.3f}; {args.pairs} pairs of "
-          f"{args.steps_per_block}-step blocks; plain step {in_job['plain_step_s'] * 1e3:.2f} ms)")
+    print(f"in one job ({args.rounds_in_job} rounds of {args.steps_per_block}-step blocks; plain step "
+          f"{in_job['plain_step_s'] * 1e3:.2f} ms):")
+    for name, ratios in in_job["ratios"].items():
+        median, low, high = median_with_interval(ratios)
+        label = "recorder (default) / off" if name == "recorded" else "recorder --record-buckets / off"
+        print(f"  {label} = {median:.3f} (95% interval {low:.3f}-{high:.3f})")
 
 
 if __name__ == "__main__":

@@ -129,3 +129,36 @@ def test_straggler_tracker_names_the_late_rank_and_ignores_noise():
     quiet = StragglerTracker(ratio=0.2, min_s=0.05)
     quiet.observe({r: {"records": [record(s, entered=s + 0.002 * r) for s in range(1, 31)]} for r in (0, 1)})
     assert quiet.findings() == []
+
+
+def _with_nonfinite(v, step, source, parameters=()):
+    v.snapshot["first_nonfinite"] = {"step": step, "source": source, "parameters": list(parameters), "site": "train.py:30"}
+    v.snapshot["exit"] = {"status": "returned"}
+    return v
+
+
+def _nonfinite(views):
+    return [f for f in diagnose(views, trigger="exit", now=20.0)["findings"] if f["category"] == "nonfinite_gradients"]
+
+
+def test_a_nonfinite_loss_on_one_rank_names_that_rank_and_pass():
+    views = {0: _with_nonfinite(view(0, [record(1)], exit={"status": "returned"}), 5, "loss"),
+             1: _with_nonfinite(view(1, [record(1)], exit={"status": "returned"}), 4, "loss")}
+    (finding,) = _nonfinite(views)
+    assert finding["ranks"] == [1] and finding["step"] == 4 and finding["details"]["source"] == "loss"
+    assert "Rank 1 backpropagated a non-finite" in finding["message"] and "--record-buckets" not in finding["suggestion"]
+
+
+def test_every_rank_going_nonfinite_at_once_points_to_record_buckets():
+    views = {r: _with_nonfinite(view(r, [record(1)], exit={"status": "returned"}), 6, "loss") for r in (0, 1)}
+    (finding,) = _nonfinite(views)
+    assert finding["ranks"] == [0, 1] and finding["step"] == 6
+    assert "pass before" in finding["message"] and "--record-buckets" in finding["suggestion"]
+
+
+def test_nonfinite_gradients_seen_per_bucket_name_the_parameters():
+    views = {0: _with_nonfinite(view(0, [record(1)], exit={"status": "returned"}), 3, "gradients", ["head.weight"]),
+             1: view(1, [record(1)], exit={"status": "returned"})}
+    (finding,) = _nonfinite(views)
+    assert finding["ranks"] == [0] and finding["details"] == {"parameters": ["head.weight"], "source": "gradients"}
+    assert "parameters: head.weight" in finding["message"]

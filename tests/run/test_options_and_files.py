@@ -51,8 +51,9 @@ def test_user_frames_skip_torch_gradsync_and_the_standard_library():
 
 class _Record:
     def __init__(self, index, signature="float32[4]"):
-        for name in files.RECORD_FIELDS:
+        for name in (*files.RECORD_FIELDS, "ring_prefix"):
             setattr(self, name, None)
+        self.entered = 1764500000.25
         self.index, self.group, self.seq, self.op, self.signature, self.state = index, "default", index + 1, "all_reduce", signature, "entered"
 
 
@@ -66,6 +67,7 @@ def test_ring_file_keeps_the_last_records_and_survives_its_writer(tmp_path):
     records = files.read_ring(path)
     assert [r["index"] for r in records] == list(range(25, 41))
     assert records[-1]["signature"] == "x" * 200 and records[0]["state"] == "entered"
+    assert records[0]["entered"] == 1764500000.25 and records[0]["finished"] is None
     files.write_json(files.snapshot_path(tmp_path, 0, 0), {"rank": 0})
     snapshots, _ = files.read_attempt(tmp_path, 0)
     assert snapshots[0]["collectives"] == 41 and len(snapshots[0]["records"]) == 16

@@ -12,10 +12,10 @@ from gradsync.run.recorder import CollectiveRecorder, install
 from tests.harness import launch
 
 
-def _recorded(fn):
+def _recorded(fn, record_buckets=False):
     """Install a recorder, join a 2-rank group, run fn(rank), return the records as dicts."""
     recorder = CollectiveRecorder(ring_size=64)
-    uninstall = install(recorder)
+    uninstall = install(recorder, record_buckets=record_buckets)
     try:
         dist.init_process_group("gloo")
         fn(dist.get_rank(), recorder)
@@ -111,8 +111,12 @@ class Net(torch.nn.Module):
 def _ddp_training(rank, recorder, nan_rank=None, find_unused=False, hook=None):
     torch.manual_seed(0)
     model = DistributedDataParallel(Net(), find_unused_parameters=find_unused)
-    if hook is not None:
-        model.register_comm_hook(None, hook)
+    if hook == "python":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        model.register_comm_hook(None, allreduce_hook)
+    elif hook == "builtin":
+        model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(1, 5):
         x = torch.randn(4, 4)
@@ -125,24 +129,24 @@ def _ddp_training(rank, recorder, nan_rank=None, find_unused=False, hook=None):
     model.eval()
     with torch.no_grad():
         model(torch.randn(2, 4))
+    model.train()
+    with model.no_sync():  # an accumulation micro-step: no reduction, nothing recorded
+        model(torch.randn(4, 4)).pow(2).mean().backward()
 
 
-def record_ddp(nan_rank=None, find_unused=True, user_hook=False):
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    return _recorded(lambda rank, rec: _ddp_training(rank, rec, nan_rank, find_unused, allreduce_hook if user_hook else None))
+def record_ddp(nan_rank=None, find_unused=True, hook=None, record_buckets=False):
+    return _recorded(lambda rank, rec: _ddp_training(rank, rec, nan_rank, find_unused, hook), record_buckets)
 
 
-@pytest.mark.parametrize("user_hook", [False, True], ids=["default", "user_hook"])
-def test_ddp_buckets_buffer_broadcasts_nonfinite_and_unused(user_hook):
-    results = launch(record_ddp, 2, nan_rank=1, find_unused=True, user_hook=user_hook)
+def _assert_ddp_records(results, gradient_kind):
     line = next(i for i, text in enumerate(open(__file__), 1) if "# line: backward" in text)
-    for rank, result in enumerate(results):
+    for result in results:
         kinds = [r["kind"] for r in result["records"]]
         assert kinds[0].startswith("DDP construction")
-        buckets = [r for r in result["records"] if r["kind"].startswith("DDP gradient bucket")]
-        assert len(buckets) == 4 and all(r["site"].endswith(f"tests/run/test_recorder.py:{line}") for r in buckets)
-        assert all(r["state"] == "finished" for r in buckets)
+        reductions = [r for r in result["records"] if r["kind"].startswith("DDP gradient")]
+        assert {r["kind"] for r in reductions} == {gradient_kind}, kinds
+        assert len(reductions) == 4 and all(r["site"].endswith(f"tests/run/test_recorder.py:{line}") for r in reductions)
+        assert all(r["state"] == "finished" for r in reductions)
         broadcasts = [r["kind"] for r in result["records"] if r["kind"].startswith("DDP buffer")]
         assert broadcasts[:4] == ["DDP buffer broadcast (train, grad)"] * 4
         # The eval forward after training still broadcasts (DDP syncs before the forward after a
@@ -152,19 +156,37 @@ def test_ddp_buckets_buffer_broadcasts_nonfinite_and_unused(user_hook):
         assert result["unused"] == ["unused_head.weight", "unused_head.bias"]
     # The NaN started on rank 1 at pass 3; rank 0 only sees it one pass later, after averaging.
     assert results[1]["first_nonfinite"]["step"] == 3
-    assert set(results[1]["first_nonfinite"]["parameters"]) >= {"body.weight", "head.weight"}
     assert results[0]["first_nonfinite"]["step"] == 4
 
 
-def test_default_recording_hook_matches_plain_ddp_bitwise():
+@pytest.mark.parametrize("hook", [None, "builtin"], ids=["default", "builtin_hook"])
+def test_ddp_keeps_its_cpp_reduction_recorded_per_backward_pass(hook):
+    results = launch(record_ddp, 2, nan_rank=1, find_unused=True, hook=hook)
+    _assert_ddp_records(results, "DDP gradients of a backward pass")
+    assert results[1]["first_nonfinite"]["source"] == "loss"
+    # The signature compared across ranks: every gradient DDP reduces, unused ones included.
+    signatures = {r["signature"] for r in results[0]["records"] if r["kind"].startswith("DDP gradient")}
+    assert signatures == {f"float32[{sum(p.numel() for p in Net().parameters())}]"}
+
+
+@pytest.mark.parametrize("hook", [None, "python"], ids=["record_buckets", "user_hook"])
+def test_buckets_are_recorded_and_gradients_checked_through_a_comm_hook(hook):
+    results = launch(record_ddp, 2, nan_rank=1, find_unused=True, hook=hook, record_buckets=hook is None)
+    _assert_ddp_records(results, "DDP gradient bucket 0")
+    assert results[1]["first_nonfinite"]["source"] == "gradients"
+    assert set(results[1]["first_nonfinite"]["parameters"]) >= {"body.weight", "head.weight"}
+
+
+def test_recorded_training_matches_plain_ddp_bitwise():
     plain = launch(train_and_return_parameters, 2, recorded=False)
-    recorded = launch(train_and_return_parameters, 2, recorded=True)
-    assert plain == recorded
+    assert launch(train_and_return_parameters, 2, recorded=True) == plain
+    # gradsync's replacement of DDP's default reduction by a Python hook must not change a bit
+    assert launch(train_and_return_parameters, 2, recorded=True, record_buckets=True) == plain
 
 
-def train_and_return_parameters(recorded):
+def train_and_return_parameters(recorded, record_buckets=False):
     recorder = CollectiveRecorder()
-    uninstall = install(recorder) if recorded else (lambda: None)
+    uninstall = install(recorder, record_buckets=record_buckets) if recorded else (lambda: None)
     try:
         dist.init_process_group("gloo")
         torch.manual_seed(1)
@@ -185,11 +207,14 @@ def train_and_return_parameters(recorded):
 
 
 def test_uninstall_restores_torch():
-    originals = (dist.all_reduce, DistributedDataParallel.forward, DistributedDataParallel.__init__)
+    def current():
+        return (dist.all_reduce, DistributedDataParallel.forward, DistributedDataParallel.__init__, torch.autograd.backward)
+
+    originals = current()
     uninstall = install(CollectiveRecorder())
-    assert dist.all_reduce is not originals[0]
+    assert all(now is not before for now, before in zip(current(), originals))
     uninstall()
-    assert (dist.all_reduce, DistributedDataParallel.forward, DistributedDataParallel.__init__) == originals
+    assert current() == originals
 
 
 def test_recording_costs_microseconds():

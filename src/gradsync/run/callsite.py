@@ -68,8 +68,18 @@ def user_frame(frame: types.FrameType | None) -> types.FrameType | None:
     return None
 
 
+_locations: dict[tuple[types.CodeType, int], str] = {}
+
+
 def location(frame: types.FrameType | None) -> str | None:
-    return None if frame is None else f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+    if frame is None:
+        return None
+    # Cached per line: a training loop names the same few lines every step.
+    key = (frame.f_code, frame.f_lineno)
+    text = _locations.get(key)
+    if text is None:
+        text = _locations[key] = f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return text
 
 
 def caller_location() -> str | None:

@@ -98,10 +98,20 @@ def latest_attempt(run_dir: Path) -> int | None:
 
 RING_SLOT_BYTES = 512
 RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "state", "entered", "finished", "crc", "error")
+_FIXED_FIELDS = RECORD_FIELDS[:7]  # known when a collective is entered; the rest change as it runs
+
+
+def _json_number(value: float | int | None) -> str:
+    return "null" if value is None else repr(value)
 
 
 class RingWriter:
-    """The last `slots` collectives of one worker, one JSON array per fixed-size slot."""
+    """The last `slots` collectives of one worker, one JSON array per fixed-size slot.
+
+    Written on the training thread at every change of a record (entered, finished), so the
+    encoding is split: the fixed fields are encoded once per record and kept on it
+    (`record.ring_prefix`), a change re-encodes only the few that moved.
+    """
 
     def __init__(self, path: Path, slots: int):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,14 +121,19 @@ class RingWriter:
             self.memory = mmap.mmap(handle.fileno(), slots * RING_SLOT_BYTES)
 
     def write(self, record) -> None:
-        data = json.dumps([getattr(record, name) for name in RECORD_FIELDS]).encode()
-        if len(data) >= RING_SLOT_BYTES:  # an enormous signature: keep what identifies the record
-            record_fields = [getattr(record, name) for name in RECORD_FIELDS]
-            record_fields[4] = record_fields[4][:200]
-            record_fields[11] = (record_fields[11] or "")[:100] or None
-            data = json.dumps(record_fields).encode()[: RING_SLOT_BYTES - 1]
+        prefix = record.ring_prefix
+        if prefix is None:
+            fixed = [getattr(record, name) for name in _FIXED_FIELDS]
+            prefix = json.dumps(fixed)[:-1].encode()
+            if len(prefix) > RING_SLOT_BYTES - 128:  # an enormous signature: keep what identifies the record
+                fixed[4] = fixed[4][:200]
+                prefix = json.dumps(fixed)[:-1].encode()[: RING_SLOT_BYTES - 128]
+            record.ring_prefix = prefix
+        error = "null" if record.error is None else json.dumps(record.error[:100])
+        changing = f',"{record.state}",{record.entered!r},{_json_number(record.finished)},{_json_number(record.crc)},{error}]'
+        data = prefix + changing.encode()
         start = (record.index % self.slots) * RING_SLOT_BYTES
-        self.memory[start : start + RING_SLOT_BYTES] = data.ljust(RING_SLOT_BYTES, b"\0")
+        self.memory[start : start + RING_SLOT_BYTES] = data[: RING_SLOT_BYTES - 1].ljust(RING_SLOT_BYTES, b"\0")
 
 
 def read_ring(path: Path) -> list[dict]:

@@ -28,6 +28,10 @@ class RunOptions:
     `doctor_steps`: with `--doctor-steps K`, every rank runs the script with the script check's
     instrumentation (gradsync.run.script_check) and stops itself after its K-th optimizer step;
     None for a plain run, which installs none of it.
+    `record_buckets`: record each DDP gradient bucket through a Python comm hook and check every
+    gradient before averaging (names the rank and parameters where NaN/inf started, at ~1.5-2 ms
+    per step); otherwise DDP keeps its C++ reduction, recorded per backward pass with the loss
+    checked. The script check always records buckets: it is short and wants the detail.
     """
 
     run_dir: Path
@@ -37,6 +41,7 @@ class RunOptions:
     straggler_min_s: float = 0.05
     faults: tuple[str, ...] = ()
     doctor_steps: int | None = None
+    record_buckets: bool = False
 
     def __post_init__(self) -> None:
         if not self.stall_timeout_s >= 1:

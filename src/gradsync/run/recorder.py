@@ -1,7 +1,7 @@
 """The collective recorder: what every worker under `gradsync run` has communicated, and where.
 
-It wraps the public `torch.distributed` collectives, DDP's gradient buckets (as a comm hook) and
-DDP's buffer broadcasts, so it sees the same thing whatever the backend. For each collective it
+It wraps the public `torch.distributed` collectives, DDP's gradient reduction and DDP's buffer
+broadcasts, so it sees the same thing whatever the backend. For each collective it
 keeps, in a ring buffer, a per-group sequence number, the op, what must agree across ranks
 (dtype/shape, root, reduce op, train/eval for DDP's broadcasts), the user's file:line and the
 state. A CRC of that sequence per group lets ranks be compared without talking to each other.
@@ -9,6 +9,15 @@ state. A CRC of that sequence per group lets ranks be compared without talking t
 Recording happens on the training hot path, so it stays at a few microseconds per collective:
 slotted records, a cached user-frame lookup, no locks (the GIL orders the few shared writes, and
 readers only take a copy).
+
+DDP's gradient reduction is recorded at one of two depths. By default DDP keeps its C++ reduction
+and each synchronising backward pass is one record (entered when `backward()` starts, finished when
+it returns), with the loss checked for NaN/inf before averaging can spread it: routing the buckets
+through a Python communication hook costs ~1.5-2 ms per step on a small CPU machine, 8-10% of a
+20 ms step. `record_buckets` routes them through that hook instead: one record per bucket, and
+every gradient checked before averaging, naming the parameters where NaN/inf started (the script
+check uses it; `gradsync run --record-buckets` when a diagnosis asks for it). A comm hook the user
+registers is wrapped either way, since its Python cost is already paid.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ UNUSED_CHECK_PASSES = 50  # backward passes watched for parameters that never ge
 class Record:
     """One collective on one rank."""
 
-    __slots__ = RECORD_FIELDS
+    __slots__ = (*RECORD_FIELDS, "ring_prefix")
 
     def __init__(self, index: int, group: str, seq: int | None, op: str, signature: str, kind: str, site: str | None):
         self.index = index
@@ -53,9 +62,10 @@ class Record:
         self.finished: float | None = None
         self.crc: int | None = None
         self.error: str | None = None
+        self.ring_prefix: bytes | None = None  # the ring file's encoding of the fixed fields
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in RECORD_FIELDS}
 
 
 class GroupSequence:
@@ -86,6 +96,10 @@ class CollectiveRecorder:
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
         self.issued: list[tuple[Record, Any]] = []  # async collectives waiting for their futures
+        # DDP models whose last forward set up a gradient reduction that the next backward runs
+        self.pending_reductions: dict[int, DistributedDataParallel] = {}
+        # non-finite checks of GPU losses, read one pass later when the GPU is long done with them
+        self.pending_loss_checks: list[tuple[torch.Tensor, str | None]] = []
 
     # -- recording --------------------------------------------------------------------------
 
@@ -175,16 +189,36 @@ class CollectiveRecorder:
                 self.finish(record)
         self.issued = still_issued
 
-    def note_nonfinite(self, bucket_index: int, parameters: list[str], site: str | None, passes_ago: int = 0) -> None:
+    def note_nonfinite(
+        self, source: str, parameters: list[str], site: str | None, passes_ago: int = 0, bucket_index: int | None = None
+    ) -> None:
+        """A NaN/inf seen on this rank before averaging: in the `source` "loss" or "gradients"."""
         self.nonfinite_passes += 1
         if self.first_nonfinite is None:
             self.first_nonfinite = {
                 "step": self.backward_passes + 1 - passes_ago,
+                "source": source,
                 "parameters": parameters,
                 "bucket": bucket_index,
                 "site": site,
                 "time": time.time(),
             }
+
+    def check_losses(self, tensors: Any, site: str | None) -> None:
+        """Note a non-finite scalar loss about to be backpropagated (CPU now, GPU one pass later)."""
+        if self.pending_loss_checks:
+            for flag, flag_site in self.pending_loss_checks:
+                if not bool(flag):
+                    self.note_nonfinite("loss", [], flag_site, passes_ago=1)
+            self.pending_loss_checks = []
+        for loss in (tensors,) if isinstance(tensors, torch.Tensor) else tensors:
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+                continue  # a backward with explicit gradients: no single loss to check
+            if loss.device.type == "cpu":
+                if not math.isfinite(loss.item()):
+                    self.note_nonfinite("loss", [], site)
+            else:
+                self.pending_loss_checks.append((torch.isfinite(loss.detach()), site))
 
     # -- views for the snapshot thread ------------------------------------------------------
 
@@ -301,6 +335,15 @@ class DDPWatch:
             self.names.setdefault(id(parameter), name)
         # DDP's own error messages give parameter indices in this order.
         self.reducer_order = [self.names.get(id(p), "?") for p in ddp._module_parameters if p.requires_grad]
+        # What one backward pass reduces, compared across ranks like a collective's shape.
+        elements: dict[str, int] = {}
+        for p in ddp._module_parameters:
+            if p.requires_grad:
+                dtype = str(p.dtype).removeprefix("torch.")
+                elements[dtype] = elements.get(dtype, 0) + p.numel()
+        self.gradient_signature = "+".join(f"{dtype}[{count}]" for dtype, count in elements.items())
+        self.reduction: str | None = None  # "buckets" (a Python comm hook) or "passes" (DDP's C++ path)
+        self.forward_grad_mode = "grad"  # of the model's latest forward
         self.used: set[int] = set()
         self.used_this_pass: set[int] = set()
         self.passes = 0
@@ -363,7 +406,7 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
         total = buffer.sum(dtype=torch.float32)
         if buffer.device.type == "cpu":
             if not math.isfinite(total.item()):
-                recorder.note_nonfinite(bucket.index(), _nonfinite_names(bucket, watch), record.site)
+                recorder.note_nonfinite("gradients", _nonfinite_names(bucket, watch), record.site, bucket_index=bucket.index())
         else:
             # Reading the flag now would stall the CPU until the GPU catches up; read it one
             # pass later, when the kernels are long done, and name the bucket's parameters.
@@ -372,7 +415,7 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
             if bucket.index() == 0 and len(watch.pending_checks) > 1:
                 for flag, index, bucket_names, site in watch.pending_checks[:-1]:
                     if not bool(flag):
-                        recorder.note_nonfinite(index, bucket_names, site, passes_ago=1)
+                        recorder.note_nonfinite("gradients", bucket_names, site, passes_ago=1, bucket_index=index)
                 watch.pending_checks = watch.pending_checks[-1:]
         last = bucket.is_last()
         if last:
@@ -402,7 +445,15 @@ def _default_allreduce_hook(state: Any, bucket: dist.GradBucket):
     return group.allreduce([buffer]).get_future().then(lambda f: f.value()[0])
 
 
-def _patch_ddp(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:
+GRADIENT_PASS_KIND = "DDP gradients of a backward pass"
+
+
+def is_gradient_reduction(kind: str) -> bool:
+    """Whether a record's kind is DDP's gradient reduction, recorded per bucket or per pass."""
+    return kind.startswith("DDP gradient")
+
+
+def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple[Any, str, Any]]:
     originals = []
 
     def replace(name: str, make: Callable[[Callable], Callable]) -> None:
@@ -422,7 +473,6 @@ def _patch_ddp(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:
             )
             recorder.run_blocking(record, lambda: original(self, *args, **kwargs))
             self._gradsync_watch = DDPWatch(self)
-            self._gradsync_hooked = False
             recorder.ddp_models.append(self._gradsync_watch)
 
         return __init__
@@ -430,7 +480,7 @@ def _patch_ddp(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:
     def make_register(original):
         @functools.wraps(original)
         def register_comm_hook(self, state, hook):
-            self._gradsync_hooked = True
+            self._gradsync_watch.reduction = "buckets"
             return original(self, state, _bucket_recording_hook(recorder, self._gradsync_watch, self.process_group, hook))
 
         return register_comm_hook
@@ -438,7 +488,7 @@ def _patch_ddp(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:
     def make_builtin(original):
         @functools.wraps(original)
         def _register_builtin_comm_hook(self, comm_hook_type):
-            self._gradsync_hooked = True  # a C++ hook cannot be wrapped: its buckets go unrecorded
+            self._gradsync_watch.reduction = "passes"  # a C++ hook cannot be wrapped: recorded per pass
             return original(self, comm_hook_type)
 
         return _register_builtin_comm_hook
@@ -446,40 +496,103 @@ def _patch_ddp(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:
     def make_forward(original):
         @functools.wraps(original)
         def forward(self, *args, **kwargs):
-            if not self._gradsync_hooked:
-                self._gradsync_hooked = True
-                DistributedDataParallel.register_comm_hook(self, self.process_group, _default_allreduce_hook)
-            return original(self, *args, **kwargs)
+            watch = self._gradsync_watch
+            if watch.reduction is None:
+                if record_buckets:
+                    DistributedDataParallel.register_comm_hook(self, self.process_group, _default_allreduce_hook)
+                else:
+                    watch.reduction = "passes"
+            # DDP syncs buffers under no_grad; what must agree is the mode the forward was called in.
+            watch.forward_grad_mode = "grad" if torch.is_grad_enabled() else "no_grad"
+            output = original(self, *args, **kwargs)
+            # The condition under which DDP's forward prepares its reducer for a backward pass.
+            if watch.reduction == "passes" and torch.is_grad_enabled() and self.require_backward_grad_sync:
+                recorder.pending_reductions[id(self)] = self
+            return output
 
         return forward
 
     def make_sync_buffers(original):
         @functools.wraps(original)
-        def _sync_buffers(self):
+        def _sync_module_buffers(self, authoritative_rank):
             # Whether the forward trains or evaluates is part of what must agree: rank 0 evaluating
             # through the wrapper alone pairs its broadcast with another rank's training one.
+            # Wrapped at this depth because a rank that ran out of inputs under Join reaches it too,
+            # outside any forward: it shadows a training forward like its own last one.
             mode = "train" if self.training else "eval"
-            grad = "grad" if torch.is_grad_enabled() else "no_grad"
+            grad = self._gradsync_watch.forward_grad_mode
             record = recorder.enter(
                 "broadcast",
                 self.process_group,
                 f"{len(self.modules_buffers)} buffers",
                 kind=f"DDP buffer broadcast ({mode}, {grad})",
             )
+            return recorder.run_blocking(record, lambda: original(self, authoritative_rank))
+
+        return _sync_module_buffers
+
+    def make_join_shadow(original):
+        @functools.wraps(original)
+        def _match_all_reduce_for_bwd_pass(self):
+            # A rank that ran out of inputs under Join shadows the others' backward reduction; on
+            # the C++ path it must show as the same one record, or the sequences seem to diverge.
+            if self._gradsync_watch.reduction != "passes":
+                return original(self)  # the recording hook sees each shadowed bucket
+            record = recorder.enter(
+                "all_reduce", self.process_group, self._gradsync_watch.gradient_signature, GRADIENT_PASS_KIND
+            )
             return recorder.run_blocking(record, lambda: original(self))
 
-        return _sync_buffers
+        return _match_all_reduce_for_bwd_pass
 
     replace("__init__", make_init)
     replace("register_comm_hook", make_register)
     replace("_register_builtin_comm_hook", make_builtin)
     replace("forward", make_forward)
-    replace("_sync_buffers", make_sync_buffers)
+    replace("_sync_module_buffers", make_sync_buffers)
+    replace("_match_all_reduce_for_bwd_pass", make_join_shadow)
     return originals
 
 
-def install(recorder: CollectiveRecorder) -> Callable[[], None]:
+def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable:
+    """`torch.autograd.backward` (what `loss.backward()` calls), recording DDP's reduction in it."""
+
+    @functools.wraps(original)
+    def backward(tensors, *args, **kwargs):
+        if not recorder.pending_reductions:
+            return original(tensors, *args, **kwargs)
+        models = list(recorder.pending_reductions.values())
+        recorder.pending_reductions.clear()
+        site = caller_location()
+        recorder.check_losses(tensors, site)
+        records = [
+            recorder.enter("all_reduce", ddp.process_group, ddp._gradsync_watch.gradient_signature, GRADIENT_PASS_KIND, site)
+            for ddp in models
+        ]
+        try:
+            result = original(tensors, *args, **kwargs)
+        except BaseException as error:
+            for record in records:
+                recorder.finish(record, error)
+            raise
+        for record in records:
+            recorder.finish(record)  # DDP waits for its last bucket before backward returns
+        recorder.backward_passes += 1
+        for ddp in models:
+            ddp._gradsync_watch.pass_done()
+        faults.at_backward_pass(recorder.backward_passes)
+        return result
+
+    backward.__gradsync_original__ = original
+    return backward
+
+
+def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Callable[[], None]:
     """Patch torch.distributed and DDP to record into `recorder`; returns a function that undoes it.
+
+    `record_buckets`: record DDP's gradient reduction per bucket through a Python comm hook, with
+    every gradient checked before averaging, instead of per backward pass on DDP's C++ path (see
+    the module docstring for the cost).
 
     Must run before the user's script imports names from torch.distributed, which is why the
     worker entry point installs it before running the script.
@@ -493,7 +606,9 @@ def install(recorder: CollectiveRecorder) -> Callable[[], None]:
         original = getattr(dist, name)
         originals.append((dist, name, original))
         setattr(dist, name, _wrap_phase(recorder, phase, original))
-    originals += _patch_ddp(recorder)
+    originals += _patch_ddp(recorder, record_buckets)
+    originals.append((torch.autograd, "backward", torch.autograd.backward))
+    torch.autograd.backward = _wrap_backward(recorder, torch.autograd.backward)
 
     def uninstall() -> None:
         for owner, name, original in reversed(originals):

@@ -41,7 +41,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from gradsync.run import files
 from gradsync.run.callsite import caller_location
-from gradsync.run.recorder import CollectiveRecorder
+from gradsync.run.recorder import CollectiveRecorder, is_gradient_reduction
 
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
 FINGERPRINT_SAMPLES = 256  # values sampled (evenly strided) from each input tensor
@@ -275,7 +275,7 @@ class ScriptCheck:
 
     def _last_backward_site(self) -> str | None:
         for record in reversed(self.recorder.ring):
-            if record.kind.startswith("DDP gradient bucket"):
+            if is_gradient_reduction(record.kind):
                 return record.site
         return None
 

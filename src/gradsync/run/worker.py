@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     recorder = CollectiveRecorder(options.ring_size)
     recorder.sink = files.RingWriter(files.ring_path(options.run_dir, identity["attempt"], identity["rank"]), options.ring_size)
-    install(recorder)
+    install(recorder, record_buckets=options.record_buckets or options.doctor_steps is not None)
     rank, attempt = identity["rank"], identity["attempt"]
     faults.install(faults.parse_faults(options.faults), rank, attempt, files.fault_path(options.run_dir, attempt, rank))
     recorder.phase = "running"

@@ -1,5 +1,6 @@
 """Healthy uneven inputs: rank 1 has 3 fewer batches than rank 0, handled with the Join context
-manager, which shadows the missing all-reduces of ranks that ran out of data. Exits 0 on every rank."""
+manager, which shadows the missing all-reduces and BatchNorm buffer broadcasts of ranks that ran out
+of data. Exits 0 on every rank."""
 
 import argparse
 import os
@@ -22,7 +23,7 @@ def main() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
     torch.manual_seed(0)
-    ddp = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
+    ddp = DDP(nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 1)))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 
     num_batches = args.batches if rank == 0 else args.batches - 3  # zoo: uneven_shard
