@@ -79,18 +79,27 @@ class MetricsConfig:
     collective), then written by rank 0 as JSON lines and TensorBoard events.
     `progress` draws a progress bar on rank 0 when its output is a terminal and prints a
     log line every `log_every` steps otherwise.
+    `system_every_s`: every rank samples its CPU, memory, network and (with NVML) GPU this
+    often on a background thread; the means travel with the next gather. None turns it off.
     """
 
     log_every: int = 10
     tensorboard: bool = True
     jsonl: bool = True
     progress: bool = True
+    system_every_s: float | None = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_every, int) or self.log_every < 1:
             raise ConfigError(
                 f"metrics.log_every={self.log_every!r}: metrics are gathered every N optimizer "
                 "steps; N must be an integer >= 1."
+            )
+        every = self.system_every_s
+        if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0.05):
+            raise ConfigError(
+                f"metrics.system_every_s={every!r}: give the seconds between system samples, at "
+                "least 0.05 (1.0 is plenty for utilisation and network rates), or None to turn them off."
             )
 
 

@@ -84,6 +84,7 @@ class Trainer:
             control_group=self.dist.control_group,
             run_dir=self.run_dir,
             logger=self.logger,
+            gpu_index=_cuda_index(self.dist.device),
         )
         faults.claim_steps()  # --inject-fault counts optimizer steps, not backward passes
         self.checkpointer: Checkpointer | None = None
@@ -836,3 +837,10 @@ def setup(config: TrainerConfig | None = None, **options: Any) -> Trainer:
     if config is not None and options:
         raise ConfigError("pass either a TrainerConfig or keyword options to setup(), not both.")
     return Trainer(config if config is not None else TrainerConfig.from_kwargs(**options))
+
+
+def _cuda_index(device: torch.device) -> int | None:
+    """The CUDA device's index (NVML numbers devices the same way), None on CPU."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()

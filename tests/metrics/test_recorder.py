@@ -42,7 +42,7 @@ def test_the_slowest_rank_is_the_busiest_not_the_one_that_waited_longest():
 
 
 def _train_with_metrics(sleep_s):
-    trainer = gradsync.setup(accumulation_steps=2, metrics={"log_every": 4})
+    trainer = gradsync.setup(accumulation_steps=2, metrics={"log_every": 4, "system_every_s": 0.05})
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(48 * trainer.world_size, 32, generator=g), torch.randn(48 * trainer.world_size, 1, generator=g))
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
@@ -94,3 +94,22 @@ def test_metrics_rows_per_optimizer_step_across_ranks(world_size):
     assert all(s == summaries[0] for s in summaries), "the summary is identical on every rank"
     assert summaries[0]["steps"] == len(rows) and summaries[0]["loss"] == rows[-1]["loss"]
     assert {"train/loss", "train/samples_per_s", "train/step_time_max_s", "comm/exposed_share", "eval/score"} <= set(results[0]["tags"])
+    _assert_interval_summaries(rows, results[0]["tags"], world_size, sleep_s)
+
+
+def _assert_interval_summaries(rows, tags, world_size, sleep_s):
+    """Each gather (every 4 steps) closes an interval: every rank's system metrics, the imbalance."""
+    closing = [row for row in rows if "busy_spread_s" in row]
+    assert [row["step"] for row in closing] == [4, 8, 12]
+    for row in closing:
+        assert set(row["system"]) == {str(r) for r in range(world_size)}, row.get("system")
+        for values in row["system"].values():
+            assert values["rss_mb"] > 50 and values["cpu_percent"] >= 0
+            assert values["net_sent_mbps"] >= 0 and values["net_recv_mbps"] >= 0
+    if world_size > 1:
+        # The last rank sleeps 2 x sleep_s per step outside communication: the others wait for it.
+        assert [row["interval_slowest_rank"] for row in closing].count(world_size - 1) >= 2
+        assert max(row["busy_spread_s"] for row in closing) > sleep_s
+        # Gloo talks over loopback here, the interface the master address is reached through.
+        assert max(v["net_sent_mbps"] for row in closing for v in row["system"].values()) > 0
+    assert {"system/busy_spread_s", "system/rank0/cpu_percent", f"system/rank{world_size - 1}/rss_mb"} <= set(tags)

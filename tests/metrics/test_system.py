@@ -1,0 +1,79 @@
+"""The background system sampler: what it reads, on which interface, and its means per interval."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from gradsync.config import MetricsConfig
+from gradsync.errors import ConfigError
+from gradsync.metrics.system import SystemSampler, backend_interface
+
+
+def test_the_backend_interface_is_the_configured_one_or_the_one_reaching_the_master():
+    assert backend_interface({"GLOO_SOCKET_IFNAME": "eth7,eth8"}) == "eth7"
+    assert backend_interface({"NCCL_SOCKET_IFNAME": "ib0"}) == "ib0"
+    # NCCL's exclusion syntax names no interface: fall back to the route to the master.
+    assert backend_interface({"NCCL_SOCKET_IFNAME": "^docker", "MASTER_ADDR": "127.0.0.1"}) == "lo"
+    assert backend_interface({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}) == "lo"
+    assert backend_interface({}) is None
+
+
+def _busy(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _send_over_loopback(megabytes):
+    server = socket.create_server(("127.0.0.1", 0))
+    received = []
+
+    def drain():
+        connection, _ = server.accept()
+        with connection:
+            while chunk := connection.recv(1 << 20):
+                received.append(len(chunk))
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    with socket.create_connection(server.getsockname()) as client:
+        client.sendall(b"\0" * (megabytes << 20))
+    reader.join()
+    server.close()
+    return sum(received)
+
+
+def test_means_per_interval_of_cpu_memory_and_loopback_traffic():
+    sampler = SystemSampler(0.02, interface="lo").start()
+    try:
+        sampler.take()  # whatever came before this interval is discarded
+        _busy(0.3)
+        busy = sampler.take()
+        assert busy["cpu_percent"] > 20, busy  # this process kept a core busy
+        assert busy["rss_mb"] > 50
+        assert _send_over_loopback(64) == 64 << 20
+        time.sleep(0.05)
+        sent = sampler.take()
+        assert sent["net_sent_mbps"] > 0 and sent["net_recv_mbps"] > 0, sent
+        assert not any(key.startswith("gpu_") for key in sent), "no NVML here: GPU keys are absent"
+    finally:
+        sampler.stop()
+    assert not sampler._thread.is_alive()
+
+
+def test_an_unknown_interface_gives_no_network_rates_but_everything_else():
+    sampler = SystemSampler(0.02, interface="no-such-nic")
+    values = sampler.sample()
+    assert "net_sent_mbps" not in values and values["rss_mb"] > 0
+
+
+@pytest.mark.parametrize("every", [0, 0.01, -1, True, "1s"])
+def test_a_bad_sampling_interval_is_refused(every):
+    with pytest.raises(ConfigError, match="system_every_s"):
+        MetricsConfig(system_every_s=every)
+
+
+def test_system_sampling_can_be_turned_off():
+    assert MetricsConfig(system_every_s=None).system_every_s is None
