@@ -13,12 +13,8 @@ from gradsync.run import launcher
 BIN = Path(sys.executable).parent
 
 
-def test_demo_reaches_95_percent_and_reports(tmp_path):
-    run_dir = tmp_path / "run"
-    done = subprocess.run(
-        [str(BIN / "gradsync"), "demo", "--run-dir", str(run_dir)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )
+def test_demo_reaches_95_percent_and_reports(demo_run):
+    run_dir, done = demo_run.run_dir, demo_run
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     accuracy = [row["eval/accuracy"] for row in rows if "eval/accuracy" in row]
@@ -32,6 +28,7 @@ def test_demo_reaches_95_percent_and_reports(tmp_path):
     assert diagnosis["status"] == "ok" and diagnosis["findings"] == [], diagnosis
     assert "gradsync run: ok: 2 ranks finished" in done.stderr
     assert "warning" not in done.stderr.lower() and "FAILED" not in done.stderr, done.stderr
+    assert f"report: {run_dir / 'report.html'}" in done.stdout
 
 
 def _params_sha256(output: str) -> str:

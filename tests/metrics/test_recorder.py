@@ -102,7 +102,7 @@ def _assert_interval_summaries(rows, tags, world_size, sleep_s):
     closing = [row for row in rows if "busy_spread_s" in row]
     assert [row["step"] for row in closing] == [4, 8, 12]
     for row in closing:
-        assert set(row["system"]) == {str(r) for r in range(world_size)}, row.get("system")
+        assert set(row["system"]) == set(row["rank_busy_s"]) == {str(r) for r in range(world_size)}, row.get("system")
         for values in row["system"].values():
             assert values["rss_mb"] > 50 and values["cpu_percent"] >= 0
             assert values["net_sent_mbps"] >= 0 and values["net_recv_mbps"] >= 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gradsync.cli import bench, demo, doctor
+from gradsync.cli import bench, demo, doctor, report
 from gradsync.run import launcher
 
 
@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_parser(commands)
     bench.add_parser(commands)
     doctor.add_parser(commands)
+    report.add_parser(commands)
     commands.add_parser(
         "run",
         add_help=False,

@@ -97,4 +97,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else fresh_run_dir("demo-")
-    return launcher.main(launcher_argv(args, run_dir))
+    code = launcher.main(launcher_argv(args, run_dir))
+    if (run_dir / "metrics.jsonl").is_file():
+        from gradsync.report import write_report  # matplotlib: only once training is over
+
+        page = write_report(run_dir)[0]
+        print(f"report: {page} (open it in a browser; `gradsync report RUN_DIR` draws it for any run)")
+    return code

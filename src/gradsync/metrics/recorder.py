@@ -27,7 +27,7 @@ RESERVED_KEYS = frozenset(
         "step", "epoch", "samples", "samples_per_s", "step_time_s", "step_time_max_s",
         "slowest_rank", "slowest_rank_busy_s", "exposed_comm_s", "exposed_comm_share", "reductions", "skipped",
         "grad_norm", "lr", "comm_bytes", "compression_ratio", "busbw_gbps", "encode_s", "decode_s",
-        "system", "busy_spread_s", "interval_slowest_rank", "gpu_util_spread",
+        "system", "rank_busy_s", "busy_spread_s", "interval_slowest_rank", "gpu_util_spread",
     }
 )
 
@@ -169,6 +169,7 @@ def interval_summary(per_rank: list[tuple[list[dict[str, Any]], dict[str, float]
         for records, _ in per_rank
     ]
     summary: dict[str, Any] = {
+        "rank_busy_s": {str(rank): value for rank, value in enumerate(busy)},
         "busy_spread_s": max(busy) - min(busy),
         "interval_slowest_rank": max(range(len(busy)), key=busy.__getitem__),
     }

@@ -31,7 +31,7 @@ _TAGS = {
     "interval_slowest_rank": "system/slowest_rank",
     "gpu_util_spread": "system/gpu_util_spread",
 }
-_NOT_PLOTTED = frozenset({"step", "epoch", "samples", "slowest_rank", "skipped", "system"})
+_NOT_PLOTTED = frozenset({"step", "epoch", "samples", "slowest_rank", "skipped", "system", "rank_busy_s"})
 
 
 def tensorboard_tag(key: str) -> str:
@@ -74,6 +74,8 @@ class TensorBoardSink:
         for rank, values in row.get("system", {}).items():
             for key, value in values.items():
                 self.writer.add_scalar(f"system/rank{rank}/{key}", value, step)
+        for rank, value in row.get("rank_busy_s", {}).items():
+            self.writer.add_scalar(f"system/rank{rank}/busy_s", value, step)
 
     def close(self) -> None:
         self.writer.close()

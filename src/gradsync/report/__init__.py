@@ -1,0 +1,127 @@
+"""`gradsync report RUN_DIR`: one HTML page a user opens to see what a run did and where time went.
+
+It gathers what the other parts of gradsync leave in a run directory (the trainer's
+metrics.jsonl, `gradsync run`'s diagnosis.json, the profiler's breakdowns, `gradsync bench
+train` reports) into a self-contained page: the pictures are PNGs embedded in the HTML (and
+written beside it), with no script or style from the network, so it opens offline and can be
+mailed or attached to an issue as one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from gradsync.report import figures
+from gradsync.report.collect import RunRecords, collect
+
+__all__ = ["RunRecords", "collect", "write_report"]
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
+.error { color: #a00; font-weight: bold; } .warning { color: #a60; font-weight: bold; } .ok { color: #080; font-weight: bold; }
+img { max-width: 100%; } pre { background: #f6f6f6; padding: .6em; overflow-x: auto; }
+"""
+
+# Counts, once the page has loaded, the pictures the browser could decode: a check anyone (and
+# the tests, in headless Chromium) can read from the document.
+_LOADED_CHECK = (
+    "<script>window.addEventListener('load', function () {"
+    "var shown = Array.prototype.filter.call(document.images, function (i) { return i.naturalWidth > 0; });"
+    "document.body.setAttribute('data-plots-loaded', String(shown.length)); });</script>"
+)
+
+
+def _summary(records: RunRecords) -> str:
+    rows = records.rows
+    if not rows:
+        return ""
+    last = rows[-1]
+    step_ms = 1e3 * sum(r["step_time_s"] for r in rows) / len(rows)
+    exposed = sum(r["exposed_comm_s"] for r in rows) / max(1e-12, sum(r["step_time_s"] for r in rows))
+    cells = [
+        ("optimizer steps", str(len(rows))),
+        ("last loss", f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "—"),
+        ("mean step time", f"{step_ms:.1f} ms"),
+        ("throughput (last step)", f"{last['samples_per_s']:.0f} samples/s"),
+        ("exposed communication", f"{exposed:.1%} of step time"),
+    ]
+    return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in cells) + "</table>"
+
+
+def _diagnosis(diagnosis: dict[str, Any] | None) -> str:
+    if diagnosis is None:
+        return ""
+    status = str(diagnosis.get("status", "?"))
+    parts = [f"<h2>Diagnosis</h2><p>status: <span class='{'ok' if status == 'ok' else 'error'}'>{html.escape(status)}</span></p>"]
+    findings = diagnosis.get("findings") or []
+    if findings:
+        parts.append("<table><tr><th>severity</th><th>category</th><th>ranks</th><th>where</th><th>what happened</th><th>what to do</th></tr>")
+        for f in findings:
+            where = ", ".join(f"rank {r}: {loc}" for r, loc in (f.get("locations") or {}).items())
+            severity = str(f.get("severity", ""))
+            parts.append(
+                f"<tr><td class='{html.escape(severity)}'>{html.escape(severity)}</td><td>{html.escape(str(f.get('category', '')))}</td>"
+                f"<td>{html.escape(', '.join(map(str, f.get('ranks', []))))}</td><td>{html.escape(where)}</td>"
+                f"<td>{html.escape(str(f.get('message', '')))}</td><td>{html.escape(str(f.get('suggestion', '')))}</td></tr>"
+            )
+        parts.append("</table>")
+    ranks = diagnosis.get("ranks") or {}
+    if ranks and status != "ok":  # where each rank stood matters when something went wrong
+        parts.append("<pre>" + html.escape("\n".join(f"rank {r}: {line}" for r, line in sorted(ranks.items()))) + "</pre>")
+    return "".join(parts)
+
+
+def _benchmarks(records: RunRecords, written: list[Path], pictures_dir: Path) -> str:
+    if not records.benchmarks:
+        return ""
+    from gradsync.bench.train import render
+
+    parts = ["<h2>Benchmarks</h2>"]
+    for name, report in records.benchmarks:
+        parts.append(f"<h3>{html.escape(name)}</h3><pre>{html.escape(render(report))}</pre>")
+        picture = records.run_dir / name / "report.png"
+        if picture.is_file():
+            parts.append(_image(picture.read_bytes(), f"benchmark {name}", pictures_dir / f"bench-{len(written)}.png", written))
+    return "".join(parts)
+
+
+def _image(png: bytes, alt: str, path: Path, written: list[Path]) -> str:
+    path.write_bytes(png)
+    written.append(path)
+    encoded = base64.b64encode(png).decode()
+    return f"<p><img class='plot' alt='{html.escape(alt)}' src='data:image/png;base64,{encoded}'></p>"
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None) -> list[Path]:
+    """Write RUN_DIR/report.html (or `output`) and the PNGs it embeds (in report_files/); returns the paths."""
+    records = collect(run_dir)
+    page = Path(output) if output is not None else records.run_dir / "report.html"
+    pictures_dir = page.parent / f"{page.stem}_files"
+    pictures_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    sections = [_summary(records)]
+    for title, draw, name in (
+        ("Loss and throughput", figures.training_curves, "curves"),
+        ("Where a step's time goes", figures.step_breakdown, "breakdown"),
+        ("Ranks side by side", figures.rank_heat_maps, "ranks"),
+        ("Exposed communication over time", figures.exposed_communication, "exposed"),
+    ):
+        png = draw(records)
+        if png is not None:
+            sections.append(f"<h2>{title}</h2>" + _image(png, title, pictures_dir / f"{name}.png", written))
+    sections.append(_diagnosis(records.diagnosis))
+    sections.append(_benchmarks(records, written, pictures_dir))
+    title = html.escape(f"gradsync report: {records.run_dir.resolve().name}")
+    page.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_STYLE}</style></head>"
+        f"<body><h1>{title}</h1>{''.join(sections)}"
+        f"<script type='application/json' id='gradsync-plots'>{json.dumps([p.name for p in written])}</script>"
+        f"{_LOADED_CHECK}</body></html>"
+    )
+    return [page, *written]

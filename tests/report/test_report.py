@@ -1,0 +1,89 @@
+"""`gradsync report`: the page drawn from a real run, opened in headless Chromium, and its edge cases."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradsync.errors import GradsyncError
+from gradsync.report import collect, write_report
+
+BIN = Path(sys.executable).parent
+CHROMIUM = next((shutil.which(name) for name in ("chromium-headless-shell", "chromium", "chromium-browser") if shutil.which(name)), None)
+
+
+def _open_in_chromium(page: Path) -> str:
+    """The document after Chromium loaded it (offline: a page needing the network would show it)."""
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--proxy-server=127.0.0.1:9", "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (.ci/run installs chromium-headless-shell from Debian)")
+def test_the_demo_report_renders_every_plot_in_headless_chromium(demo_run, tmp_path):
+    assert demo_run.returncode == 0, demo_run.stderr
+    run_dir = tmp_path / "run"
+    shutil.copytree(demo_run.run_dir, run_dir)  # the demo's own report is checked, then redrawn by the CLI
+    done = subprocess.run([str(BIN / "gradsync"), "report", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    page = run_dir / "report.html"
+    html = page.read_text()
+    assert not re.search(r"(src|href)=['\"]https?:", html), "nothing may come from the network"
+    plots = json.loads(re.search(r"id='gradsync-plots'>(.*?)</script>", html)[1])
+    assert plots == ["curves.png", "breakdown.png", "ranks.png", "exposed.png"]
+    assert all((run_dir / "report_files" / name).stat().st_size > 5000 for name in plots)
+    document = _open_in_chromium(page)
+    # The page counts, once loaded, the images the browser could decode.
+    assert f'data-plots-loaded="{len(plots)}"' in document, document[:500]
+    for heading in ("Loss and throughput", "Where a step", "Ranks side by side", "Exposed communication", "Diagnosis"):
+        assert heading in document
+
+
+def _rows(steps, ranks=2):
+    rows = []
+    for step in range(1, steps + 1):
+        row = {"step": step, "epoch": 0, "loss": 1 / step, "samples": 64, "samples_per_s": 1000.0,
+               "step_time_s": 0.05, "exposed_comm_s": 0.01, "exposed_comm_share": 0.2}
+        if step % 2 == 0:
+            row["rank_busy_s"] = {str(r): 0.04 + 0.01 * r for r in range(ranks)}
+            row["system"] = {str(r): {"cpu_percent": 90.0, "rss_mb": 300.0} for r in range(ranks)}
+        rows.append(row)
+    return rows
+
+
+def test_a_report_shows_what_the_run_left_profiles_findings_and_benchmarks(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(8)) + '\n{"step": 9, "ep')
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"status": "failed", "findings": [{
+        "category": "collective_mismatch", "severity": "error", "ranks": [1], "locations": {"1": "train.py:39"},
+        "message": "rank 1 <b>skipped</b>", "suggestion": "agree first"}], "ranks": {"0": "waiting", "1": "barrier"}}))
+    (tmp_path / "profile").mkdir()
+    parts = {"forward_s": 0.01, "backward_s": 0.02, "exposed_comm_s": 0.005, "optimizer_s": 0.003, "data_s": 0.002,
+             "other_s": 0.001, "overlap_ratio": 0.7}
+    for rank in (0, 1):
+        (tmp_path / "profile" / f"rank{rank}.breakdown.json").write_text(json.dumps({"mean": parts}))
+    page, *pictures = write_report(tmp_path)
+    html = page.read_text()
+    assert [p.name for p in pictures] == ["curves.png", "breakdown.png", "ranks.png", "exposed.png"]
+    assert "collective_mismatch" in html and "train.py:39" in html
+    assert "rank 1 &lt;b&gt;skipped&lt;/b&gt;" in html, "text from the run is escaped"
+    assert len(collect(tmp_path).rows) == 8, "a last line cut short by a crash is left out"
+
+
+def test_nothing_to_report_and_damaged_files_are_explained(tmp_path):
+    with pytest.raises(GradsyncError, match="no such run directory"):
+        collect(tmp_path / "missing")
+    with pytest.raises(GradsyncError, match="nothing to report"):
+        collect(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1\n{"step": 2}\n')
+    with pytest.raises(GradsyncError, match="line 1: not a JSON object"):
+        collect(tmp_path)
+    done = subprocess.run([str(BIN / "gradsync"), "report", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "gradsync report:" in done.stderr and "Traceback" not in done.stderr
