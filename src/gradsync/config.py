@@ -81,6 +81,9 @@ class MetricsConfig:
     log line every `log_every` steps otherwise.
     `system_every_s`: every rank samples its CPU, memory, network and (with NVML) GPU this
     often on a background thread; the means travel with the next gather. None turns it off.
+    `profile_steps`: "A:B" records optimizer steps A..B (from 1, both included) with
+    torch.profiler on every rank and writes RUN_DIR/profile/rank{r}.trace.json (Chrome trace)
+    and the step-time breakdown rank{r}.breakdown.json (see gradsync.profiling).
     """
 
     log_every: int = 10
@@ -88,6 +91,7 @@ class MetricsConfig:
     jsonl: bool = True
     progress: bool = True
     system_every_s: float | None = 1.0
+    profile_steps: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_every, int) or self.log_every < 1:
@@ -101,6 +105,10 @@ class MetricsConfig:
                 f"metrics.system_every_s={every!r}: give the seconds between system samples, at "
                 "least 0.05 (1.0 is plenty for utilisation and network rates), or None to turn them off."
             )
+        if self.profile_steps is not None:
+            from gradsync.profiling.capture import parse_profile_steps  # torch.profiler: only when asked
+
+            parse_profile_steps(str(self.profile_steps))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from gradsync.errors import ConfigError, GradsyncError
+from gradsync.profiling.capture import phase
 
 REMAINDERS = ("pad", "drop")
 _END = object()
@@ -201,7 +202,8 @@ class DistributedLoader:
             while True:
                 if self.before_batch is not None:
                     self.before_batch()  # before the fetch, which may draw random numbers
-                batch = next(loaded, _END)
+                with phase("data"):
+                    batch = next(loaded, _END)
                 if batch is _END:
                     break
                 self.position += 1

@@ -43,6 +43,7 @@ from gradsync.data import DistributedLoader, EvalLoader
 from gradsync.distributed import join_process_group, plan_distributed, shutdown
 from gradsync.errors import ConfigError, GradsyncError
 from gradsync.log import configure_logging
+from gradsync.profiling.capture import ProfileWindow, parse_profile_steps, phase
 from gradsync.metrics import Clock, CommTimer, MetricsRecorder, StepRecord
 from gradsync.metrics.recorder import RESERVED_KEYS
 from gradsync.rundir import fresh_run_dir
@@ -118,6 +119,8 @@ class Trainer:
         self._unused_check_steps: int | None = 0 if config.ddp.find_unused_parameters else None
         self._sometimes_unused: set[str] = set()
         self.optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
+        self._profile: ProfileWindow | None = None  # metrics.profile_steps, opened when training starts
+        self._profiled = False  # the window was written (or training ended inside it): once per run
         self._window: Window | None = None  # the window being accumulated
         self._record: StepRecord | None = None  # its metrics
         self._finished: StepRecord | None = None  # the last closed step, still open to log()
@@ -459,6 +462,7 @@ class Trainer:
         # A resumed run goes on in the epoch it stopped in (which may have no batch left: its
         # end-of-epoch code, such as evaluation, still runs).
         first, self._first_epoch = self._first_epoch, 0
+        self._open_profile_window()
         for epoch in range(first, num_epochs):
             loader.set_epoch(epoch)
             self._last_step_end = self.clock.mark()  # time between epochs (evaluation) is not a step
@@ -468,6 +472,33 @@ class Trainer:
             self._commit_finished()
             self._save_if_due(epoch_done=True)
         self.metrics.flush()
+        self._close_profile_window()
+
+    def _open_profile_window(self) -> None:
+        steps = self.config.metrics.profile_steps
+        if steps is None or self._profile is not None or self._profiled:
+            return
+        first, last = parse_profile_steps(steps)
+        first = max(first, self.optimizer_steps + 1)  # a resumed run may start inside the window
+        if first > last:
+            self._profiled = True  # ... or past it
+            return
+        # Opened here, not at setup: a window from step 1 would otherwise also record prepare().
+        self._profile = ProfileWindow(first, last, self.run_dir / "profile", self.rank)
+        if self.optimizer_steps and first == self.optimizer_steps + 1:
+            self._profile.step_finished(self.optimizer_steps)  # starts recording now
+
+    def _close_profile_window(self) -> None:
+        window = self._profile
+        if window is None:
+            return
+        window.close()
+        self._profile, self._profiled = None, True
+        if window.breakdown is not None and self.is_main:
+            from gradsync.profiling import format_breakdown
+
+            self.logger.info(f"profile of steps {self.config.metrics.profile_steps} (rank 0; trace in "
+                             f"{window.trace_path.parent}):\n{format_breakdown(window.breakdown)}")
 
     def step(self) -> "MicroStep":
         """Open the micro-step for the batch just taken from the loader.
@@ -515,7 +546,8 @@ class Trainer:
         weight = window.weight(samples)
         if self.comm_timer is not None:
             self.comm_timer.start_backward()
-        self.precision.backward(loss if weight == 1.0 else loss * weight)
+        with phase("backward"):
+            self.precision.backward(loss if weight == 1.0 else loss * weight)
         if self.comm_timer is not None and (ready := self.comm_timer.last_ready()) is not None:
             end = self.clock.mark()
             record.exposed.append((ready, end))
@@ -538,9 +570,11 @@ class Trainer:
                 self._all_reduce_gradients()
                 record.exposed.append((start, self.clock.mark()))
                 reductions += 1
-            applied = self._apply_update(window, record)
+            with phase("optimizer"):
+                applied = self._apply_update(window, record)
             self._note_unused_parameters()
-        self.optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            self.optimizer.zero_grad(set_to_none=True)
         record.samples = window.applied_samples
         record.reductions = reductions
         record.comm = {k: v - self._comm_at_start.get(k, 0) for k, v in self._comm_counters().items()}
@@ -551,6 +585,10 @@ class Trainer:
             self.compression.step_done(self.device)
         self._finished = record
         faults.at_step(self.optimizer_steps)
+        if self._profile is not None:
+            self._profile.step_finished(self.optimizer_steps)
+            if not self._profile.recording and self._profile.breakdown is not None:
+                self._close_profile_window()
         if self.checkpointer is not None:
             self.checkpointer.after_step(self.optimizer_steps)
         return applied
@@ -751,6 +789,7 @@ class Trainer:
             if self.optimizer is not None:
                 self.optimizer.zero_grad(set_to_none=True)
         self._commit_finished()
+        self._close_profile_window()
         self._save_if_due()
         self.metrics.flush()
         self.metrics.close()
@@ -786,6 +825,7 @@ class MicroStep:
         self.backward_done = False
         self.stepped = False
         self._stack = ExitStack()
+        self._forward: Any = None
 
     def __enter__(self) -> "MicroStep":
         trainer = self._trainer
@@ -793,7 +833,15 @@ class MicroStep:
             # Forward too, not just backward: DDP decides at forward time whether to reduce.
             self._stack.enter_context(trainer.ddp_model.no_sync())
         self._stack.enter_context(trainer.precision.autocast())
+        # Everything before step.backward() is the forward (model and loss), as the profile sees it.
+        self._forward = phase("forward")
+        self._forward.__enter__()
         return self
+
+    def _end_forward(self) -> None:
+        if self._forward is not None:
+            self._forward.__exit__(None, None, None)
+            self._forward = None
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate the micro-batch's mean loss, weighted by its share of the window."""
@@ -805,10 +853,12 @@ class MicroStep:
                 + (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__)
                 + "."
             )
+        self._end_forward()
         self._trainer._backward(loss, self.samples)
         self.backward_done = True
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._end_forward()
         self._stack.close()
         if exc_type is RuntimeError and (explained := self._trainer._explain_unused_parameters(exc)):
             raise explained from exc

@@ -26,6 +26,9 @@ def test_demo_reaches_95_percent_and_reports(demo_run):
     assert "[gradsync rank 0] step " in done.stderr, "progress is reported while training"
     diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
     assert diagnosis["status"] == "ok" and diagnosis["findings"] == [], diagnosis
+    breakdowns = [json.loads((run_dir / "profile" / f"rank{r}.breakdown.json").read_text()) for r in (0, 1)]
+    assert all([s["step"] for s in b["steps"]] == [20, 21, 22] for b in breakdowns), "--profile-steps 20:22 by default"
+    assert set(breakdowns[0]["annotated_phases"]) == {"data", "forward", "backward", "optimizer"}, "the trainer marks its phases"
     assert "gradsync run: ok: 2 ranks finished" in done.stderr
     assert "warning" not in done.stderr.lower() and "FAILED" not in done.stderr, done.stderr
     assert f"report: {run_dir / 'report.html'}" in done.stdout
@@ -68,6 +71,8 @@ def test_demo_runs_its_workers_under_gradsync_run_with_restarts_faults_and_check
     argv = demo.launcher_argv(args, Path("runs/x"))
     run = launcher.build_parser().parse_args(argv)
     assert (run.standalone, run.nproc_per_node, run.max_restarts, run.run_dir) == (True, "3", 2, "runs/x")
+    assert run.profile_steps == "20:22", "the demo profiles a few steps for its report by default"
+    assert demo.launcher_argv(_demo_args("--profile-steps", "none"), Path("r")).count("--profile-steps") == 0
     assert run.inject_fault == ["kill:rank=1:step=5", "exit:rank=2:step=9:attempt=1:code=3"]
     assert (run.module, run.training_script) == (True, "gradsync.demo.digits")
     assert run.training_script_args == [

@@ -12,12 +12,14 @@ from gradsync.run.options import RunOptions
 
 
 def test_options_round_trip_and_validation(tmp_path):
-    options = RunOptions(run_dir=tmp_path, stall_timeout_s=5)
+    options = RunOptions(run_dir=tmp_path, stall_timeout_s=5, record_buckets=True, profile_steps="3:5")
     assert RunOptions.load(options.save()) == options
     assert options.snapshot_interval_s == 1.0
     assert RunOptions(run_dir=tmp_path, stall_timeout_s=2).snapshot_interval_s == pytest.approx(0.4)
     with pytest.raises(ConfigError, match="at least 1 second"):
         RunOptions(run_dir=tmp_path, stall_timeout_s=0.5)
+    with pytest.raises(ConfigError, match="--profile-steps '3': give FIRST:LAST"):
+        RunOptions(run_dir=tmp_path, profile_steps="3")
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(ConfigError, match="not a gradsync run options file"):
         RunOptions.load(tmp_path / "bad.json")

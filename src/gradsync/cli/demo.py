@@ -58,6 +58,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--resume", choices=("auto",), default=None, help="auto: continue from the latest checkpoint, if any")
     parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N", help="save a checkpoint every N optimizer steps")
     parser.add_argument(
+        "--profile-steps", default="20:22", metavar="A:B",
+        help="optimizer steps recorded with torch.profiler for the report's step breakdown (default 20:22; "
+        "'none' to skip)",
+    )
+    parser.add_argument(
         "--max-restarts", type=int, default=0, metavar="K", help="restart all workers up to K times after a failure (default 0)"
     )
     parser.add_argument(
@@ -75,6 +80,8 @@ def launcher_argv(args: argparse.Namespace, run_dir: Path) -> list[str]:
     """The `gradsync run` command line that runs the demo's workers."""
     argv = ["--standalone", "--nproc-per-node", str(args.nproc_per_node), "--run-dir", str(run_dir)]
     argv += ["--max-restarts", str(args.max_restarts)]
+    if args.profile_steps not in (None, "none"):
+        argv += ["--profile-steps", args.profile_steps]
     for spec in args.inject_fault:
         argv += ["--inject-fault", spec]
     argv += ["-m", WORKER_MODULE, "--run-dir", str(run_dir)]

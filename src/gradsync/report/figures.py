@@ -61,14 +61,14 @@ def step_breakdown(records: RunRecords) -> bytes | None:
     if records.breakdowns:
         ranks = sorted(records.breakdowns)
         means = [records.breakdowns[rank]["mean"] for rank in ranks]
-        figure, axes = plt.subplots(figsize=(7, 3.6))
+        figure, axes = plt.subplots(figsize=(9, 3.6))
         bottoms = [0.0] * len(ranks)
         for key, label, colour in BREAKDOWN_PARTS:
             heights = [1e3 * mean.get(key, 0.0) for mean in means]
             axes.bar([f"rank {r}" for r in ranks], heights, bottom=bottoms, label=label, color=colour)
             bottoms = [b + h for b, h in zip(bottoms, heights)]
-        overlap = ", ".join(f"rank {r}: {m.get('overlap_ratio', 0):.0%}" for r, m in zip(ranks, means))
-        axes.set(title=f"profiled step time (communication hidden: {overlap})", ylabel="ms per step")
+        overlap = ", ".join(f"rank {r}: {m.get('overlap_ratio') or 0:.0%}" for r, m in zip(ranks, means))
+        axes.set(title=f"profiled steps; communication hidden behind backward: {overlap}", ylabel="ms per step")
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
         return _png(figure)
     if not records.rows:

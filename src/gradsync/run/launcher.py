@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         "step; by default DDP keeps its C++ reduction, recorded per backward pass with the loss checked)",
     )
     extra.add_argument(
+        "--profile-steps",
+        default=None,
+        metavar="A:B",
+        help="record optimizer steps A..B (from 1) of every rank with torch.profiler: Chrome traces and a "
+        "step-time breakdown (forward, backward, exposed communication, optimizer, data) in RUN_DIR/profile",
+    )
+    extra.add_argument(
         "--doctor-steps",
         type=int,
         default=None,
@@ -152,6 +159,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         faults=tuple(str(s) for s in specs),
         doctor_steps=args.doctor_steps,
         record_buckets=args.record_buckets,
+        profile_steps=args.profile_steps,
     )
 
 

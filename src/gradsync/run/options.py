@@ -32,6 +32,8 @@ class RunOptions:
     gradient before averaging (names the rank and parameters where NaN/inf started, at ~1.5-2 ms
     per step); otherwise DDP keeps its C++ reduction, recorded per backward pass with the loss
     checked. The script check always records buckets: it is short and wants the detail.
+    `profile_steps`: "A:B" profiles optimizer steps A..B of every rank with torch.profiler
+    (RUN_DIR/profile/, see gradsync.profiling); steps are counted by the optimizers' step calls.
     """
 
     run_dir: Path
@@ -42,6 +44,7 @@ class RunOptions:
     faults: tuple[str, ...] = ()
     doctor_steps: int | None = None
     record_buckets: bool = False
+    profile_steps: str | None = None
 
     def __post_init__(self) -> None:
         if not self.stall_timeout_s >= 1:
@@ -53,6 +56,10 @@ class RunOptions:
             raise ConfigError(f"ring_size={self.ring_size}: keep at least 16 collectives per rank.")
         if not 0 < self.straggler_ratio < 10:
             raise ConfigError(f"straggler_ratio={self.straggler_ratio}: use a share of the step, e.g. 0.2.")
+        if self.profile_steps is not None:
+            from gradsync.profiling.capture import parse_profile_steps
+
+            parse_profile_steps(self.profile_steps)
         steps = self.doctor_steps
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ConfigError(

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from gradsync.distributed import end_process
+from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
 from gradsync.run import faults, files
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
@@ -145,11 +147,14 @@ def main(argv: list[str] | None = None) -> None:
     check = None
     if options.doctor_steps is not None:
         check = _install_script_check(recorder, writer, options, identity)
+    profile = _install_profile_window(options, rank) if options.profile_steps is not None else None
     writer.start()
 
     def finish(outcome: dict[str, Any]) -> None:
         if check is not None:
             check.write()
+        if profile is not None:
+            profile.close()
         writer.finish(outcome)
 
     try:
@@ -191,6 +196,35 @@ def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, 
     check = ScriptCheck(recorder, steps, path, stop)
     check.install()
     return check
+
+
+def _install_profile_window(options: RunOptions, rank: int) -> ProfileWindow:
+    """--profile-steps A:B on an unmodified script: optimizer steps are the script's step() calls.
+
+    A step is one outermost optimizer step (an optimizer stepping inside another's step, like
+    ZeroRedundancyOptimizer's local one, is part of it). With A = 1 recording starts now, so
+    step 1 also holds the script's set-up; profile from step 2 on for a clean breakdown.
+    """
+    assert options.profile_steps is not None
+    first, last = parse_profile_steps(options.profile_steps)
+    window = ProfileWindow(first, last, Path(options.run_dir) / "profile", rank)
+    depth = 0
+    steps = 0
+
+    def before(optimizer: Any, args: Any, kwargs: Any) -> None:
+        nonlocal depth
+        depth += 1
+
+    def after(optimizer: Any, args: Any, kwargs: Any) -> None:
+        nonlocal depth, steps
+        depth -= 1
+        if depth == 0:
+            steps += 1
+            window.step_finished(steps)
+
+    register_optimizer_step_pre_hook(before)
+    register_optimizer_step_post_hook(after)
+    return window
 
 
 def _tear_down(recorder: CollectiveRecorder) -> None:

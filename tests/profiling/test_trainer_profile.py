@@ -1,0 +1,44 @@
+"""metrics.profile_steps on the trainer: every rank profiles the window, with the trainer's phases marked."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import TensorDataset
+
+import gradsync
+from gradsync.errors import ConfigError
+from tests.harness import launch
+
+
+def _train_profiled(profile_steps):
+    trainer = gradsync.setup(accumulation_steps=2, metrics={"log_every": 4, "profile_steps": profile_steps})
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64 * trainer.world_size, 32, generator=g), torch.randn(64 * trainer.world_size, 1, generator=g))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), data, batch_size=4)
+    for _ in trainer.epochs(1):
+        for x, y in loader:
+            with trainer.step() as step:
+                step.backward(F.mse_loss(model(x), y))
+    trainer.close()
+    profile = Path(trainer.run_dir) / "profile"
+    return json.loads((profile / f"rank{trainer.rank}.breakdown.json").read_text())
+
+
+def test_each_rank_profiles_the_window_with_the_trainers_phases():
+    for breakdown in launch(_train_profiled, 2, profile_steps="3:5"):
+        assert [s["step"] for s in breakdown["steps"]] == [3, 4, 5]
+        assert set(breakdown["annotated_phases"]) == {"data", "forward", "backward", "optimizer"}
+        for step in breakdown["steps"]:
+            parts = sum(step[k] for k in ("data_s", "forward_s", "backward_s", "exposed_comm_s", "optimizer_s", "other_s"))
+            assert abs(parts - step["step_s"]) <= 0.1 * step["step_s"], step
+            assert step["forward_s"] > 0 and step["backward_s"] > 0 and step["optimizer_s"] > 0 and step["data_s"] > 0
+            assert step["comm_s"] > 0, "one gradient all-reduce per optimizer step (2 micro-steps, no_sync on the first)"
+
+
+def test_a_bad_window_is_refused_at_setup():
+    with pytest.raises(ConfigError, match="profile-steps"):
+        gradsync.config.MetricsConfig(profile_steps="5:3")
