@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-overhead bench-run-overhead bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit clean
+.PHONY: demo test bench-overhead bench-run-overhead bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ bench-overhead: $(STAMP)
 
 bench-run-overhead: $(STAMP)
 	$(BIN)/python benchmarks/run_overhead.py
+
+bench-system-sampler: $(STAMP)
+	$(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/system_sampler_overhead.py
 
 # What sync and async checkpoints cost a ResNet-18 run, as a share of its step time.
 bench-checkpoint-overhead: $(STAMP)

@@ -29,6 +29,9 @@ def test_demo_reaches_95_percent_and_reports(demo_run):
     breakdowns = [json.loads((run_dir / "profile" / f"rank{r}.breakdown.json").read_text()) for r in (0, 1)]
     assert all([s["step"] for s in b["steps"]] == [20, 21, 22] for b in breakdowns), "--profile-steps 20:22 by default"
     assert set(breakdowns[0]["annotated_phases"]) == {"data", "forward", "backward", "optimizer"}, "the trainer marks its phases"
+    for rank in (0, 1):  # gradsync run logs each rank's machine, once per snapshot
+        readings = [json.loads(line) for line in (run_dir / "workers" / "attempt0" / f"system-rank{rank}.jsonl").read_text().splitlines()]
+        assert readings and all(r["rss_mb"] > 50 and "net_sent_mbps" in r for r in readings)
     assert "gradsync run: ok: 2 ranks finished" in done.stderr
     assert "warning" not in done.stderr.lower() and "FAILED" not in done.stderr, done.stderr
     assert f"report: {run_dir / 'report.html'}" in done.stdout

@@ -38,12 +38,12 @@ def test_the_demo_report_renders_every_plot_in_headless_chromium(demo_run, tmp_p
     html = page.read_text()
     assert not re.search(r"(src|href)=['\"]https?:", html), "nothing may come from the network"
     plots = json.loads(re.search(r"id='gradsync-plots'>(.*?)</script>", html)[1])
-    assert plots == ["curves.png", "breakdown.png", "ranks.png", "exposed.png"]
+    assert plots == ["curves.png", "breakdown.png", "ranks.png", "machines.png", "exposed.png"]
     assert all((run_dir / "report_files" / name).stat().st_size > 5000 for name in plots)
     document = _open_in_chromium(page)
     # The page counts, once loaded, the images the browser could decode.
     assert f'data-plots-loaded="{len(plots)}"' in document, document[:500]
-    for heading in ("Loss and throughput", "Where a step", "Ranks side by side", "Exposed communication", "Diagnosis"):
+    for heading in ("Loss and throughput", "Where a step", "Ranks side by side", "The machines under", "Exposed communication", "Diagnosis"):
         assert heading in document
 
 
@@ -69,9 +69,16 @@ def test_a_report_shows_what_the_run_left_profiles_findings_and_benchmarks(tmp_p
              "other_s": 0.001, "overlap_ratio": 0.7}
     for rank in (0, 1):
         (tmp_path / "profile" / f"rank{rank}.breakdown.json").write_text(json.dumps({"mean": parts}))
+    from gradsync.bench.plots import write_report as write_bench_report
+
+    result = {"config": "fp32", "samples_per_s_per_worker": 900.0, "scaling_efficiency": 0.9, "exposed_comm_share": 0.1,
+              "comm_bytes_per_step": 2**22, "final_loss": 0.5, "loss_curve": [[1, 1.0], [2, 0.5]]}
+    write_bench_report({"workload": "mlp", "world_size": 2, "batch_size_per_worker": 32, "single_worker_samples_per_s": 1000.0,
+                        "results": [result], "allreduce": [{"bytes": 2**20, "busbw_gbps": 1.0}]}, tmp_path / "bench")
     page, *pictures = write_report(tmp_path)
     html = page.read_text()
-    assert [p.name for p in pictures] == ["curves.png", "breakdown.png", "ranks.png", "exposed.png"]
+    assert [p.name for p in pictures] == ["curves.png", "breakdown.png", "ranks.png", "exposed.png", "bench-1.png"]
+    assert "<h2>Benchmarks</h2><h3>bench</h3>" in html and "# mlp: 2 workers" in html
     assert "collective_mismatch" in html and "train.py:39" in html
     assert "rank 1 &lt;b&gt;skipped&lt;/b&gt;" in html, "text from the run is escaped"
     assert len(collect(tmp_path).rows) == 8, "a last line cut short by a crash is left out"

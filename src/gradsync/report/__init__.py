@@ -83,11 +83,11 @@ def _benchmarks(records: RunRecords, written: list[Path], pictures_dir: Path) ->
     from gradsync.bench.train import render
 
     parts = ["<h2>Benchmarks</h2>"]
-    for name, report in records.benchmarks:
+    for number, (name, report) in enumerate(records.benchmarks, 1):
         parts.append(f"<h3>{html.escape(name)}</h3><pre>{html.escape(render(report))}</pre>")
         picture = records.run_dir / name / "report.png"
         if picture.is_file():
-            parts.append(_image(picture.read_bytes(), f"benchmark {name}", pictures_dir / f"bench-{len(written)}.png", written))
+            parts.append(_image(picture.read_bytes(), f"benchmark {name}", pictures_dir / f"bench-{number}.png", written))
     return "".join(parts)
 
 
@@ -110,6 +110,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> list[
         ("Loss and throughput", figures.training_curves, "curves"),
         ("Where a step's time goes", figures.step_breakdown, "breakdown"),
         ("Ranks side by side", figures.rank_heat_maps, "ranks"),
+        ("The machines under the ranks", figures.machines_over_time, "machines"),
         ("Exposed communication over time", figures.exposed_communication, "exposed"),
     ):
         png = draw(records)

@@ -18,6 +18,8 @@ class RunRecords:
     `diagnosis`: diagnosis.json (written by `gradsync run`).
     `breakdowns`: rank -> the profiler's step-time breakdown (profile/rank{r}.breakdown.json).
     `benchmarks`: (name, report.json) of each `gradsync bench train` report found in the folder.
+    `system`: rank -> readings over time that `gradsync run` logged (workers/attemptN/system-rank{r}.jsonl,
+    the latest attempt), for scripts that do not use gradsync's trainer.
     """
 
     run_dir: Path
@@ -25,6 +27,7 @@ class RunRecords:
     diagnosis: dict[str, Any] | None = None
     breakdowns: dict[int, dict[str, Any]] = field(default_factory=dict)
     benchmarks: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    system: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def intervals(self) -> list[dict[str, Any]]:
@@ -69,11 +72,17 @@ def collect(run_dir: str | Path) -> RunRecords:
         rank = path.name.removeprefix("rank").removesuffix(".breakdown.json")
         if rank.isdigit():
             records.breakdowns[int(rank)] = _read_json(path)
+    attempts = sorted(directory.glob("workers/attempt*"), key=lambda p: int(p.name[7:]) if p.name[7:].isdigit() else -1)
+    if attempts:
+        for path in attempts[-1].glob("system-rank*.jsonl"):
+            rank = path.name.removeprefix("system-rank").removesuffix(".jsonl")
+            if rank.isdigit():
+                records.system[int(rank)] = _read_rows(path)
     for path in sorted(directory.rglob("report.json")):
         report = _read_json(path)
         if isinstance(report, dict) and "results" in report:  # a `gradsync bench train` report
             records.benchmarks.append((str(path.parent.relative_to(directory)) or ".", report))
-    if not (records.rows or records.diagnosis or records.breakdowns or records.benchmarks):
+    if not (records.rows or records.diagnosis or records.breakdowns or records.benchmarks or records.system):
         raise GradsyncError(
             f"{directory} holds nothing to report: no metrics.jsonl (gradsync trainer), diagnosis.json "
             "(gradsync run), profile/ (--profile-steps) or report.json (gradsync bench train)."

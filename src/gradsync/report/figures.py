@@ -120,3 +120,24 @@ def exposed_communication(records: RunRecords) -> bytes | None:
     axes.plot([row["step"] for row in rows], [100 * row["exposed_comm_share"] for row in rows], color="tab:red")
     axes.set(title="exposed communication", xlabel="optimizer step", ylabel="% of the step", ylim=(0, None))
     return _png(figure)
+
+
+def machines_over_time(records: RunRecords) -> bytes | None:
+    """Each rank's utilisation and network rate over the run, as `gradsync run` logged them."""
+    series = {rank: rows for rank, rows in sorted(records.system.items()) if rows}
+    if not series:
+        return None
+    start = min(rows[0]["time"] for rows in series.values())
+    gpu = any("gpu_util_percent" in row for rows in series.values() for row in rows)
+    utilisation_key = "gpu_util_percent" if gpu else "cpu_percent"
+    plt = _pyplot()
+    figure, (utilisation, network) = plt.subplots(1, 2, figsize=(11, 3.4))
+    for rank, rows in series.items():
+        seconds = [row["time"] - start for row in rows]
+        utilisation.plot(seconds, [row.get(utilisation_key, float("nan")) for row in rows], label=f"rank {rank}")
+        network.plot(seconds, [row.get("net_sent_mbps", float("nan")) for row in rows], label=f"rank {rank}")
+    utilisation.set(title=utilisation_key.replace("_", " "), xlabel="seconds", ylabel="%")
+    network.set(title="sent on the backend's interface", xlabel="seconds", ylabel="Mbit/s")
+    for axis in (utilisation, network):
+        axis.legend(fontsize="small")
+    return _png(figure)

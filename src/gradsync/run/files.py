@@ -41,6 +41,11 @@ def exit_path(run_dir: Path, attempt: int, rank: int) -> Path:
     return attempt_dir(run_dir, attempt) / f"rank{rank}.exit.json"
 
 
+def system_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    """One JSON line per snapshot: the rank's system metrics (gradsync.metrics.system) over time."""
+    return attempt_dir(run_dir, attempt) / f"system-rank{rank}.jsonl"
+
+
 def fault_path(run_dir: Path, attempt: int, rank: int) -> Path:
     """The record an injected fault leaves just before it fires (see gradsync.run.faults)."""
     return attempt_dir(run_dir, attempt) / f"fault-rank{rank}.json"

@@ -13,6 +13,8 @@ left open is destroyed once the script has returned.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import runpy
 import socket
@@ -21,18 +23,21 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import psutil
 import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.optim import Optimizer
 
 from gradsync.distributed import end_process
+from gradsync.metrics.system import SystemSampler, backend_interface
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
 from gradsync.run import faults, files
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
 from gradsync.run.recorder import CollectiveRecorder, install
 from gradsync.run.script_check import ScriptCheck
+
 
 class SnapshotWriter(threading.Thread):
     """Publishes the recorder's state every interval; also decides if a quiet main thread is busy.
@@ -51,13 +56,26 @@ class SnapshotWriter(threading.Thread):
         self.exit_path = files.exit_path(run_dir, identity["attempt"], identity["rank"])
         self.stopped = threading.Event()
         self._last_stack: list[str] = []
+        # What the machine under this rank does, one reading per snapshot (~0.1 ms each), for
+        # `gradsync report` on scripts that do not use gradsync's trainer.
+        self.system = SystemSampler(interval_s, backend_interface())
+        self.system_log = files.system_path(run_dir, identity["attempt"], identity["rank"])
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval_s):
             try:
                 files.write_json(self.path, self.state())
+                self._log_system()
             except OSError:
                 pass  # a full or vanished disk must not kill training; the launcher sees stale state
+
+    def _log_system(self) -> None:
+        try:
+            reading = self.system.sample()
+        except psutil.Error:
+            return
+        with self.system_log.open("a") as log:
+            log.write(json.dumps({"time": time.time(), **reading}) + "\n")
 
     def state(self) -> dict[str, Any]:
         recorder = self.recorder
@@ -202,8 +220,12 @@ def _install_profile_window(options: RunOptions, rank: int) -> ProfileWindow:
     """--profile-steps A:B on an unmodified script: optimizer steps are the script's step() calls.
 
     A step is one outermost optimizer step (an optimizer stepping inside another's step, like
-    ZeroRedundancyOptimizer's local one, is part of it). With A = 1 recording starts now, so
-    step 1 also holds the script's set-up; profile from step 2 on for a clean breakdown.
+    ZeroRedundancyOptimizer's local one, is part of it). The window turns the profiler on and
+    off after a step has returned: torch's step hooks run inside the step's own profiler range,
+    which would be left open (torch warns, and the step's optimizer time is lost). So each
+    optimizer class's step gets an outer wrapper, put on where torch puts its own. With A = 1
+    recording starts now, so step 1 also holds the script's set-up: profile from step 2 on for
+    a clean breakdown.
     """
     assert options.profile_steps is not None
     first, last = parse_profile_steps(options.profile_steps)
@@ -211,19 +233,34 @@ def _install_profile_window(options: RunOptions, rank: int) -> ProfileWindow:
     depth = 0
     steps = 0
 
-    def before(optimizer: Any, args: Any, kwargs: Any) -> None:
-        nonlocal depth
-        depth += 1
+    def counted(step: Callable) -> Callable:
+        @functools.wraps(step)
+        def step_then_profile(*args: Any, **kwargs: Any) -> Any:
+            nonlocal depth, steps
+            depth += 1
+            try:
+                result = step(*args, **kwargs)
+            finally:
+                depth -= 1
+            if depth == 0:
+                steps += 1
+                window.step_finished(steps)
+            return result
 
-    def after(optimizer: Any, args: Any, kwargs: Any) -> None:
-        nonlocal depth, steps
-        depth -= 1
-        if depth == 0:
-            steps += 1
-            window.step_finished(steps)
+        step_then_profile.hooked = True  # torch's marker: its own wrapper is already inside
+        step_then_profile.gradsync_counted = True
+        return step_then_profile
 
-    register_optimizer_step_pre_hook(before)
-    register_optimizer_step_post_hook(after)
+    patch_step_function = Optimizer._patch_step_function
+
+    @functools.wraps(patch_step_function)
+    def _patch_step_function(optimizer: Optimizer) -> None:
+        patch_step_function(optimizer)
+        cls = optimizer.__class__
+        if not getattr(cls.step, "gradsync_counted", False):
+            cls.step = counted(cls.step)
+
+    Optimizer._patch_step_function = _patch_step_function
     return window
 
 
