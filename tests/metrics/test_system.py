@@ -77,3 +77,52 @@ def test_a_bad_sampling_interval_is_refused(every):
 
 def test_system_sampling_can_be_turned_off():
     assert MetricsConfig(system_every_s=None).system_every_s is None
+
+
+class _FakeNvml:
+    """NVML's Python binding as nvidia-ml-py exposes it, with one device's readings (no GPU here)."""
+
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+
+    def __init__(self):
+        self.initialised = False
+
+    def nvmlInit(self):
+        self.initialised = True
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        if index != 3:
+            raise RuntimeError("NVML_ERROR_INVALID_ARGUMENT")
+        return "device-3"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return type("Rates", (), {"gpu": 87})()
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Memory", (), {"used": 3 * 2**30})()
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 71
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 312_500  # milliwatts
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")  # some boards do not report it
+
+
+def test_gpu_readings_come_from_nvml_for_this_ranks_device(monkeypatch):
+    import sys
+
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sampler = SystemSampler(1.0, interface="lo", gpu_index=3)
+    values = sampler.sample()
+    assert fake.initialised
+    assert (values["gpu_util_percent"], values["gpu_memory_mb"], values["gpu_temperature_c"], values["gpu_power_w"]) == (87, 3072, 71, 312.5)
+    assert "gpu_sm_clock_mhz" not in values, "a reading the board does not support is left out, the rest kept"
+    # A device NVML does not know, or no NVML at all: no GPU keys, nothing raised.
+    assert not any(k.startswith("gpu_") for k in SystemSampler(1.0, gpu_index=0).sample())
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert not any(k.startswith("gpu_") for k in SystemSampler(1.0, gpu_index=3).sample())
