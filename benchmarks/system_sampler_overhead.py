@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync.distributed import end_process
 from gradsync.metrics.system import SystemSampler, backend_interface
+from run_overhead import median_with_interval  # benchmarks/ is on the path of a script run from it
 
 
 def sample_cost_s(sampler: SystemSampler, samples: int = 300) -> float:
@@ -71,12 +72,10 @@ def main() -> None:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         ratios.append(slowest[1].item() / slowest[0].item())
     if dist.get_rank() == 0:
-        ordered = sorted(ratios)
-        half = 0.98 * len(ordered) ** 0.5
-        low, high = ordered[max(0, int(len(ordered) / 2 - half))], ordered[min(len(ordered) - 1, int(len(ordered) / 2 + half))]
+        median, low, high = median_with_interval(ratios)
         print(f"one sample: {per_sample * 1e6:.0f} us of CPU on the sampler's thread (interface {interface}); "
               f"at the default 1/s: {per_sample * 100:.3f}% of a core")
-        print(f"in one job, sampler at {args.rate_hz:g}/s on / off: {statistics.median(ratios):.3f} "
+        print(f"in one job, sampler at {args.rate_hz:g}/s on / off: {median:.3f} "
               f"(95% interval {low:.3f}-{high:.3f}; {args.rounds} rounds of {args.steps_per_block}-step blocks)")
     dist.barrier()
     end_process(0)  # not destroy_process_group() with a DDP model alive: see gradsync.distributed

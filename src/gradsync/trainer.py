@@ -43,6 +43,7 @@ from gradsync.data import DistributedLoader, EvalLoader
 from gradsync.distributed import join_process_group, plan_distributed, shutdown
 from gradsync.errors import ConfigError, GradsyncError
 from gradsync.log import configure_logging
+from gradsync.profiling.breakdown import format_breakdown
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps, phase
 from gradsync.metrics import Clock, CommTimer, MetricsRecorder, StepRecord
 from gradsync.metrics.recorder import RESERVED_KEYS
@@ -495,8 +496,6 @@ class Trainer:
         window.close()
         self._profile, self._profiled = None, True
         if window.breakdown is not None and self.is_main:
-            from gradsync.profiling import format_breakdown
-
             self.logger.info(f"profile of steps {self.config.metrics.profile_steps} (rank 0; trace in "
                              f"{window.trace_path.parent}):\n{format_breakdown(window.breakdown)}")
 

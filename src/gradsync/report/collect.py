@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gradsync.errors import GradsyncError
+from gradsync.run import files
 
 
 @dataclass
@@ -72,9 +73,9 @@ def collect(run_dir: str | Path) -> RunRecords:
         rank = path.name.removeprefix("rank").removesuffix(".breakdown.json")
         if rank.isdigit():
             records.breakdowns[int(rank)] = _read_json(path)
-    attempts = sorted(directory.glob("workers/attempt*"), key=lambda p: int(p.name[7:]) if p.name[7:].isdigit() else -1)
-    if attempts:
-        for path in attempts[-1].glob("system-rank*.jsonl"):
+    attempt = files.latest_attempt(directory)
+    if attempt is not None:
+        for path in files.attempt_dir(directory, attempt).glob("system-rank*.jsonl"):
             rank = path.name.removeprefix("system-rank").removesuffix(".jsonl")
             if rank.isdigit():
                 records.system[int(rank)] = _read_rows(path)
