@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 from gradsync.checkpoint.config import CheckpointConfig
 from gradsync.comm.compression import CompressionConfig
 from gradsync.errors import ConfigError
+from gradsync.profiling.capture import parse_profile_steps
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
@@ -106,8 +107,6 @@ class MetricsConfig:
                 "least 0.05 (1.0 is plenty for utilisation and network rates), or None to turn them off."
             )
         if self.profile_steps is not None:
-            from gradsync.profiling.capture import parse_profile_steps  # torch.profiler: only when asked
-
             parse_profile_steps(str(self.profile_steps))
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradsync.errors import ConfigError
+from gradsync.profiling.capture import parse_profile_steps
 from gradsync.run import files
 
 
@@ -57,8 +58,6 @@ class RunOptions:
         if not 0 < self.straggler_ratio < 10:
             raise ConfigError(f"straggler_ratio={self.straggler_ratio}: use a share of the step, e.g. 0.2.")
         if self.profile_steps is not None:
-            from gradsync.profiling.capture import parse_profile_steps
-
             parse_profile_steps(self.profile_steps)
         steps = self.doctor_steps
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
