@@ -580,8 +580,8 @@ class Trainer:
         record.lr = self.optimizer.param_groups[0].get("lr")
         record.end = self.clock.mark()
         self._last_step_end = record.end
-        if isinstance(self.compression, AutoTuner):
-            self.compression.step_done(self.device)
+        if isinstance(self.compression, AutoTuner) and self.compression.deciding:
+            self.compression.step_done(self.device, sum(self.clock.seconds(a, b) for a, b in record.exposed))
         self._finished = record
         faults.at_step(self.optimizer_steps)
         if self._profile is not None:

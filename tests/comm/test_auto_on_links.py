@@ -24,13 +24,12 @@ def _auto_choice(link, tmp_path):
 
 
 def test_auto_keeps_exact_gradients_on_a_fast_link(tmp_path):
-    # On a fast link no compressor is really faster; the trials' timings on this 2-core machine
-    # still swing by 10-15% now and then (seen once in CI: bf16 13% "faster"). A second, independent
-    # tuning must then keep fp32: a real preference for compression would show in both.
-    choices = [_auto_choice("10gbit", tmp_path / "first")]
-    if choices[0]["compression"] != "none":
-        choices.append(_auto_choice("10gbit", tmp_path / "second"))
-    assert choices[-1]["compression"] == "none", choices
+    # The trials' step times on this 2-core machine swing by 10-20% (CI once saw bf16 11% and, in a
+    # second tuning, powersgd 12% "faster" than fp32 on this link); the exposed-communication bound
+    # must keep fp32 regardless.
+    choice = _auto_choice("10gbit", tmp_path)
+    assert choice["compression"] == "none", choice
+    assert choice["baseline_exposed_comm_s"] < 0.1 * choice["step_time_s"]["none"], choice
 
 
 def test_auto_compresses_on_a_slow_link(tmp_path):
@@ -38,3 +37,4 @@ def test_auto_compresses_on_a_slow_link(tmp_path):
     assert choice["compression"] != "none", choice
     times = choice["step_time_s"]
     assert times[choice["compression"]] < 0.95 * times["none"]
+    assert choice["baseline_exposed_comm_s"] > 0.1 * times["none"], choice

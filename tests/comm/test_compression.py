@@ -180,13 +180,14 @@ def test_trainer_with_auto_compression_settles_on_one_choice_that_every_rank_sha
         assert result["row"]["comm_bytes"] > 0
 
 
-def _tuner_with_timings(timings, margin=0.05):
+def _tuner_with_timings(timings, margin=0.05, exposed=0.05):
     from gradsync.comm.auto import AutoTuner
 
     dist.init_process_group("gloo")
     tuner = AutoTuner(CompressionConfig(name="auto"), margin=margin, candidates=tuple(timings))
     for trial in tuner.trials:
         trial.step_times = [timings[trial.name]] * 4
+        trial.exposed_times = [exposed] * 4
     tuner._decide()
     dist.destroy_process_group()
     return tuner.describe()["compression"]
@@ -197,6 +198,13 @@ def test_auto_keeps_exact_gradients_unless_a_compressor_wins_by_the_margin():
     assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "bf16": 0.090, "int8": 0.060})[0] == "int8"
     # A lossier compressor must beat the best less lossy one found so far, not just fp32.
     assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "bf16": 0.060, "int8": 0.058})[0] == "bf16"
+
+
+def test_auto_keeps_exact_gradients_when_fp32_leaves_little_communication_exposed():
+    # A compressor cannot save more than the communication backward waited for: a trial that
+    # looks 40% faster with 4 ms of 100 exposed is noise, not a gain.
+    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "int8": 0.060}, exposed=0.004)[0] == "none"
+    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "int8": 0.060}, exposed=0.030)[0] == "int8"
 
 
 def test_auto_bucket_size_follows_the_gradient_bytes():
