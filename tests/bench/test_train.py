@@ -34,6 +34,7 @@ def test_a_small_benchmark_reports_every_config_and_draws_it(tmp_path):
     assert report["allreduce"] and report["allreduce"][-1]["bytes"] == 64 << 20
     assert report["workload"] == "mlp" and report["world_size"] == 2 and report["single_worker_samples_per_s"] > 0
     assert [r["config"] for r in report["results"]] == ["fp32", "int8"]
+    assert report["single_worker_samples_per_s"] == pytest.approx(sum(report["single_worker_runs"]) / 2)
     for r in report["results"]:
         assert r["samples_per_s_per_worker"] > 0 and 0 < r["exposed_comm_share"] < 1
         assert r["scaling_efficiency"] == pytest.approx(r["samples_per_s_per_worker"] / report["single_worker_samples_per_s"])

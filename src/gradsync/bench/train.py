@@ -1,7 +1,9 @@
 """`gradsync bench train`: what each communication setting buys on a real training workload.
 
 For a built-in workload it runs one worker alone (the reference), then N workers once per
-configuration, each a fresh job through the launcher, and reports per configuration: samples/s
+configuration, each a fresh job through the launcher, then the lone worker again: the
+reference is the mean of the two, so a machine that speeds up or slows down during the
+benchmark does not favour the configurations measured early or late. It reports per configuration: samples/s
 per worker, scaling efficiency (per-worker throughput / the lone worker's), the share of step
 time spent in exposed communication, bytes sent per step, and the final loss. The global batch
 is the same for every configuration (per-worker batch x N), so losses are comparable.
@@ -160,17 +162,22 @@ def run_benchmark(
                 raise RuntimeError(f"the {config} job on {count} worker(s) failed (exit code {code}); its output is above")
             return json.loads(result.read_text())
 
-        log(f"{workload}: 1 worker, fp32 (the reference)")
+        log(f"{workload}: 1 worker, fp32 (the reference, before)")
         single = job("fp32", 1, single_runner)
-        reference = single["samples_per_s_per_worker"]
         results = []
         for config in configs:
             log(f"{workload}: {workers} workers, {config}")
             outcome = job(config, workers, runner)
-            outcome["scaling_efficiency"] = outcome["samples_per_s_per_worker"] / reference
             results.append(outcome)
-            log(f"  {outcome['samples_per_s_per_worker']:.1f} samples/s per worker, scaling efficiency "
-                f"{outcome['scaling_efficiency']:.0%}, exposed comm {(outcome['exposed_comm_share'] or 0):.0%}")
+            log(f"  {outcome['samples_per_s_per_worker']:.1f} samples/s per worker, exposed comm "
+                f"{(outcome['exposed_comm_share'] or 0):.0%}")
+        log(f"{workload}: 1 worker, fp32 (the reference, after)")
+        single_runs = [single["samples_per_s_per_worker"], job("fp32", 1, single_runner)["samples_per_s_per_worker"]]
+        reference = statistics.fmean(single_runs)
+        log(f"one worker alone: {reference:.1f} samples/s (before {single_runs[0]:.1f}, after {single_runs[1]:.1f})")
+        for outcome in results:
+            outcome["scaling_efficiency"] = outcome["samples_per_s_per_worker"] / reference
+            log(f"  {outcome['config']}: scaling efficiency {outcome['scaling_efficiency']:.0%}")
         # The network's own capacity, on the same workers: what the configurations compete for.
         log(f"all-reduce sweep on {workers} workers (1K to {SWEEP_MAX})")
         sweep = Path(scratch) / "allreduce.json"
@@ -186,6 +193,7 @@ def run_benchmark(
         "steps": job_steps,
         "timed_from_step": job_warmup,
         "single_worker_samples_per_s": reference,
+        "single_worker_runs": single_runs,  # samples/s before and after the configurations
         "single_worker_final_loss": single["final_loss"],
         "results": results,
         "allreduce": allreduce,
@@ -195,7 +203,8 @@ def run_benchmark(
 def render(report: dict[str, Any]) -> str:
     lines = [
         f"# {report['workload']}: {report['world_size']} workers, batch {report['batch_size_per_worker']} per worker; "
-        f"one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s",
+        f"one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s "
+        f"(before {report['single_worker_runs'][0]:.1f}, after {report['single_worker_runs'][1]:.1f})",
         f"{'config':>9} {'samples/s/worker':>17} {'scaling eff.':>13} {'exposed comm':>13} {'MB/step':>8} {'final loss':>11}  chosen",
     ]
     for r in report["results"]:
