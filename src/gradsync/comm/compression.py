@@ -106,16 +106,29 @@ class _Layout:
         self.compressed = _merge(compressed)
         self.plain = _merge(plain)
         self.numel = offset
+        self._packed: dict[str, torch.Tensor] = {}
 
-    @staticmethod
-    def gather(buffer: torch.Tensor, ranges: list[tuple[int, int]]) -> torch.Tensor:
-        if len(ranges) == 1:
-            start, end = ranges[0]
-            return buffer[start:end]
-        return torch.cat([buffer[start:end] for start, end in ranges])
+    def gather(self, buffer: torch.Tensor, part: str, dtype: torch.dtype) -> torch.Tensor:
+        """The `part` ("plain" or "compressed") ranges of `buffer`, packed into a tensor of `dtype`.
+
+        The tensor is this layout's own, reused every step: allocating bucket-sized tensors
+        afresh costs page faults (CPU) each time, more than the copy itself. It is free again by
+        the next step, because DDP waits for every bucket's future before backward returns.
+        """
+        ranges = self.plain if part == "plain" else self.compressed
+        numel = sum(end - start for start, end in ranges)
+        out = self._packed.get(part)
+        if out is None or out.dtype != dtype or out.device != buffer.device:
+            out = self._packed[part] = torch.empty(numel, dtype=dtype, device=buffer.device)
+        offset = 0
+        for start, end in ranges:
+            out[offset : offset + end - start].copy_(buffer[start:end])
+            offset += end - start
+        return out
 
     @staticmethod
     def scatter(buffer: torch.Tensor, ranges: list[tuple[int, int]], flat: torch.Tensor) -> None:
+        """Copy `flat` back into the ranges, casting to the bucket's dtype on the way."""
         offset = 0
         for start, end in ranges:
             buffer[start:end].copy_(flat[offset : offset + end - start])
@@ -140,6 +153,7 @@ class CompressionHook:
     """
 
     error_feedback = False
+    wire_dtype: torch.dtype | None = None  # the compressed part's dtype handed to the encoder, if not the bucket's
 
     def __init__(self, config: CompressionConfig, process_group: Any = None) -> None:
         self.config = config
@@ -159,11 +173,13 @@ class CompressionHook:
         buffer.div_(self.world_size)
         futures = []
         if layout.plain:
-            plain = _Layout.gather(buffer, layout.plain)
+            plain = layout.gather(buffer, "plain", buffer.dtype)
             self.stats.sent_bytes += plain.numel() * plain.element_size()
             futures.append(self._all_reduce(plain))
         if layout.compressed:
-            flat = _Layout.gather(buffer, layout.compressed)
+            # Error feedback accumulates in fp32 whatever the gradients' dtype.
+            wire_dtype = self.wire_dtype or (torch.float32 if self.error_feedback else buffer.dtype)
+            flat = layout.gather(buffer, "compressed", wire_dtype)
             if self.error_feedback:
                 flat = self._with_residual(bucket.index(), flat)
             futures.append(self._reduce_compressed(flat, bucket.index()))
@@ -192,10 +208,11 @@ class CompressionHook:
         return layout
 
     def _with_residual(self, index: int, flat: torch.Tensor) -> torch.Tensor:
+        """`flat` (the layout's packed fp32 copy) plus the error carried from the last step, in place."""
         residual = self.residuals.get(index)
-        if residual is None or residual.shape != flat.shape or residual.device != flat.device:
-            return flat.float()  # a new or rebuilt bucket starts without carried error
-        return flat.float() + residual
+        if residual is not None and residual.shape == flat.shape and residual.device == flat.device:
+            flat.add_(residual)  # a new or rebuilt bucket starts without carried error
+        return flat
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         return dist.all_reduce(tensor, group=self.process_group, async_op=True).get_future()
@@ -219,19 +236,19 @@ def _first(value: Any) -> torch.Tensor:
 
 
 class CastHook(CompressionHook):
-    """fp16 or bf16: halve the bytes by rounding; the sum itself runs in the low precision."""
+    """fp16 or bf16: halve the bytes by rounding; the sum itself runs in the low precision.
+
+    The bucket is divided by the world size before the cast (fp16 would overflow summing raw
+    gradients of many ranks), and the result is cast back while it is copied into the bucket.
+    """
 
     def __init__(self, config: CompressionConfig, process_group: Any = None) -> None:
         super().__init__(config, process_group)
-        self.dtype = torch.float16 if config.name == "fp16" else torch.bfloat16
+        self.wire_dtype = torch.float16 if config.name == "fp16" else torch.bfloat16
 
     def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
-        # Already divided by the world size, so the sum stays in the averaged range: fp16 would
-        # overflow summing raw gradients of many ranks.
-        low = flat.to(self.dtype)
-        self.stats.sent_bytes += low.numel() * low.element_size()
-        dtype = flat.dtype
-        return self._all_reduce(low).then(lambda f: _first(f.value()).to(dtype))
+        self.stats.sent_bytes += flat.numel() * flat.element_size()
+        return self._all_reduce(flat)
 
 
 class Int8Hook(CompressionHook):
