@@ -42,7 +42,7 @@ bench-compression-accuracy: $(STAMP)
 # The issue's setup: ResNet-18 on two simulated hosts joined by a 300 Mbit/s link (needs root).
 bench-resnet-300mbit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 300mbit \
-		--configs fp32,fp16,powersgd,int8,auto --steps 8 --warmup 3 --output-dir gradsync_runs/bench-resnet18-300mbit
+		--configs fp32,fp16,powersgd,int8,auto --steps 16 --warmup 3 --output-dir gradsync_runs/bench-resnet18-300mbit
 
 clean:
 	rm -rf $(VENV) gradsync_runs .pytest_cache

@@ -117,6 +117,28 @@ def test_without_error_feedback_the_gradient_sum_drifts_away(name):
     assert without > 3 * with_feedback, (without, with_feedback)
 
 
+def _baseline_against_ddp():
+    from gradsync.comm.auto import PlainHook
+
+    dist.init_process_group("gloo")
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    plain, timed = DistributedDataParallel(ControlledGradients()), DistributedDataParallel(ControlledGradients())
+    hook = PlainHook(CompressionConfig(name="none"))
+    timed.register_comm_hook(None, hook)
+    for _ in range(3):
+        g_w, g_b = torch.randn(64, 64, generator=generator), torch.randn(64, generator=generator)
+        plain(g_w, g_b).backward()
+        timed(g_w, g_b).backward()
+        for mine, ddps in zip(timed.module.parameters(), plain.module.parameters()):
+            assert torch.equal(mine.grad, ddps.grad)
+            mine.grad = ddps.grad = None
+    return hook.stats.sent_bytes == hook.stats.raw_bytes == 3 * (64 * 64 + 64) * 4
+
+
+def test_auto_baseline_is_ddps_own_all_reduce_bitwise():
+    assert launch(_baseline_against_ddp, 2) == [True, True]
+
+
 def test_compression_config_is_checked():
     assert DDPConfig(compression="int8").compression == CompressionConfig(name="int8")
     assert DDPConfig(compression={"name": "topk", "topk_ratio": 0.05}).compression.topk_ratio == 0.05

@@ -51,11 +51,14 @@ def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
 
 
 class PlainHook(CompressionHook):
-    """fp32 all-reduce through the same path and accounting as the compressors (auto's baseline)."""
+    """fp32 all-reduce of the whole bucket, in place, with the compressors' accounting (auto's baseline)."""
 
-    def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
-        self.stats.sent_bytes += flat.numel() * flat.element_size()
-        return self._all_reduce(flat)
+    def __call__(self, state, bucket):  # type: ignore[no-untyped-def]  # a DDP hook (see compression.py)
+        buffer = bucket.buffer()
+        self.stats.raw_bytes += buffer.numel() * buffer.element_size()
+        self.stats.sent_bytes += buffer.numel() * buffer.element_size()
+        buffer.div_(self.world_size)
+        return self._all_reduce(buffer).then(lambda done: done.value()[0])
 
 
 @dataclass
