@@ -50,6 +50,9 @@ def _public_collectives(rank, recorder):
         dist.recv(torch.zeros(1), src=0)
     sub = dist.new_group([0, 1])
     dist.all_reduce(t, group=sub)
+    # The tensor all-gather under its current name (torch 2.13 renamed it, deprecating the old).
+    gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather_tensor(torch.zeros(4), torch.ones(2))
 
 
 def record_public_collectives():
@@ -64,6 +67,8 @@ def test_records_public_collectives_with_user_sites_and_agreed_signatures():
         default = [r for r in records if r["group"] == "default" and r["seq"] is not None]
         ops = [r["op"] for r in default]
         assert ops[:5] == ["all_reduce", "broadcast", "all_gather", "all_reduce", "all_gather_object"], ops
+        assert default[-2]["op"] in ("all_gather_single", "all_gather_into_tensor"), ops  # then the barrier
+        assert default[-2]["signature"] == "float32[2]"
         assert default[0]["site"].endswith(f"tests/run/test_recorder.py:{line}")
         assert default[0]["signature"] == "float32[3] op=SUM"
         assert default[1]["signature"] == "float32[3] src=1"

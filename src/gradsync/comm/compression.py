@@ -335,7 +335,9 @@ class TopKHook(CompressionHook):
         message = torch.cat([values, chosen.to(torch.int32).view(torch.float32)])
         self.stats.sent_bytes += message.numel() * message.element_size() * (self.world_size - 1)
         gathered = torch.empty(self.world_size * message.numel(), dtype=message.dtype, device=message.device)
-        work = dist.all_gather_into_tensor(gathered, message, group=self.process_group, async_op=True)
+        # torch 2.13 renamed all_gather_into_tensor (deprecated, warning on use) to all_gather_single.
+        gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        work = gather_tensor(gathered, message, group=self.process_group, async_op=True)
 
         def add_up(_: Any) -> torch.Tensor:
             total = torch.zeros_like(flat)

@@ -264,10 +264,12 @@ _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "reduce": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "dst"), 4),
     "all_gather": (2, lambda a, k: _tensor_text(_arg(a, k, 1, "tensor")), 3),
     "all_gather_into_tensor": (2, lambda a, k: _tensor_text(_arg(a, k, 1, "input_tensor")), 3),
+    "all_gather_single": (2, lambda a, k: _tensor_text(_arg(a, k, 1, "input_tensor")), 3),
     "gather": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 2, "dst"), 4),
     "scatter": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 2, "src"), 4),
     "reduce_scatter": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "output")), 4),
     "reduce_scatter_tensor": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "output")), 4),
+    "reduce_scatter_single": (3, lambda a, k: _tensor_text(_arg(a, k, 0, "output")), 4),
     "all_to_all": (2, lambda a, k: f"{len(_arg(a, k, 1, 'input_tensor_list') or ())} tensors", 3),
     "all_to_all_single": (4, lambda a, k: str(getattr(_arg(a, k, 1, "input"), "dtype", "")).removeprefix("torch."), 5),
     "barrier": (0, lambda a, k: "", 1),
@@ -599,7 +601,11 @@ def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Calla
     """
     originals: list[tuple[Any, str, Any]] = []
     for op in _SIGNATURES:
-        original = getattr(dist, op)
+        # torch 2.13 renamed the tensor collectives (all_gather_single for all_gather_into_tensor,
+        # whose old name now forwards inside torch without passing through this wrapper twice).
+        original = getattr(dist, op, None)
+        if original is None:
+            continue
         originals.append((dist, op, original))
         setattr(dist, op, _wrap_collective(recorder, op, original))
     for name, phase in (("init_process_group", "running"), ("destroy_process_group", "teardown")):
