@@ -99,3 +99,15 @@ def test_time_based_saves_happen_at_the_same_step_on_every_rank(tmp_path):
     results = launch(train, 2, checkpoint_dir=str(tmp_path), every_steps=None, every_minutes=0.002, step_delay_s=0.05)
     assert results[0]["saves"] == results[1]["saves"] >= 3
     assert len(list(tmp_path.glob("step-*/manifest.json"))) == 3  # keep=3
+
+
+def test_resume_carries_int8_residuals_and_agreed_scales(tmp_path):
+    # 256 hidden units: the first layer's 2048-element weight is compressed (below 1024 elements
+    # a parameter travels uncompressed). Resuming without the residuals or the scales agreed one
+    # step ahead would apply different updates from step 7 on.
+    options = {"compression": "int8", "hidden": 256}
+    reference = launch(train, 2, checkpoint_dir=None, **options)[0]
+    checkpoints = tmp_path / "ckpt"
+    launch(train, 2, checkpoint_dir=str(checkpoints), stop_after_step=7, **options)
+    resumed = launch(train, 2, checkpoint_dir=str(checkpoints), **options)
+    assert [r["sha256"] for r in resumed] == [reference["sha256"]] * 2

@@ -108,18 +108,20 @@ class _Layout:
         self.numel = offset
         self._packed: dict[str, torch.Tensor] = {}
 
-    def gather(self, buffer: torch.Tensor, part: str, dtype: torch.dtype) -> torch.Tensor:
+    def gather(self, buffer: torch.Tensor, part: str, dtype: torch.dtype, multiple: int = 1) -> torch.Tensor:
         """The `part` ("plain" or "compressed") ranges of `buffer`, packed into a tensor of `dtype`.
 
         The tensor is this layout's own, reused every step: allocating bucket-sized tensors
         afresh costs page faults (CPU) each time, more than the copy itself. It is free again by
         the next step, because DDP waits for every bucket's future before backward returns.
+        Its length is rounded up to `multiple` with zeros (int8's chunks), which no copy touches.
         """
         ranges = self.plain if part == "plain" else self.compressed
         numel = sum(end - start for start, end in ranges)
         out = self._packed.get(part)
         if out is None or out.dtype != dtype or out.device != buffer.device:
-            out = self._packed[part] = torch.empty(numel, dtype=dtype, device=buffer.device)
+            padded = -(-numel // multiple) * multiple
+            out = self._packed[part] = torch.zeros(padded, dtype=dtype, device=buffer.device)
         offset = 0
         for start, end in ranges:
             out[offset : offset + end - start].copy_(buffer[start:end])
@@ -153,6 +155,7 @@ class CompressionHook:
     """
 
     error_feedback = False
+    pack_multiple = 1  # the packed compressed part's length is rounded up to this, with zeros
     wire_dtype: torch.dtype | None = None  # the compressed part's dtype handed to the encoder, if not the bucket's
 
     def __init__(self, config: CompressionConfig, process_group: Any = None) -> None:
@@ -179,7 +182,7 @@ class CompressionHook:
         if layout.compressed:
             # Error feedback accumulates in fp32 whatever the gradients' dtype.
             wire_dtype = self.wire_dtype or (torch.float32 if self.error_feedback else buffer.dtype)
-            flat = layout.gather(buffer, "compressed", wire_dtype)
+            flat = layout.gather(buffer, "compressed", wire_dtype, self.pack_multiple)
             if self.error_feedback:
                 flat = self._with_residual(bucket.index(), flat)
             futures.append(self._reduce_compressed(flat, bucket.index()))
@@ -225,7 +228,8 @@ class CompressionHook:
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors and numbers only, so a checkpoint of it loads with `weights_only=True`."""
-        return {"residuals": {index: r.detach().cpu() for index, r in self.residuals.items()}}
+        # Copied: the hooks overwrite their residual tensors in place on the next step.
+        return {"residuals": {index: r.detach().to("cpu", copy=True) for index, r in self.residuals.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.residuals = {int(index): r.clone() for index, r in state.get("residuals", {}).items()}
@@ -269,6 +273,7 @@ class Int8Hook(CompressionHook):
 
     error_feedback = True
     CHUNK = 256
+    pack_multiple = CHUNK
     HEADROOM = 1.5  # the agreed range is last step's maximum times this
 
     def __init__(self, config: CompressionConfig, process_group: Any = None) -> None:
@@ -276,11 +281,13 @@ class Int8Hook(CompressionHook):
         self.carrier = torch.int8 if self.world_size <= 8 else torch.int16
         self.levels = (127 if self.carrier == torch.int8 else 32767) // self.world_size
         self._next_scales: dict[int, tuple[Any, torch.Tensor]] = {}  # (pending work or None, maxima)
+        self._quantised: dict[int, torch.Tensor] = {}
 
     def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
-        numel = flat.numel()
-        padded = torch.nn.functional.pad(flat, (0, -numel % self.CHUNK)).view(-1, self.CHUNK)
-        chunk_max = padded.abs().amax(dim=1)
+        # The packed part comes padded to whole chunks (zeros), and the work tensors are this
+        # bucket's own, reused: fresh bucket-sized tensors cost more than the arithmetic.
+        chunks = flat.view(-1, self.CHUNK)
+        chunk_max = chunks.abs().amax(dim=1)
         agreed = self._next_scales.pop(index, None)
         if agreed is not None and agreed[1].shape == chunk_max.shape:
             if agreed[0] is not None:
@@ -290,17 +297,24 @@ class Int8Hook(CompressionHook):
             limit = chunk_max.clone()
             dist.all_reduce(limit, op=dist.ReduceOp.MAX, group=self.process_group)
         scale = (limit / self.levels).clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
-        quantised = torch.round(padded / scale).clamp_(-self.levels, self.levels)
-        self.residuals[index] = (padded - quantised * scale).view(-1)[:numel]
+        quantised = self._work_tensor(self._quantised, index, chunks)
+        torch.div(chunks, scale, out=quantised).round_().clamp_(-self.levels, self.levels)
+        residual = self._work_tensor(self.residuals, index, chunks)  # last step's, already added in
+        torch.sub(chunks, torch.mul(quantised, scale, out=residual), out=residual)
+        self.residuals[index] = residual.view(-1)
         integers = quantised.to(self.carrier)
         self.stats.sent_bytes += integers.numel() * integers.element_size() + chunk_max.numel() * chunk_max.element_size()
-        dtype = flat.dtype
-        reduced = self._all_reduce(integers).then(
-            lambda f: (_first(f.value()).float() * scale).view(-1)[:numel].to(dtype)
-        )
+        reduced = self._all_reduce(integers).then(lambda f: (_first(f.value()).float() * scale).view(-1))
         work = dist.all_reduce(chunk_max, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True)
         self._next_scales[index] = (work, chunk_max)
         return reduced
+
+    @staticmethod
+    def _work_tensor(store: dict[int, torch.Tensor], index: int, like: torch.Tensor) -> torch.Tensor:
+        tensor = store.get(index)
+        if tensor is None or tensor.numel() != like.numel() or tensor.device != like.device:
+            tensor = store[index] = torch.empty_like(like)
+        return tensor.view_as(like)
 
     def state_dict(self) -> dict[str, Any]:
         """Residuals and the scales agreed for the next step (a resumed run quantises the same)."""
