@@ -28,7 +28,7 @@ class DDPConfig:
     `sync_buffers` broadcasts rank 0's buffers (BatchNorm statistics, ...) to every rank
     before each forward pass; buffers are always made equal once, when the model is wrapped.
 
-    `bucket_cap_mb="auto"` sizes buckets from the model's gradients (about 8 buckets, 1-25 MB).
+    `bucket_cap_mb="auto"` sizes buckets from the model's gradients (about 30 buckets, 1-25 MB).
 
     `compression` sends gradients through a compressor ("fp16", "bf16", "int8", "topk",
     "powersgd"; see gradsync.comm) or lets "auto" pick one by trying them in the first steps:

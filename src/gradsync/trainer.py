@@ -300,7 +300,7 @@ class Trainer:
         bucket_cap_mb = options.bucket_cap_mb
         if bucket_cap_mb == "auto":
             bucket_cap_mb = auto_bucket_cap_mb(model)
-            self.logger.info(f"bucket_cap_mb='auto': {bucket_cap_mb} MB buckets (about 8 for this model's gradients)")
+            self.logger.info(f"bucket_cap_mb='auto': {bucket_cap_mb} MB buckets (its gradient bytes / 30, 1-25 MB)")
         ddp_model = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,

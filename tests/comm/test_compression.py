@@ -233,8 +233,9 @@ def test_auto_bucket_size_follows_the_gradient_bytes():
     from gradsync.comm.auto import auto_bucket_cap_mb
 
     assert auto_bucket_cap_mb(torch.nn.Linear(10, 10)) == 1.0
-    assert auto_bucket_cap_mb(torch.nn.Linear(2048, 2048)) == 2.0  # 16 MB of gradients / 8
-    assert auto_bucket_cap_mb(torch.nn.Embedding(100_000, 1024)) == 25.0
+    assert auto_bucket_cap_mb(torch.nn.Linear(2048, 2048)) == 1.0  # 16 MB of gradients: the floor
+    assert auto_bucket_cap_mb(torch.nn.Linear(8192, 8192)) == 8.53  # 256 MB / 30
+    assert auto_bucket_cap_mb(torch.nn.Embedding(250_000, 1024)) == 25.0
     assert DDPConfig(bucket_cap_mb="auto").bucket_cap_mb == "auto"
     with pytest.raises(ConfigError, match="or 'auto'"):
         DDPConfig(bucket_cap_mb="big")
