@@ -201,10 +201,11 @@ def run_benchmark(
 
 
 def render(report: dict[str, Any]) -> str:
+    runs = report.get("single_worker_runs")  # absent in reports written before it was measured twice
     lines = [
         f"# {report['workload']}: {report['world_size']} workers, batch {report['batch_size_per_worker']} per worker; "
-        f"one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s "
-        f"(before {report['single_worker_runs'][0]:.1f}, after {report['single_worker_runs'][1]:.1f})",
+        f"one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s"
+        + (f" (before {runs[0]:.1f}, after {runs[1]:.1f})" if runs else ""),
         f"{'config':>9} {'samples/s/worker':>17} {'scaling eff.':>13} {'exposed comm':>13} {'MB/step':>8} {'final loss':>11}  chosen",
     ]
     for r in report["results"]:
