@@ -581,7 +581,7 @@ class Trainer:
         record.end = self.clock.mark()
         self._last_step_end = record.end
         if isinstance(self.compression, AutoTuner) and self.compression.deciding:
-            self.compression.step_done(self.device, sum(self.clock.seconds(a, b) for a, b in record.exposed))
+            self.compression.step_done(self.device, record.exposed_seconds(self.clock))
         self._finished = record
         faults.at_step(self.optimizer_steps)
         if self._profile is not None:

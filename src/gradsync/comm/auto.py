@@ -48,7 +48,7 @@ def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
     Gloo), which a 1 MB floor keeps small against its transfer. Measured on ResNet-18 (45 MB of
     gradients; tensors over the cap get a bucket each) between two hosts at 300 Mbit/s with
     bf16: 25 MB buckets (DDP's default) left 17% of the step exposed, 5.3 MB (6 buckets) 5%,
-    1.5 MB (10 buckets, this rule) 3%. DDP's 25 MB suits models of 750 MB and more.
+    1.4 MB (10 buckets, this rule) 3%. DDP's 25 MB suits models of 750 MB and more.
     """
     total_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
     return round(min(25.0, max(1.0, total_mb / 30)), 2)

@@ -64,6 +64,10 @@ class StepRecord:
         total[0] = total[0] + value * weight
         total[1] += weight
 
+    def exposed_seconds(self, clock: Clock) -> float:
+        """The step's gradient communication that backward (or the trainer) waited for."""
+        return sum(clock.seconds(a, b) for a, b in self.exposed)
+
     def resolve(self, clock: Clock) -> dict[str, Any]:
         """Plain numbers (JSON-ready); waits for the step's device work on CUDA."""
         assert self.end is not None, "a step record is resolved only after its step ended"
@@ -72,7 +76,7 @@ class StepRecord:
             "epoch": self.epoch,
             "samples": self.samples,
             "step_time_s": clock.seconds(self.start, self.end),
-            "exposed_comm_s": sum(clock.seconds(a, b) for a, b in self.exposed),
+            "exposed_comm_s": self.exposed_seconds(clock),
             "comm_window_s": sum(clock.seconds(a, b) for a, b in self.comm_windows),
             "comm": dict(self.comm),
             "reductions": self.reductions,
