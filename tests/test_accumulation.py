@@ -5,13 +5,16 @@ applied in every optimizer step, and compare the final parameters with a single-
 reference that takes one big-batch SGD step per window over exactly those samples.
 """
 
+import json
+
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import Dataset
 
 import gradsync
-from gradsync.accumulation import plan_window
+from gradsync.accumulation import AccumulationPlan, plan_window
 from tests.harness import launch
 
 PER_RANK_SAMPLES = 31  # with batch 3: 10 full batches and one of 1 sample
@@ -178,3 +181,90 @@ def test_gradients_as_bucket_views_give_the_same_result():
     results = launch(_train, 2, skip_batches=[7], ddp={"gradient_as_bucket_view": True})
     assert results[0]["params"] == results[1]["params"]
     assert_params_close(results[0]["params"], reference_params(results))
+
+
+def test_a_raised_accumulation_starts_where_windows_of_both_counts_align():
+    plan = AccumulationPlan(2)
+    plan.raise_to(8, epoch=0, next_batch=10, batches=40)  # windows of 2 end at 9: the 8s start at 16
+    assert (plan.from_epoch, plan.from_batch) == (0, 16)
+    assert [plan.steps_at(0, b) for b in (0, 14, 15, 16, 39)] == [2, 2, 2, 8, 8]
+    assert plan.steps_at(1, 0) == 8
+    sizes = [3] * 40
+    windows = [plan_window(0, b, 40, plan.steps_at(0, b), sizes.__getitem__) for b in (10, 15, 16, 39)]
+    assert [(w.first_batch, w.last_batch) for w in windows] == [(10, 11), (14, 15), (16, 23), (32, 39)]
+    assert plan.windows(0, 40) == 8 + 3 and plan.windows(0, 40, start=10) == 3 + 3 and plan.windows(1, 40) == 5
+    # Too late in the epoch for a window of 8: the new count starts with the next epoch.
+    late = AccumulationPlan(1)
+    late.raise_to(4, epoch=2, next_batch=38, batches=40)
+    assert (late.from_epoch, late.from_batch) == (3, 0) and late.windows(2, 40) == 40 and late.windows(3, 40) == 10
+    restored = AccumulationPlan(1)
+    restored.load_state_dict(plan.state_dict())
+    assert restored == plan
+    with pytest.raises(ValueError):
+        AccumulationPlan(2).raise_to(3, epoch=0, next_batch=0, batches=10)
+
+
+AUTO_BATCHES = 40  # per rank and epoch, batch 2
+AUTO_MAX_ACCUMULATION = 4
+
+
+def _train_with_auto_accumulation(run_dir, checkpoint_dir, epochs, save_after_epoch=None, resume=None):
+    """Auto with accumulation allowed, its margin at zero so that it raises accumulation to the cap."""
+    trainer = gradsync.setup(
+        seed=0, run_dir=run_dir,
+        ddp={"compression": {"name": "auto", "max_accumulation_steps": AUTO_MAX_ACCUMULATION}},
+        metrics={"progress": False, "tensorboard": False, "system_every_s": None},
+        checkpoint={"dir": checkpoint_dir, "resume": resume},
+    )
+    dataset = Regression(AUTO_BATCHES * 2 * trainer.world_size)
+    model = make_model()
+    model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), dataset, batch_size=2)
+    trainer.compression.margin = 0.0  # every exposed share is "worth" hiding: accumulation goes to the cap
+    stepped_at, steps_per_epoch = [], []
+    for epoch in trainer.epochs(epochs):
+        steps_per_epoch.append(trainer.steps_per_epoch)
+        for x, y, _ in loader:
+            with trainer.step() as step:
+                step.backward(F.mse_loss(model(x), y))
+            if step.stepped:
+                stepped_at.append((epoch, loader.position - 1))
+        if epoch == save_after_epoch:
+            trainer.save_checkpoint()
+    parameters = torch.cat([p.detach().reshape(-1) for p in trainer.unwrap(model).parameters()])
+    result = {
+        "stepped_at": stepped_at, "steps_per_epoch": steps_per_epoch, "parameters": parameters.tolist(),
+        "total": trainer.metrics.progress.total_steps, "chosen": trainer.compression.describe(),
+        "plan": trainer.accumulation.state_dict(),
+    }
+    trainer.close()
+    return result
+
+
+def test_auto_raises_accumulation_when_allowed_and_a_resumed_run_keeps_it(tmp_path):
+    from gradsync.comm.auto import DECISION_STEPS
+
+    checkpoints = str(tmp_path / "checkpoints")
+    first = launch(_train_with_auto_accumulation, 2, run_dir=str(tmp_path / "a"), checkpoint_dir=checkpoints,
+                   epochs=3, save_after_epoch=1, timeout=180)
+    # auto decides after its trials, one micro-batch per step; windows of 4 start at the next multiple of 4.
+    switch = -(-DECISION_STEPS // AUTO_MAX_ACCUMULATION) * AUTO_MAX_ACCUMULATION
+    later = [(epoch, b) for epoch in (1, 2) for b in range(3, AUTO_BATCHES, 4)]
+    expected = [(0, b) for b in range(switch)] + [(0, b) for b in range(switch + 3, AUTO_BATCHES, 4)] + later
+    for result in first:
+        assert result["chosen"]["accumulation_steps"] == AUTO_MAX_ACCUMULATION
+        assert [tuple(s) for s in result["stepped_at"]] == expected
+        assert result["steps_per_epoch"] == [AUTO_BATCHES, AUTO_BATCHES // 4, AUTO_BATCHES // 4]
+        assert result["total"] == len(expected)
+        assert result["parameters"] == first[0]["parameters"]
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "reductions" in row]
+    assert [row["samples"] for row in steps] == [2 * 2] * switch + [2 * 2 * 4] * (len(expected) - switch)
+    assert all(row["reductions"] == 1 for row in steps)  # one all-reduce per window, however long
+    # Resumed after epoch 1 (the plan and auto's choice come from the checkpoint), epoch 2 ends
+    # bitwise where the uninterrupted run ended; with windows of 1 it would not.
+    resumed = launch(_train_with_auto_accumulation, 2, run_dir=str(tmp_path / "b"), checkpoint_dir=checkpoints,
+                     epochs=3, resume="auto", timeout=180)
+    for result in resumed:
+        assert [tuple(s) for s in result["stepped_at"]] == [s for s in expected if s[0] == 2]
+        assert result["plan"] == first[0]["plan"] and result["total"] == len(expected)
+        assert result["parameters"] == first[0]["parameters"]

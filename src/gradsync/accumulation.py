@@ -9,12 +9,16 @@ short last window and a partial last batch.
 If ranks agree to skip micro-batches (see `agreement`), the samples that did reach backward
 are fewer than planned; the gradient is then rescaled at the optimizer step so the weights
 still sum to one.
+
+The number of micro-batches per window is the user's `accumulation_steps` unless auto (allowed
+by `max_accumulation_steps`) raised it: an `AccumulationPlan` says which count holds where.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 
 @dataclass
@@ -55,3 +59,49 @@ def plan_window(
     last = min(first + accumulation_steps, batches_in_epoch) - 1
     planned = sum(batch_size_at(i) for i in range(first, last + 1))
     return Window(pass_id=pass_id, first_batch=first, last_batch=last, planned_samples=planned)
+
+
+@dataclass
+class AccumulationPlan:
+    """Micro-batches per optimizer step at each batch of each epoch: `steps`, and `raised_to`
+    from batch `from_batch` of epoch `from_epoch` on.
+
+    The change starts at a batch index that is a multiple of both counts, so the windows before
+    it end exactly there and every window after it starts at a multiple of the new count: windows
+    stay anchored to batch positions (`plan_window`), identical on every rank and after a resume.
+    """
+
+    steps: int
+    raised_to: int | None = None
+    from_epoch: int = 0
+    from_batch: int = 0
+
+    def steps_at(self, epoch: int, batch_index: int) -> int:
+        if self.raised_to is not None and (epoch, batch_index) >= (self.from_epoch, self.from_batch):
+            return self.raised_to
+        return self.steps
+
+    def windows(self, epoch: int, batches: int, start: int = 0) -> int:
+        """Optimizer steps from batch `start` (a window's first) to the end of `epoch`'s `batches`."""
+        if self.raised_to is None or epoch < self.from_epoch:
+            return math.ceil(max(0, batches - start) / self.steps)
+        if epoch > self.from_epoch:
+            return math.ceil(max(0, batches - start) / self.raised_to)
+        switch = max(start, self.from_batch)
+        return math.ceil(max(0, switch - start) / self.steps) + math.ceil(max(0, batches - switch) / self.raised_to)
+
+    def raise_to(self, steps: int, epoch: int, next_batch: int, batches: int) -> None:
+        """Use `steps` (a multiple of the current count) from the first batch at or after
+        `next_batch` where a window of `steps` would start, or from the next epoch."""
+        if steps % self.steps or steps <= self.steps:
+            raise ValueError(f"accumulation can only be raised to a multiple of {self.steps}, not {steps}")
+        first = -(-next_batch // steps) * steps
+        self.raised_to = steps
+        self.from_epoch, self.from_batch = (epoch, first) if first < batches else (epoch + 1, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "raised_to": self.raised_to, "from_epoch": self.from_epoch, "from_batch": self.from_batch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps, self.raised_to = int(state["steps"]), state["raised_to"]
+        self.from_epoch, self.from_batch = int(state["from_epoch"]), int(state["from_batch"])

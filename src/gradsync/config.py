@@ -115,7 +115,8 @@ class TrainerConfig:
     """Everything that shapes a gradsync training run.
 
     accumulation_steps: micro-batches per optimizer step; gradients are all-reduced once per
-        optimizer step (DDP `no_sync` on the others).
+        optimizer step (DDP `no_sync` on the others). Auto compression may raise it only when
+        `ddp.compression.max_accumulation_steps` allows it.
     precision: "fp32", "bf16" (autocast, no scaler) or "fp16" (autocast and GradScaler; CUDA only).
     max_grad_norm: clip the global gradient norm to this value after unscaling; None disables.
         When set, a step whose gradient norm is not finite is skipped and counted.
@@ -150,6 +151,13 @@ class TrainerConfig:
             raise ConfigError(
                 f"accumulation_steps={self.accumulation_steps!r}: it counts micro-batches per "
                 "optimizer step and must be an integer >= 1 (1 means no accumulation)."
+            )
+        most = self.ddp.compression.max_accumulation_steps
+        if most > 1 and most < 2 * self.accumulation_steps:
+            raise ConfigError(
+                f"ddp.compression.max_accumulation_steps={most} with accumulation_steps={self.accumulation_steps}: "
+                f"auto raises accumulation to multiples of {self.accumulation_steps} (windows stay aligned), so "
+                f"allow at least {2 * self.accumulation_steps}, or 1 to keep {self.accumulation_steps}."
             )
         if self.precision not in PRECISIONS:
             raise ConfigError(

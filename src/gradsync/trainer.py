@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gradsync.accumulation import Window, plan_window
+from gradsync.accumulation import AccumulationPlan, Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
 from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
 from gradsync.comm.compression import CompressionHook, make_hook
@@ -120,6 +120,9 @@ class Trainer:
         self._unused_check_steps: int | None = 0 if config.ddp.find_unused_parameters else None
         self._sometimes_unused: set[str] = set()
         self.optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
+        # Micro-batches per step: the configured count, unless auto raised it (if allowed).
+        self.accumulation = AccumulationPlan(config.accumulation_steps)
+        self._num_epochs: int | None = None  # the running epochs() loop's length (for re-planning)
         self._profile: ProfileWindow | None = None  # metrics.profile_steps, opened when training starts
         self._profiled = False  # the window was written (or training ended inside it): once per run
         self._window: Window | None = None  # the window being accumulated
@@ -311,7 +314,9 @@ class Trainer:
             static_graph=options.static_graph,
         )
         if options.compression.name == "auto":
-            self.compression = AutoTuner(options.compression, log=self.logger.info)
+            self.compression = AutoTuner(
+                options.compression, accumulation_steps=self.config.accumulation_steps, log=self.logger.info
+            )
         else:
             self.compression = make_hook(options.compression)
         self.comm_timer = CommTimer(self.clock, self.compression or options.comm_hook, options.comm_hook_state)
@@ -320,8 +325,23 @@ class Trainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps in one epoch (the last accumulation window may be short)."""
-        return math.ceil(len(self._require_prepared("steps_per_epoch")) / self.config.accumulation_steps)
+        """Optimizer steps in the current epoch (the last accumulation window may be short).
+
+        The same in every epoch, unless auto raised the accumulation (only when allowed by
+        `compression.max_accumulation_steps`): then later epochs have fewer.
+        """
+        loader = self._require_prepared("steps_per_epoch")
+        return self.accumulation.windows(loader.epoch, len(loader))
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step at the current batch (auto may have raised it)."""
+        loader = self._require_prepared("accumulation_steps")
+        return self.accumulation.steps_at(loader.epoch, loader.position)
+
+    def _steps_in_epochs(self, num_epochs: int) -> int:
+        loader = self._require_prepared("epochs()")
+        return sum(self.accumulation.windows(epoch, len(loader)) for epoch in range(num_epochs))
 
     def set_scheduler(self, scheduler: Any) -> None:
         """Step this learning-rate scheduler once per applied optimizer step.
@@ -402,6 +422,7 @@ class Trainer:
         own = {
             "rng": rng_state(),
             "compression": self.compression.state_dict() if self.compression is not None else None,
+            "accumulation": self.accumulation.state_dict(),
             "metrics": self.metrics.state_dict(pending=self._finished),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
@@ -428,10 +449,24 @@ class Trainer:
             set_rng_state(loaded.own["rng"])
             if self.compression is not None and loaded.own["compression"] is not None:
                 self.compression.load_state_dict(loaded.own["compression"])
+            self._restore_accumulation(loaded.own.get("accumulation"))
             self._finished = self.metrics.load_state_dict(loaded.own["metrics"])
         else:
             self.logger.warning(self._world_size_change_note(loaded))
         self._resumed = loaded
+
+    def _restore_accumulation(self, saved: dict[str, Any] | None) -> None:
+        """Take back the accumulation auto raised before the checkpoint (checkpoints of runs
+        without auto hold only the configured count)."""
+        if saved is None or saved["raised_to"] is None:
+            return
+        if saved["steps"] != self.config.accumulation_steps:
+            self.logger.warning(
+                f"the checkpoint's run accumulated {saved['steps']} micro-batches per step (auto raised it to "
+                f"{saved['raised_to']}); this run is configured with {self.config.accumulation_steps} and keeps that."
+            )
+            return
+        self.accumulation.load_state_dict(saved)
 
     def _world_size_change_note(self, loaded: Loaded) -> str:
         assert self.loader is not None
@@ -456,10 +491,11 @@ class Trainer:
         loader = self._require_prepared("epochs()")
         if not isinstance(num_epochs, int) or num_epochs < 0:
             raise ConfigError(f"epochs({num_epochs!r}): use a non-negative integer.")
-        self.metrics.progress.set_total(num_epochs * self.steps_per_epoch)
+        self._num_epochs = num_epochs
+        self.metrics.progress.set_total(self._steps_in_epochs(num_epochs))
         resumed_compression = self._resumed is not None and self._resumed.own is not None
         if self.compression is not None and not resumed_compression:
-            self.compression.start(self.optimizer_steps + num_epochs * self.steps_per_epoch)
+            self.compression.start(self.optimizer_steps + self._steps_in_epochs(num_epochs))
         # A resumed run goes on in the epoch it stopped in (which may have no batch left: its
         # end-of-epoch code, such as evaluation, still runs).
         first, self._first_epoch = self._first_epoch, 0
@@ -531,9 +567,8 @@ class Trainer:
     def _open_window(self, pass_id: int, batch_index: int) -> None:
         assert self.loader is not None
         self._commit_finished()
-        self._window = plan_window(
-            pass_id, batch_index, len(self.loader), self.config.accumulation_steps, self.loader.batch_size_at
-        )
+        steps = self.accumulation.steps_at(self.loader.epoch, batch_index)
+        self._window = plan_window(pass_id, batch_index, len(self.loader), steps, self.loader.batch_size_at)
         start = self._last_step_end if self._last_step_end is not None else self.clock.mark()
         self._record = StepRecord(step=self.optimizer_steps + 1, epoch=self.loader.epoch, start=start)
         self._reductions_at_start = self.comm_timer.reductions if self.comm_timer else 0
@@ -582,6 +617,8 @@ class Trainer:
         self._last_step_end = record.end
         if isinstance(self.compression, AutoTuner) and self.compression.deciding:
             self.compression.step_done(self.device, record.exposed_seconds(self.clock))
+            if not self.compression.deciding and self.compression.accumulation_steps > self.accumulation.steps:
+                self._raise_accumulation(self.compression.accumulation_steps, next_batch=window.last_batch + 1)
         self._finished = record
         faults.at_step(self.optimizer_steps)
         if self._profile is not None:
@@ -591,6 +628,31 @@ class Trainer:
         if self.checkpointer is not None:
             self.checkpointer.after_step(self.optimizer_steps)
         return applied
+
+    def _raise_accumulation(self, steps: int, next_batch: int) -> None:
+        """Apply auto's larger accumulation from the next batch where such a window can start,
+        and re-plan what was planned from the old steps per epoch."""
+        loader = self._require_prepared("step()")
+        epoch, before = loader.epoch, self.accumulation.steps
+        self.accumulation.raise_to(steps, epoch, next_batch, len(loader))
+        where = (f"batch {self.accumulation.from_batch} of epoch {epoch}" if self.accumulation.from_epoch == epoch
+                 else f"epoch {self.accumulation.from_epoch}")
+        per_micro_batch = loader.batch_size * self.world_size
+        self.logger.info(
+            f"accumulation {before} -> {steps} micro-batches per optimizer step from {where}: the global batch grows "
+            f"from {before * per_micro_batch} to {steps * per_micro_batch} samples, a full epoch from "
+            f"{math.ceil(len(loader) / before)} to {math.ceil(len(loader) / steps)} optimizer steps. The learning rate "
+            "is left as it is."
+        )
+        if self._num_epochs is not None:
+            self.metrics.progress.set_total(self._steps_in_epochs(self._num_epochs))
+        if self.scheduler is not None:
+            self.logger.warning(
+                f"the learning-rate scheduler was set before auto raised accumulation; if its length came from "
+                f"steps_per_epoch, it now ends before reaching its end (the run has {self.metrics.progress.total_steps} "
+                "optimizer steps now). With a schedule whose length matters (OneCycleLR, cosine), set "
+                "accumulation_steps yourself instead of letting auto raise it."
+            )
 
     def _explain_unused_parameters(self, error: RuntimeError) -> ConfigError | None:
         """DDP's "Expected to have finished reduction" error, with the parameters named.

@@ -41,3 +41,17 @@ def test_a_small_benchmark_reports_every_config_and_draws_it(tmp_path):
         assert r["final_loss"] > 0 and len(r["loss_curve"]) >= 1
     fp32, int8 = report["results"]
     assert int8["comm_bytes_per_step"] < fp32["comm_bytes_per_step"] / 3
+
+
+def test_the_table_says_when_auto_raised_accumulation():
+    from gradsync.bench.train import render
+
+    def row(config, chosen):
+        return {"config": config, "samples_per_s_per_worker": 20.0, "scaling_efficiency": 0.8, "exposed_comm_share": 0.1,
+                "comm_bytes_per_step": 2**20, "final_loss": 1.0, "chosen": chosen}
+
+    report = {"workload": "resnet18", "world_size": 2, "batch_size_per_worker": 32, "single_worker_samples_per_s": 25.0,
+              "results": [row("fp32", None), row("auto", {"compression": "bf16", "accumulation_steps": 1}),
+                          row("auto", {"compression": "powersgd", "accumulation_steps": 4})]}
+    lines = render(report).splitlines()
+    assert lines[2].endswith("1.0000  ") and lines[3].endswith("  bf16") and lines[4].endswith("  powersgd, accumulation 4")

@@ -14,8 +14,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--result", required=True)
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--max-accumulation", type=int, default=1)
     args = parser.parse_args()
-    trainer = gradsync.setup(ddp={"compression": "auto"}, run_dir=args.run_dir, metrics={"progress": False, "tensorboard": False})
+    trainer = gradsync.setup(
+        ddp={"compression": {"name": "auto", "max_accumulation_steps": args.max_accumulation}},
+        run_dir=args.run_dir, metrics={"progress": False, "tensorboard": False},
+    )
     torch.manual_seed(0)
     # Compute-heavy for its gradient size (0.6 MB): convolutions over 32x32 images.
     model = torch.nn.Sequential(

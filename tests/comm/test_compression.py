@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gradsync.comm import CompressionConfig, make_hook
-from gradsync.config import DDPConfig
+from gradsync.config import DDPConfig, TrainerConfig
 from gradsync.errors import ConfigError
 from tests.harness import launch
 
@@ -202,17 +202,19 @@ def test_trainer_with_auto_compression_settles_on_one_choice_that_every_rank_sha
         assert result["row"]["comm_bytes"] > 0
 
 
-def _tuner_with_timings(timings, margin=0.05, exposed=0.05):
+def _tuner_with_timings(timings, margin=0.05, exposed=0.05, max_accumulation_steps=1, describe=False):
     from gradsync.comm.auto import AutoTuner
 
     dist.init_process_group("gloo")
-    tuner = AutoTuner(CompressionConfig(name="auto"), margin=margin, candidates=tuple(timings))
+    config = CompressionConfig(name="auto", max_accumulation_steps=max_accumulation_steps)
+    tuner = AutoTuner(config, margin=margin, candidates=tuple(timings))
+    exposed = exposed if isinstance(exposed, dict) else dict.fromkeys(timings, exposed)
     for trial in tuner.trials:
         trial.step_times = [timings[trial.name]] * 4
-        trial.exposed_times = [exposed] * 4
+        trial.exposed_times = [exposed[trial.name]] * 4
     tuner._decide()
     dist.destroy_process_group()
-    return tuner.describe()["compression"]
+    return tuner.describe() if describe else tuner.describe()["compression"]
 
 
 def test_auto_keeps_exact_gradients_unless_a_compressor_wins_by_the_margin():
@@ -227,6 +229,46 @@ def test_auto_keeps_exact_gradients_when_fp32_leaves_little_communication_expose
     # looks 40% faster with 4 ms of 100 exposed is noise, not a gain.
     assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "int8": 0.060}, exposed=0.004)[0] == "none"
     assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "int8": 0.060}, exposed=0.030)[0] == "int8"
+
+
+def test_auto_accumulation_is_the_smallest_multiple_that_hides_the_communication():
+    from gradsync.comm.auto import choose_accumulation
+
+    # 45 ms of a 100 ms step exposed: 2 micro-batches leave 29%, 4 leave 17%, 8 leave 9.3%.
+    assert choose_accumulation(0.100, 0.045, 1, 8, 0.10) == (8, pytest.approx(0.045 / (8 * 0.055 + 0.045)))
+    assert choose_accumulation(0.100, 0.045, 1, 4, 0.10) == (4, pytest.approx(0.045 / (4 * 0.055 + 0.045)))
+    assert choose_accumulation(0.100, 0.045, 1, 1, 0.10) == (1, pytest.approx(0.45))  # not allowed
+    assert choose_accumulation(0.100, 0.008, 1, 8, 0.10) == (1, pytest.approx(0.08))  # under the margin
+    assert choose_accumulation(0.100, 0.020, 1, 8, 0.10)[0] == 3  # 2 would leave 11%
+    # The user's 2 micro-batches took 200 ms, 60 of them exposed: 4 leave 18%, 6 12.5%, 8 9.7%.
+    assert choose_accumulation(0.200, 0.060, 2, 8, 0.10) == (8, pytest.approx(0.06 / (4 * 0.14 + 0.06)))
+    assert choose_accumulation(0.200, 0.060, 2, 7, 0.10)[0] == 6  # multiples of 2 only, up to the cap
+
+
+def test_auto_raises_accumulation_from_what_the_chosen_compressor_left_exposed():
+    timings = {"none": 0.100, "bf16": 0.070}
+    # bf16 still leaves 30 of 70 ms exposed: 4 micro-batches bring it to 16%, 6 to 11%, 7 to 9.7%.
+    chosen = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.03},
+                    margin=0.10, max_accumulation_steps=8, describe=True)[0]
+    assert (chosen["compression"], chosen["accumulation_steps"]) == ("bf16", 7)
+    assert chosen["exposed_comm_s"] == {"none": pytest.approx(0.06), "bf16": pytest.approx(0.03)}
+    # bf16 leaves 5 of 70 ms (7%): worth compressing, not worth growing the batch.
+    chosen = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.005},
+                    margin=0.10, max_accumulation_steps=8, describe=True)[0]
+    assert (chosen["compression"], chosen["accumulation_steps"]) == ("bf16", 1)
+    # The same measurements without the user's permission: accumulation stays.
+    chosen = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.03}, margin=0.10,
+                    describe=True)[0]
+    assert (chosen["compression"], chosen["accumulation_steps"]) == ("bf16", 1)
+
+
+def test_auto_accumulation_needs_permission_and_room_above_the_users_count():
+    with pytest.raises(ConfigError, match="only lets name='auto'"):
+        CompressionConfig(name="bf16", max_accumulation_steps=4)
+    with pytest.raises(ConfigError, match="integer >= 1"):
+        CompressionConfig(name="auto", max_accumulation_steps=0)
+    with pytest.raises(ConfigError, match="allow at least 6"):
+        TrainerConfig(accumulation_steps=3, ddp={"compression": {"name": "auto", "max_accumulation_steps": 4}})
 
 
 def test_auto_bucket_size_follows_the_gradient_bytes():

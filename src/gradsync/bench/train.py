@@ -6,7 +6,9 @@ reference is the mean of the two, so a machine that speeds up or slows down duri
 benchmark does not favour the configurations measured early or late. It reports per configuration: samples/s
 per worker, scaling efficiency (per-worker throughput / the lone worker's), the share of step
 time spent in exposed communication, bytes sent per step, and the final loss. The global batch
-is the same for every configuration (per-worker batch x N), so losses are comparable.
+is the same for every configuration (per-worker batch x N), so losses are comparable, unless
+auto is allowed to raise accumulation (`--auto-max-accumulation`): then its report says what it
+chose. Steps here are micro-batches (batches each worker takes), whatever the accumulation.
 
 Configurations: fp32 (DDP's plain all-reduce), fp16, bf16, powersgd, int8, topk (gradient
 compression, gradsync.comm) and auto (tries them and keeps the fastest). Throughput is measured
@@ -64,6 +66,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--max-accumulation", type=int, default=1)
     parser.add_argument("--result", required=True)
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
@@ -71,7 +74,10 @@ def worker_main(argv: list[str] | None = None) -> None:
     workload = WORKLOADS[args.workload]
     auto = args.config == "auto"
     trainer = gradsync.setup(
-        ddp={"compression": compression_for(args.config), "bucket_cap_mb": "auto" if auto else 25.0},
+        ddp={
+            "compression": {"name": "auto", "max_accumulation_steps": args.max_accumulation} if auto else compression_for(args.config),
+            "bucket_cap_mb": "auto" if auto else 25.0,
+        },
         run_dir=args.run_dir,
         metrics={"log_every": 5, "progress": False, "tensorboard": False},
     )
@@ -142,9 +148,13 @@ def run_benchmark(
     runner: Runner,
     single_runner: Runner | None = None,
     warmup: int = 5,
+    auto_max_accumulation: int = 1,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the lone reference and every configuration; the report as in `--json`."""
+    """Run the lone reference and every configuration; the report as in `--json`.
+
+    `auto_max_accumulation` > 1 lets auto raise the accumulation up to that many micro-batches.
+    """
     single_runner = single_runner or runner
     # Every job trains the same number of steps, so final losses compare; when auto is among
     # the configurations, every job also leaves auto's trial steps out of its throughput.
@@ -155,7 +165,7 @@ def run_benchmark(
         def job(config: str, count: int, run: Runner) -> dict[str, Any]:
             result = Path(scratch) / f"{config}-{count}.json"
             args = ["--workload", workload, "--config", config, "--steps", str(job_steps), "--warmup", str(job_warmup),
-                    "--batch-size", str(batch_size), "--result", str(result),
+                    "--batch-size", str(batch_size), "--max-accumulation", str(auto_max_accumulation), "--result", str(result),
                     "--run-dir", str(Path(scratch) / f"run-{config}-{count}")]
             code = run(count, ["gradsync.bench.train", *args])
             if code != 0 or not result.exists():
@@ -192,6 +202,7 @@ def run_benchmark(
         "batch_size_per_worker": batch_size,
         "steps": job_steps,
         "timed_from_step": job_warmup,
+        "auto_max_accumulation": auto_max_accumulation,
         "single_worker_samples_per_s": reference,
         "single_worker_runs": single_runs,  # samples/s before and after the configurations
         "single_worker_final_loss": single["final_loss"],
@@ -209,7 +220,10 @@ def render(report: dict[str, Any]) -> str:
         f"{'config':>9} {'samples/s/worker':>17} {'scaling eff.':>13} {'exposed comm':>13} {'MB/step':>8} {'final loss':>11}  chosen",
     ]
     for r in report["results"]:
-        chosen = (r.get("chosen") or {}).get("compression") or ""
+        picked = r.get("chosen") or {}
+        chosen = picked.get("compression") or ""
+        if picked.get("accumulation_steps", 1) > 1:
+            chosen += f", accumulation {picked['accumulation_steps']}"
         lines.append(
             f"{r['config']:>9} {r['samples_per_s_per_worker']:>17.1f} {r['scaling_efficiency']:>12.0%} "
             f"{(r['exposed_comm_share'] or 0):>12.0%} {r['comm_bytes_per_step'] / 2**20:>8.2f} {r['final_loss']:>11.4f}  {chosen}"

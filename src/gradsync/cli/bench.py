@@ -42,6 +42,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--steps", type=int, default=30, help="optimizer steps per job after warm-up (default 30)")
     training.add_argument("--warmup", type=int, default=5, help="steps left out of the throughput (default 5)")
     training.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
+    training.add_argument("--auto-max-accumulation", type=int, default=1, metavar="K",
+                          help="let auto raise accumulation up to K micro-batches per step when communication stays "
+                               "exposed; this grows auto's global batch (default 1: never)")
     training.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     training.add_argument("--output-dir", default=None, help="write report.json, report.png and report.html here")
     training.set_defaults(run=run_train)
@@ -101,8 +104,8 @@ def run_train(args: argparse.Namespace) -> int:
         workers = args.nproc_per_node * max(1, args.hosts)
         if workers < 2:
             raise ConfigError("scaling needs at least 2 workers: raise --nproc-per-node or --hosts")
-        if args.steps < 2 or args.warmup < 1 or args.batch_size < 1:
-            raise ConfigError("--steps must be >= 2, --warmup >= 1 and --batch-size >= 1")
+        if args.steps < 2 or args.warmup < 1 or args.batch_size < 1 or args.auto_max_accumulation < 1:
+            raise ConfigError("--steps must be >= 2, --warmup >= 1, --batch-size >= 1 and --auto-max-accumulation >= 1")
         simulated = _simulated_cluster(args, "train")
     except ConfigError as error:
         print(f"gradsync bench train: {error}", file=sys.stderr)
@@ -122,7 +125,7 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         report = train.run_benchmark(
             args.workload, configs, workers=workers, steps=args.steps + args.warmup, warmup=args.warmup,
-            batch_size=args.batch_size, runner=runner, log=log,
+            batch_size=args.batch_size, auto_max_accumulation=args.auto_max_accumulation, runner=runner, log=log,
         )
     finally:
         if simulated is not None:

@@ -8,7 +8,14 @@ step time (the slowest rank counts), and keeps the fastest. A compressor must be
 lossy choices by more than `margin` to be chosen, because compression costs accuracy and often
 loses on fast links; on a fast network auto therefore keeps plain fp32.
 
-Nothing about the batch changes (no accumulation): the global batch size stays the user's.
+By default nothing about the batch changes: the global batch size stays the user's. Only
+when the user allows it (`max_accumulation_steps` > 1) and communication still leaves more than
+`margin` of the chosen step exposed does auto also pick more micro-batches per optimizer step:
+the smallest multiple of the user's accumulation that brings the exposed share under `margin`
+(one all-reduce per k micro-batches leaves 1/k of the exposed time per sample). That one is
+predicted, not tried: a trial would have to run k times longer, and the trainer applies it at
+the next batch where such a window can start (see AccumulationPlan).
+
 Every rank sees the same all-reduced timings, so every rank makes the same choice at the same
 step, without another agreement round.
 
@@ -37,6 +44,27 @@ WARMUP_STEPS = 5
 STEPS_PER_TRIAL = 4  # measured steps per trial, after one step that pays for the switch
 # Optimizer steps before auto has decided: warm-up, then each candidate and the baseline again.
 DECISION_STEPS = WARMUP_STEPS + (len(CANDIDATES) + 1) * (STEPS_PER_TRIAL + 1)
+
+
+def choose_accumulation(step_s: float, exposed_s: float, current: int, most: int, margin: float) -> tuple[int, float]:
+    """Micro-batches per step (a multiple of `current`, at most `most`) and the exposed share predicted with it.
+
+    A step of `current` micro-batches taking `step_s`, `exposed_s` of it waiting for
+    communication, computes for `step_s - exposed_s`; with k micro-batches it computes
+    k / current times as long and still waits once. Accumulation grows the global batch, so it is raised only when the exposed
+    share is at least `margin`, and only as far as it takes to bring it under `margin`.
+    """
+
+    def share(k: int) -> float:
+        return exposed_s / (k / current * (step_s - exposed_s) + exposed_s) if step_s > 0 else 0.0
+
+    chosen = current
+    if share(current) >= margin:
+        for k in range(2 * current, most + 1, current):
+            chosen = k
+            if share(k) < margin:
+                break
+    return chosen, share(chosen)
 
 
 def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
@@ -72,6 +100,7 @@ class Trial:
     step_times: list[float] = field(default_factory=list)
     exposed_times: list[float] = field(default_factory=list)  # exposed communication per step
     median_s: float | None = None  # the median over its steps, slowest rank
+    exposed_s: float | None = None  # median exposed communication per step, least-waiting rank
 
 
 class AutoTuner:
@@ -89,8 +118,10 @@ class AutoTuner:
         steps_per_trial: int = STEPS_PER_TRIAL,
         margin: float = 0.10,
         candidates: tuple[str, ...] = CANDIDATES,
+        accumulation_steps: int = 1,
         log: Callable[[str], None] = lambda message: None,
     ) -> None:
+        """`accumulation_steps`: the trainer's micro-batches per step while auto measures."""
         self.process_group = process_group
         self.warmup_steps = warmup_steps
         self.steps_per_trial = steps_per_trial
@@ -111,6 +142,9 @@ class AutoTuner:
             hook.stats = self.stats
             self.trials.append(Trial(name, hook))
         self.chosen: Trial | None = None
+        self.measured_accumulation = accumulation_steps
+        self.max_accumulation = max(base.max_accumulation_steps, accumulation_steps)
+        self.accumulation_steps = accumulation_steps  # auto's choice once decided (unchanged unless allowed)
         self.baseline_exposed_s: float | None = None  # fp32's exposed communication per step, least-waiting rank
         self.steps = 0
         # The baseline is measured first and again last: step times drift while a run warms up,
@@ -164,15 +198,16 @@ class AutoTuner:
     def _decide(self) -> None:
         baseline = self.trials[0]
         # One collective: MAX of the step times (the slowest rank sets the pace) and MAX of the
-        # negated exposed time, i.e. the least exposed rank, whose wait was only communication.
-        measured = [statistics.median(t.step_times) for t in self.trials] + [-statistics.median(baseline.exposed_times)]
+        # negated exposed times, i.e. the least exposed rank's, whose wait was only communication.
+        measured = [statistics.median(t.step_times) for t in self.trials]
+        measured += [-statistics.median(t.exposed_times) for t in self.trials]
         values = torch.tensor(measured, dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.process_group)
-        *medians, negated_exposed = values.tolist()
-        for trial, median in zip(self.trials, medians):
-            trial.median_s = median
-        self.baseline_exposed_s = max(0.0, -negated_exposed)
+        medians = values.tolist()
+        for trial, median, negated_exposed in zip(self.trials, medians, medians[len(self.trials):]):
+            trial.median_s, trial.exposed_s = median, max(0.0, -negated_exposed)
+        self.baseline_exposed_s = baseline.exposed_s
         exposed_share = self.baseline_exposed_s / baseline.median_s if baseline.median_s > 0 else 0.0
         best = baseline
         if exposed_share >= self.margin:
@@ -191,6 +226,27 @@ class AutoTuner:
             why = (f"{exposed}; {best.name} cut the step time by {1 - best.median_s / baseline.median_s:.0%} "
                    "(communication was the bottleneck)")
         self.log(f"auto compression chose {best.name}: {why}. Median step times: {timings}.")
+        if self.max_accumulation > self.measured_accumulation:
+            self._decide_accumulation(best)
+
+    def _decide_accumulation(self, best: Trial) -> None:
+        assert best.median_s is not None and best.exposed_s is not None
+        share = best.exposed_s / best.median_s if best.median_s > 0 else 0.0
+        current = self.measured_accumulation
+        self.accumulation_steps, predicted = choose_accumulation(
+            best.median_s, best.exposed_s, current, self.max_accumulation, self.margin
+        )
+        exposed = f"with {best.name}, {share:.0%} of each step still waited for communication"
+        if self.accumulation_steps == current:
+            self.log(f"auto kept accumulation as it is ({current} per step): {exposed}, under the {self.margin:.0%} "
+                     "worth growing the global batch for.")
+            return
+        per_sample = (best.median_s + (self.accumulation_steps / current - 1) * (best.median_s - best.exposed_s)) / (
+            self.accumulation_steps / current * best.median_s
+        )
+        self.log(f"auto raises accumulation from {current} to {self.accumulation_steps} micro-batches per step "
+                 f"(allowed up to {self.max_accumulation}): {exposed}; one all-reduce per {self.accumulation_steps} "
+                 f"micro-batches should leave {predicted:.0%} exposed and take {1 - per_sample:.0%} less time per sample.")
 
     def describe(self) -> dict[str, Any]:
         """What auto measured and chose (for reports and the benchmark JSON)."""
@@ -198,11 +254,16 @@ class AutoTuner:
             "compression": None if self.chosen is None else self.chosen.name,
             "step_time_s": {t.name: t.median_s for t in self.trials},
             "baseline_exposed_comm_s": self.baseline_exposed_s,
+            "exposed_comm_s": {t.name: t.exposed_s for t in self.trials},
+            "accumulation_steps": self.accumulation_steps,
             "margin": self.margin,
         }
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"chosen": None if self.chosen is None else self.chosen.name}
+        state: dict[str, Any] = {
+            "chosen": None if self.chosen is None else self.chosen.name,
+            "accumulation_steps": self.accumulation_steps,
+        }
         if self.chosen is not None:
             state["hook"] = self.chosen.hook.state_dict()
         return state
@@ -212,4 +273,5 @@ class AutoTuner:
         if chosen is not None:
             self.chosen = next(t for t in self.trials if t.name == chosen)
             self.chosen.hook.load_state_dict(state.get("hook", {}))
+            self.accumulation_steps = state.get("accumulation_steps", self.accumulation_steps)
 

@@ -44,6 +44,11 @@ class CompressionConfig:
     powersgd_start_step: optimizer steps of plain all-reduce before PowerSGD starts; PowerSGD
         from step 0 hurts accuracy. None lets the trainer pick ~10% of the planned steps.
     topk_ratio: fraction of each bucket's compressible elements that `topk` sends.
+    max_accumulation_steps: "auto" only. Above 1, auto may also raise the micro-batches per
+        optimizer step (a multiple of the trainer's `accumulation_steps`, up to this) when
+        communication is still exposed after compression. That grows the global batch, which
+        changes the optimisation (learning rate, steps per epoch), so it happens only when the
+        user allows it. 1 (the default): auto never touches accumulation.
     """
 
     name: str = "none"
@@ -51,6 +56,7 @@ class CompressionConfig:
     powersgd_rank: int = 4
     powersgd_start_step: int | None = None
     topk_ratio: float = 0.05
+    max_accumulation_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.name not in COMPRESSIONS:
@@ -71,6 +77,16 @@ class CompressionConfig:
             )
         if not 0 < self.topk_ratio <= 1:
             raise ConfigError(f"compression.topk_ratio={self.topk_ratio!r}: use a fraction in (0, 1], e.g. 0.05.")
+        if isinstance(self.max_accumulation_steps, bool) or not isinstance(self.max_accumulation_steps, int) or self.max_accumulation_steps < 1:
+            raise ConfigError(
+                f"compression.max_accumulation_steps={self.max_accumulation_steps!r}: use an integer >= 1 "
+                "(the most micro-batches per optimizer step auto may choose; 1 keeps accumulation as set)."
+            )
+        if self.max_accumulation_steps > 1 and self.name != "auto":
+            raise ConfigError(
+                f"compression.max_accumulation_steps={self.max_accumulation_steps} only lets name='auto' "
+                f"raise accumulation; with {self.name!r} set the trainer's accumulation_steps yourself."
+            )
 
 
 class CompressionStats:
