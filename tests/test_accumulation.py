@@ -220,12 +220,13 @@ def _train_with_auto_accumulation(run_dir, checkpoint_dir, epochs, save_after_ep
     model = make_model()
     model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), dataset, batch_size=2)
     trainer.compression.margin = 0.0  # every exposed share is "worth" hiding: accumulation goes to the cap
-    stepped_at, steps_per_epoch = [], []
+    stepped_at, steps_per_epoch, counts = [], [], set()
     for epoch in trainer.epochs(epochs):
         steps_per_epoch.append(trainer.steps_per_epoch)
         for x, y, _ in loader:
             with trainer.step() as step:
                 step.backward(F.mse_loss(model(x), y))
+                counts.add((epoch, loader.position - 1, trainer.accumulation_steps))
             if step.stepped:
                 stepped_at.append((epoch, loader.position - 1))
         if epoch == save_after_epoch:
@@ -235,6 +236,7 @@ def _train_with_auto_accumulation(run_dir, checkpoint_dir, epochs, save_after_ep
         "stepped_at": stepped_at, "steps_per_epoch": steps_per_epoch, "parameters": parameters.tolist(),
         "total": trainer.metrics.progress.total_steps, "chosen": trainer.compression.describe(),
         "plan": trainer.accumulation.state_dict(),
+        "raised_at": min([epoch, batch] for epoch, batch, count in counts if count > 1),
     }
     trainer.close()
     return result
@@ -255,6 +257,7 @@ def test_auto_raises_accumulation_when_allowed_and_a_resumed_run_keeps_it(tmp_pa
         assert [tuple(s) for s in result["stepped_at"]] == expected
         assert result["steps_per_epoch"] == [AUTO_BATCHES, AUTO_BATCHES // 4, AUTO_BATCHES // 4]
         assert result["total"] == len(expected)
+        assert result["raised_at"] == [0, switch]  # trainer.accumulation_steps, inside each micro-step
         assert result["parameters"] == first[0]["parameters"]
     rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "reductions" in row]
@@ -267,4 +270,4 @@ def test_auto_raises_accumulation_when_allowed_and_a_resumed_run_keeps_it(tmp_pa
     for result in resumed:
         assert [tuple(s) for s in result["stepped_at"]] == [s for s in expected if s[0] == 2]
         assert result["plan"] == first[0]["plan"] and result["total"] == len(expected)
-        assert result["parameters"] == first[0]["parameters"]
+        assert result["parameters"] == first[0]["parameters"], first[0]["chosen"]

@@ -335,9 +335,11 @@ class Trainer:
 
     @property
     def accumulation_steps(self) -> int:
-        """Micro-batches per optimizer step at the current batch (auto may have raised it)."""
+        """Micro-batches per optimizer step of the window being accumulated, else of the next
+        one (auto may have raised it from the configured count)."""
         loader = self._require_prepared("accumulation_steps")
-        return self.accumulation.steps_at(loader.epoch, loader.position)
+        batch = self._window.first_batch if self._window is not None else loader.position
+        return self.accumulation.steps_at(loader.epoch, batch)
 
     def _steps_in_epochs(self, num_epochs: int) -> int:
         loader = self._require_prepared("epochs()")

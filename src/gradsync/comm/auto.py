@@ -51,8 +51,9 @@ def choose_accumulation(step_s: float, exposed_s: float, current: int, most: int
 
     A step of `current` micro-batches taking `step_s`, `exposed_s` of it waiting for
     communication, computes for `step_s - exposed_s`; with k micro-batches it computes
-    k / current times as long and still waits once. Accumulation grows the global batch, so it is raised only when the exposed
-    share is at least `margin`, and only as far as it takes to bring it under `margin`.
+    k / current times as long and still waits once. Accumulation grows the global batch, so
+    it is raised only when the exposed share is at least `margin`, and only as far as it takes
+    to bring it under `margin`.
     """
 
     def share(k: int) -> float:
