@@ -319,6 +319,8 @@ class Trainer:
             )
         else:
             self.compression = make_hook(options.compression)
+        if self.compression is not None:
+            self.compression.bind(model)  # checkpointed hook state is kept by parameter name
         self.comm_timer = CommTimer(self.clock, self.compression or options.comm_hook, options.comm_hook_state)
         self.comm_timer.register(ddp_model, process_group=None)
         return ddp_model

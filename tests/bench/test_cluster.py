@@ -234,7 +234,8 @@ def test_a_half_built_cluster_is_removed(needs_cluster, monkeypatch):
 
 
 CHILD = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1)  # the test asks for the stack if the child does not end
 from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
 cluster = SimulatedCluster(ClusterSpec(hosts=2)).open()
 worker = cluster.run(0, [sys.executable, "-c", "import time; time.sleep(60)"])
@@ -252,7 +253,13 @@ def test_a_signal_removes_the_cluster(needs_cluster, signum):
         assert prefix.startswith("gs"), child.stderr.read()
         assert list_namespaces(prefix)
         child.send_signal(signum)
-        child.wait(timeout=30)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            child.kill()
+            pytest.fail(f"the child did not end after {signum.name}; its stack and output:\n{child.communicate()[1]}")
     finally:
         if child.poll() is None:
             child.kill()

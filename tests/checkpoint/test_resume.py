@@ -101,13 +101,51 @@ def test_time_based_saves_happen_at_the_same_step_on_every_rank(tmp_path):
     assert len(list(tmp_path.glob("step-*/manifest.json"))) == 3  # keep=3
 
 
-def test_resume_carries_int8_residuals_and_agreed_scales(tmp_path):
-    # 256 hidden units: the first layer's 2048-element weight is compressed (below 1024 elements
-    # a parameter travels uncompressed). Resuming without the residuals or the scales agreed one
-    # step ahead would apply different updates from step 7 on.
-    options = {"compression": "int8", "hidden": 256}
-    reference = launch(train, 2, checkpoint_dir=None, **options)[0]
-    checkpoints = tmp_path / "ckpt"
-    launch(train, 2, checkpoint_dir=str(checkpoints), stop_after_step=7, **options)
-    resumed = launch(train, 2, checkpoint_dir=str(checkpoints), **options)
-    assert [r["sha256"] for r in resumed] == [reference["sha256"]] * 2
+def train_deep(run_dir, checkpoint_dir, epochs, compression, save_after_epoch=None, resume=None, bucket_cap_mb=0.05):
+    """Four layers in several small buckets, whose order and sizes DDP changes after the first
+    backward; a resumed run starts again from the first layout."""
+    import torch
+    import torch.nn.functional as F
+
+    import gradsync
+
+    trainer = gradsync.setup(
+        seed=0, run_dir=run_dir,
+        ddp={"compression": {"name": compression, "powersgd_start_step": 2, "min_numel": 16}, "bucket_cap_mb": bucket_cap_mb},
+        metrics={"progress": False, "tensorboard": False, "system_every_s": None},
+        checkpoint={"dir": checkpoint_dir, "resume": resume} if checkpoint_dir else {},
+    )
+    generator = torch.Generator().manual_seed(7)
+    dataset = torch.utils.data.TensorDataset(
+        torch.randn(40 * trainer.world_size, 4, generator=generator, dtype=torch.float64),
+        torch.randn(40 * trainer.world_size, 1, generator=generator, dtype=torch.float64),
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128), torch.nn.Tanh(),
+        torch.nn.Linear(128, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1),
+    ).double()
+    model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05), dataset, batch_size=2)
+    for epoch in trainer.epochs(epochs):
+        for x, y in loader:
+            with trainer.step() as step:
+                step.backward(F.mse_loss(model(x), y))
+        if epoch == save_after_epoch:
+            trainer.save_checkpoint()
+    parameters = torch.cat([p.detach().reshape(-1) for p in trainer.unwrap(model).parameters()]).tolist()
+    trainer.close()
+    return parameters
+
+
+@pytest.mark.parametrize("compression", ["int8", "topk", "powersgd"])
+def test_compression_state_follows_parameters_into_the_first_bucket_layout(tmp_path, compression):
+    # Saved after DDP rebuilt its buckets (with int8's residuals and scales agreed for the next
+    # step, PowerSGD's error and factors), loaded into a run in DDP's first layout: before the
+    # state was kept per parameter, PowerSGD crashed on the resumed step (its error no longer fit
+    # the bucket) and the residuals of int8 and top-k landed on other parameters or were lost.
+    checkpoints = str(tmp_path / "ckpt")
+    uninterrupted = launch(train_deep, 2, run_dir=str(tmp_path / "a"), checkpoint_dir=checkpoints, epochs=3,
+                           compression=compression, save_after_epoch=1)
+    resumed = launch(train_deep, 2, run_dir=str(tmp_path / "b"), checkpoint_dir=checkpoints, epochs=3,
+                     compression=compression, resume="auto")
+    assert resumed == uninterrupted

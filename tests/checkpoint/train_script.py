@@ -63,7 +63,6 @@ def train(
     async_save: bool = False,
     stop_after_step: int | None = None,
     run_dir: str | None = None,
-    compression: str = "none",
     step_delay_s: float = 0.0,
     hidden: int = 64,
 ) -> dict:
@@ -75,7 +74,6 @@ def train(
         run_dir=run_dir,
         checkpoint=checkpoint,
         metrics={"log_every": 4, "progress": False, "tensorboard": False},
-        ddp={"compression": compression},
     )
     model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

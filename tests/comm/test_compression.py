@@ -281,3 +281,17 @@ def test_auto_bucket_size_follows_the_gradient_bytes():
     assert DDPConfig(bucket_cap_mb="auto").bucket_cap_mb == "auto"
     with pytest.raises(ConfigError, match="or 'auto'"):
         DDPConfig(bucket_cap_mb="big")
+
+
+@pytest.mark.parametrize("name", ["int8", "topk"])
+def test_what_is_sent_does_not_depend_on_how_ddp_buckets_the_parameters(tmp_path, name):
+    # int8's chunks and top-k's selection are per parameter, and residuals and scales follow
+    # their parameters when DDP rebuilds its buckets after the first backward (same sizes, other
+    # order: before, the residuals were added to other parameters' gradients from step 2 on).
+    from tests.checkpoint.test_resume import train_deep
+
+    runs = [
+        launch(train_deep, 2, run_dir=str(tmp_path / str(cap)), checkpoint_dir=None, epochs=1, compression=name, bucket_cap_mb=cap)[0]
+        for cap in (0.05, 25.0)
+    ]
+    assert runs[0] == runs[1]

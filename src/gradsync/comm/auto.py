@@ -167,6 +167,11 @@ class AutoTuner:
     def start(self, planned_steps: int | None) -> None:
         """Compression hooks' interface; auto's schedule does not depend on the run's length."""
 
+    def bind(self, module: torch.nn.Module) -> None:
+        """Compression hooks' interface: every candidate names the module's parameters."""
+        for trial in self.trials:
+            trial.hook.bind(module)
+
     @property
     def deciding(self) -> bool:
         return self.chosen is None

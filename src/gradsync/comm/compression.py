@@ -109,48 +109,67 @@ class CompressionStats:
 
 
 class _Layout:
-    """Which slices of a bucket are compressed and which are sent as they are."""
+    """Which parameters of a bucket are compressed and which are sent as they are, and where.
 
-    def __init__(self, bucket: dist.GradBucket, min_numel: int):
-        compressed, plain = [], []
-        offset = 0
-        for gradient in bucket.gradients():
+    The compressed parameters are packed one after another, each padded to a multiple of
+    `multiple` (int8's chunks): a chunk never spans two parameters, so what a hook computes per
+    chunk does not depend on which parameters share a bucket, nor on their order.
+    """
+
+    def __init__(self, bucket: dist.GradBucket, min_numel: int, keys: tuple[str, ...], multiple: int = 1):
+        self.params: list[tuple[str, int, int, tuple[int, ...]]] = []  # (key, start, end, shape) in bucket order
+        self.compressed_params: list[tuple[str, int, int]] = []  # (key, packed offset, padded length)
+        plain: list[tuple[int, int]] = []
+        copies: list[tuple[int, int, int]] = []  # (bucket start, bucket end, packed offset), merged
+        offset = packed = 0
+        for key, gradient in zip(keys, bucket.gradients()):
             numel = gradient.numel()
-            target = compressed if gradient.dim() > 1 and numel >= min_numel else plain
-            target.append((offset, offset + numel))
+            self.params.append((key, offset, offset + numel, tuple(gradient.shape)))
+            if gradient.dim() > 1 and numel >= min_numel:
+                padded = -(-numel // multiple) * multiple
+                self.compressed_params.append((key, packed, padded))
+                if copies and copies[-1][1] == offset and copies[-1][2] + copies[-1][1] - copies[-1][0] == packed:
+                    copies[-1] = (copies[-1][0], offset + numel, copies[-1][2])
+                else:
+                    copies.append((offset, offset + numel, packed))
+                packed += padded
+            else:
+                plain.append((offset, offset + numel))
             offset += numel
-        self.compressed = _merge(compressed)
         self.plain = _merge(plain)
+        self.compressed = copies
+        self.packed_numel = packed
         self.numel = offset
         self._packed: dict[str, torch.Tensor] = {}
 
-    def gather(self, buffer: torch.Tensor, part: str, dtype: torch.dtype, multiple: int = 1) -> torch.Tensor:
-        """The `part` ("plain" or "compressed") ranges of `buffer`, packed into a tensor of `dtype`.
+    def gather(self, buffer: torch.Tensor, part: str, dtype: torch.dtype) -> torch.Tensor:
+        """The `part` ("plain" or "compressed") of `buffer`, packed into a tensor of `dtype`.
 
         The tensor is this layout's own, reused every step: allocating bucket-sized tensors
         afresh costs page faults (CPU) each time, more than the copy itself. It is free again by
         the next step, because DDP waits for every bucket's future before backward returns.
-        Its length is rounded up to `multiple` with zeros (int8's chunks), which no copy touches.
+        The compressed part's padding is zeros, which no copy touches.
         """
-        ranges = self.plain if part == "plain" else self.compressed
-        numel = sum(end - start for start, end in ranges)
+        copies = [(start, end, None) for start, end in self.plain] if part == "plain" else self.compressed
+        numel = sum(end - start for start, end in self.plain) if part == "plain" else self.packed_numel
         out = self._packed.get(part)
         if out is None or out.dtype != dtype or out.device != buffer.device:
-            padded = -(-numel // multiple) * multiple
-            out = self._packed[part] = torch.zeros(padded, dtype=dtype, device=buffer.device)
-        offset = 0
-        for start, end in ranges:
-            out[offset : offset + end - start].copy_(buffer[start:end])
-            offset += end - start
+            out = self._packed[part] = torch.zeros(numel, dtype=dtype, device=buffer.device)
+        position = 0
+        for start, end, packed in copies:
+            position = position if packed is None else packed
+            out[position : position + end - start].copy_(buffer[start:end])
+            position += end - start
         return out
 
-    @staticmethod
-    def scatter(buffer: torch.Tensor, ranges: list[tuple[int, int]], flat: torch.Tensor) -> None:
-        """Copy `flat` back into the ranges, casting to the bucket's dtype on the way."""
-        offset = 0
-        for start, end in ranges:
-            buffer[start:end].copy_(flat[offset : offset + end - start])
-            offset += end - start
+    def scatter(self, buffer: torch.Tensor, part: str, flat: torch.Tensor) -> None:
+        """Copy `flat` back into the part's place in `buffer`, casting to the bucket's dtype."""
+        copies = [(start, end, None) for start, end in self.plain] if part == "plain" else self.compressed
+        position = 0
+        for start, end, packed in copies:
+            position = position if packed is None else packed
+            buffer[start:end].copy_(flat[position : position + end - start])
+            position += end - start
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -164,14 +183,21 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 class CompressionHook:
-    """Base of the hooks: layout per bucket, the uncompressed part, stats, residual state.
+    """Base of the hooks: layout per bucket, the uncompressed part, stats, per-parameter state.
 
-    Subclasses implement `_reduce_compressed(flat, bucket_index) -> Future[Tensor]`, returning
+    Subclasses implement `_reduce_compressed(flat, bucket_index, layout) -> Future[Tensor]`, returning
     the averaged `flat`. Call the instance as a DDP hook: `ddp.register_comm_hook(group, hook)`.
+
+    State carried between steps (residuals, int8's scales, PowerSGD's) is kept per bucket, but
+    belongs to parameters: DDP rebuilds its buckets after the first backward (other order, other
+    sizes), and a resumed run starts again from the first layout. When a bucket's parameters
+    change, the state is moved through a per-parameter form into the new layout, and checkpoints
+    hold that per-parameter form. `bind(module)` names the parameters (the trainer does it), so
+    a checkpoint's state finds its parameters in another process.
     """
 
     error_feedback = False
-    pack_multiple = 1  # the packed compressed part's length is rounded up to this, with zeros
+    pack_multiple = 1  # each compressed parameter's packed length is rounded up to this, with zeros
     wire_dtype: torch.dtype | None = None  # the compressed part's dtype handed to the encoder, if not the bucket's
 
     def __init__(self, config: CompressionConfig, process_group: Any = None) -> None:
@@ -181,13 +207,20 @@ class CompressionHook:
         self.stats = CompressionStats()
         self.residuals: dict[int, torch.Tensor] = {}
         self._layouts: dict[tuple[Any, ...], _Layout] = {}
+        self._names: dict[int, str] = {}  # parameter data pointer -> name, from bind()
+        self._state_layouts: dict[int, _Layout] = {}  # the layout each bucket's state is laid out in
+        self._unplaced: dict[str, dict[str, torch.Tensor]] = {}  # per-parameter state awaiting its bucket
         self.__name__ = self.__qualname__ = f"gradsync_{config.name}_hook"  # DDP logs hooks by name
+
+    def bind(self, module: torch.nn.Module) -> None:
+        """Name the parameters of the module DDP wraps, so saved state finds them after a restart."""
+        self._names = {p.data_ptr(): name for name, p in module.named_parameters()}
 
     # Unannotated on purpose: DDP checks a hook's annotations by identity, and this module's
     # postponed (string) annotations would fail that check.
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
         buffer = bucket.buffer()
-        layout = self._layout(bucket)
+        layout = self._follow_layout(bucket)
         started = time.perf_counter()
         buffer.div_(self.world_size)
         futures = []
@@ -198,10 +231,10 @@ class CompressionHook:
         if layout.compressed:
             # Error feedback accumulates in fp32 whatever the gradients' dtype.
             wire_dtype = self.wire_dtype or (torch.float32 if self.error_feedback else buffer.dtype)
-            flat = layout.gather(buffer, "compressed", wire_dtype, self.pack_multiple)
+            flat = layout.gather(buffer, "compressed", wire_dtype)
             if self.error_feedback:
                 flat = self._with_residual(bucket.index(), flat)
-            futures.append(self._reduce_compressed(flat, bucket.index()))
+            futures.append(self._reduce_compressed(flat, bucket.index(), layout))
         self.stats.raw_bytes += buffer.numel() * buffer.element_size()
         self.stats.encode_s += time.perf_counter() - started
 
@@ -209,46 +242,104 @@ class CompressionHook:
             started = time.perf_counter()
             results = [future.value() for future in done.value()]
             if layout.plain:
-                _Layout.scatter(buffer, layout.plain, _first(results.pop(0)))
+                layout.scatter(buffer, "plain", _first(results.pop(0)))
             if layout.compressed:
-                _Layout.scatter(buffer, layout.compressed, _first(results.pop(0)))
+                layout.scatter(buffer, "compressed", _first(results.pop(0)))
             self.stats.decode_s += time.perf_counter() - started
             return buffer
 
         return torch.futures.collect_all(futures).then(unpack)
 
-    def _layout(self, bucket: dist.GradBucket) -> _Layout:
-        # DDP rebuilds its buckets after the first backward, in the order gradients became ready:
-        # same index and size, different order. The shapes in order identify a layout.
-        key = (bucket.index(), tuple(gradient.shape for gradient in bucket.gradients()))
+    def _follow_layout(self, bucket: dist.GradBucket) -> _Layout:
+        """This bucket's layout; state laid out for another layout is moved to this one first."""
+        parameters = bucket.parameters()
+        key = (bucket.index(), *(p.data_ptr() for p in parameters))
         layout = self._layouts.get(key)
         if layout is None:
-            layout = self._layouts[key] = _Layout(bucket, self.config.min_numel)
+            names = tuple(self._names.get(p.data_ptr()) or f"@{p.data_ptr()}" for p in parameters)
+            layout = self._layouts[key] = _Layout(bucket, self.config.min_numel, names, self.pack_multiple)
+        index = bucket.index()
+        previous = self._state_layouts.get(index)
+        if previous is not layout:
+            if previous is not None:
+                # DDP rebuilt its buckets: every bucket's state goes back to its parameters.
+                self._settle()
+                for old_index, old_layout in self._state_layouts.items():
+                    _add_pieces(self._unplaced, self._state_pieces(old_index, old_layout))
+                self._drop_bucket_state()
+                self._state_layouts.clear()
+            if self._unplaced:
+                self._place_state(index, layout, self._unplaced)
+            self._state_layouts[index] = layout
         return layout
+
+    def _state_pieces(self, index: int, layout: _Layout) -> dict[str, dict[str, torch.Tensor]]:
+        """Bucket `index`'s state, cut into its parameters' pieces (copies)."""
+        residual = self.residuals.get(index)
+        if residual is None or residual.numel() != layout.packed_numel:
+            return {}
+        return {key: {"residual": residual[at : at + length].detach().clone()} for key, at, length in layout.compressed_params}
+
+    def _place_state(self, index: int, layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Assemble bucket `index`'s state from its parameters' pieces (taken out of `pieces`)."""
+        residual = _join(layout, pieces, "residual")
+        if residual is not None:
+            self.residuals[index] = residual
+
+    def _drop_bucket_state(self) -> None:
+        self.residuals.clear()
+
+    def _settle(self) -> None:
+        """Finish work still updating bucket state (before the state is moved)."""
 
     def _with_residual(self, index: int, flat: torch.Tensor) -> torch.Tensor:
         """`flat` (the layout's packed fp32 copy) plus the error carried from the last step, in place."""
         residual = self.residuals.get(index)
         if residual is not None and residual.shape == flat.shape and residual.device == flat.device:
-            flat.add_(residual)  # a new or rebuilt bucket starts without carried error
+            flat.add_(residual)
         return flat
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         return dist.all_reduce(tensor, group=self.process_group, async_op=True).get_future()
 
-    def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
+    def _reduce_compressed(self, flat: torch.Tensor, index: int, layout: _Layout) -> torch.futures.Future:
         raise NotImplementedError
 
     def start(self, planned_steps: int | None) -> None:
         """Told the planned number of optimizer steps when training starts (PowerSGD's warm-up)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Tensors and numbers only, so a checkpoint of it loads with `weights_only=True`."""
-        # Copied: the hooks overwrite their residual tensors in place on the next step.
-        return {"residuals": {index: r.detach().to("cpu", copy=True) for index, r in self.residuals.items()}}
+        """Tensors and numbers only, so a checkpoint of it loads with `weights_only=True`.
+
+        Per parameter (by name once bound), not per bucket: the run that loads it starts with
+        DDP's first bucket layout, not the rebuilt one this run has now.
+        """
+        pieces = {key: dict(state) for key, state in self._unplaced.items()}
+        for index, layout in self._state_layouts.items():
+            _add_pieces(pieces, self._state_pieces(index, layout))
+        return {"parameters": {key: {name: t.to("cpu", copy=True) for name, t in state.items()} for key, state in pieces.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.residuals = {int(index): r.clone() for index, r in state.get("residuals", {}).items()}
+        self._drop_bucket_state()
+        self._state_layouts.clear()
+        self._unplaced = {key: {name: t.clone() for name, t in parts.items()} for key, parts in state.get("parameters", {}).items()}
+
+
+def _add_pieces(into: dict[str, dict[str, torch.Tensor]], pieces: dict[str, dict[str, torch.Tensor]]) -> None:
+    for key, parts in pieces.items():
+        into.setdefault(key, {}).update(parts)
+
+
+def _join(layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]], name: str) -> torch.Tensor | None:
+    """The packed tensor of `name` for `layout` from its compressed parameters' pieces, or None
+    (and nothing taken) when a parameter has none: that bucket starts afresh."""
+    if not layout.compressed_params or not all(name in pieces.get(key, {}) for key, _, _ in layout.compressed_params):
+        return None
+    joined = torch.cat([pieces[key].pop(name) for key, _, _ in layout.compressed_params])
+    for key, _, _ in layout.compressed_params:
+        if not pieces[key]:
+            del pieces[key]
+    return joined
 
 
 def _first(value: Any) -> torch.Tensor:
@@ -266,7 +357,7 @@ class CastHook(CompressionHook):
         super().__init__(config, process_group)
         self.wire_dtype = torch.float16 if config.name == "fp16" else torch.bfloat16
 
-    def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
+    def _reduce_compressed(self, flat: torch.Tensor, index: int, layout: _Layout) -> torch.futures.Future:
         self.stats.sent_bytes += flat.numel() * flat.element_size()
         return self._all_reduce(flat)
 
@@ -299,7 +390,7 @@ class Int8Hook(CompressionHook):
         self._next_scales: dict[int, tuple[Any, torch.Tensor]] = {}  # (pending work or None, maxima)
         self._quantised: dict[int, torch.Tensor] = {}
 
-    def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
+    def _reduce_compressed(self, flat: torch.Tensor, index: int, layout: _Layout) -> torch.futures.Future:
         # The packed part comes padded to whole chunks (zeros), and the work tensors are this
         # bucket's own, reused: fresh bucket-sized tensors cost more than the arithmetic.
         chunks = flat.view(-1, self.CHUNK)
@@ -332,32 +423,54 @@ class Int8Hook(CompressionHook):
             tensor = store[index] = torch.empty_like(like)
         return tensor.view_as(like)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Residuals and the scales agreed for the next step (a resumed run quantises the same)."""
-        scales = {}
+    # Residuals and the scales agreed for the next step are state (a resumed run quantises the same).
+    def _settle(self) -> None:
         for index, (work, chunk_max) in self._next_scales.items():
-            work.wait()
-            scales[index] = chunk_max.detach().cpu()
-        return {**super().state_dict(), "next_scales": scales}
+            if work is not None:
+                work.wait()
+                self._next_scales[index] = (None, chunk_max)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self._next_scales = {int(index): (None, limit.clone()) for index, limit in state.get("next_scales", {}).items()}
+    def _state_pieces(self, index: int, layout: _Layout) -> dict[str, dict[str, torch.Tensor]]:
+        pieces = super()._state_pieces(index, layout)
+        agreed = self._next_scales.get(index)
+        if agreed is not None and agreed[1].numel() * self.CHUNK == layout.packed_numel:
+            if agreed[0] is not None:
+                agreed[0].wait()
+            for key, at, length in layout.compressed_params:
+                piece = agreed[1][at // self.CHUNK : (at + length) // self.CHUNK].detach().clone()
+                pieces.setdefault(key, {})["next_scales"] = piece
+        return pieces
+
+    def _place_state(self, index: int, layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]]) -> None:
+        super()._place_state(index, layout, pieces)
+        scales = _join(layout, pieces, "next_scales")
+        if scales is not None:
+            self._next_scales[index] = (None, scales)
+
+    def _drop_bucket_state(self) -> None:
+        super()._drop_bucket_state()
+        self._next_scales.clear()
+        self._quantised.clear()
 
 
 class TopKHook(CompressionHook):
-    """Send the largest `topk_ratio` of each bucket by magnitude (values and indices), with error feedback.
+    """Send the largest `topk_ratio` of each parameter by magnitude (values and indices), with error feedback.
 
-    Every rank gathers every rank's selection and adds them up in rank order, so the result is
+    Chosen per parameter, not per bucket: what is sent then does not depend on which parameters
+    DDP put together, so a run resumed in DDP's first bucket layout continues exactly. Every
+    rank gathers every rank's selection and adds them up in rank order, so the result is
     identical everywhere without relying on the order of atomic adds.
     """
 
     error_feedback = True
 
-    def _reduce_compressed(self, flat: torch.Tensor, index: int) -> torch.futures.Future:
-        numel = flat.numel()
-        k = max(1, int(numel * self.config.topk_ratio))
-        _, chosen = flat.abs().topk(k, sorted=False)
+    def _reduce_compressed(self, flat: torch.Tensor, index: int, layout: _Layout) -> torch.futures.Future:
+        magnitudes = flat.abs()
+        chosen = torch.cat([
+            magnitudes[at : at + length].topk(max(1, int(length * self.config.topk_ratio)), sorted=False).indices + at
+            for _, at, length in layout.compressed_params
+        ])
+        k = chosen.numel()
         values = flat[chosen]
         residual = flat.clone()
         residual[chosen] = 0
@@ -398,6 +511,7 @@ class PowerSGDHook(CompressionHook):
         )
         self._serialize = dist.get_backend(process_group) == "gloo"
         self._previous: torch.futures.Future | None = None
+        self._in_flight: dict[int, torch.futures.Future] = {}  # this step's futures, by bucket
 
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
         if self._previous is not None:
@@ -405,6 +519,7 @@ class PowerSGDHook(CompressionHook):
             # which on Gloo run on the group's two worker threads: two buckets in flight block
             # both threads and deadlock. One bucket at a time keeps a thread free.
             self._previous.wait()
+        self._follow_layout(bucket)
         started = time.perf_counter()
         raw = bucket.buffer().numel() * bucket.buffer().element_size()
         before = self.power_state.total_numel_after_compression
@@ -416,33 +531,91 @@ class PowerSGDHook(CompressionHook):
         self.stats.encode_s += time.perf_counter() - started
         if self._serialize:
             self._previous = None if bucket.is_last() else future
+        self._in_flight[bucket.index()] = future
         return future
 
     def start(self, planned_steps: int | None) -> None:
         if self.config.powersgd_start_step is None:
             self.power_state.start_powerSGD_iter = max(2, (planned_steps or 0) // 10)
 
+    # PowerSGD's own state is per bucket: the local error over the whole bucket, and the low-rank
+    # factors P and Q of each matrix it compresses (its warm start), packed by matrix shape.
+    def _matrices(self, layout: _Layout) -> list[tuple[str, int, int, int, int]]:
+        """(key, P offset, P length, Q offset, Q length) per compressed matrix, in PowerSGD's packing
+        order: grouped by shape in order of first appearance, bucket order within a shape."""
+        by_shape: dict[tuple[int, int], list[tuple[str, int]]] = {}
+        for key, start, end, shape in layout.params:
+            rows = shape[0] if shape else 1
+            columns = (end - start) // rows if rows else 0
+            rank = min(rows, columns, self.config.powersgd_rank)
+            # PyTorch compresses a matrix only when that shrinks it min_compression_rate-fold.
+            if (rows + columns) * rank * self.power_state.min_compression_rate < rows * columns:
+                by_shape.setdefault((rows, columns), []).append((key, rank))
+        matrices, p_at, q_at = [], 0, 0
+        for (rows, columns), members in by_shape.items():
+            for key, rank in members:
+                matrices.append((key, p_at, rows * rank, q_at, columns * rank))
+                p_at, q_at = p_at + rows * rank, q_at + columns * rank
+        return matrices
+
+    def _settle(self) -> None:
+        for future in self._in_flight.values():
+            future.wait()
+        self._in_flight.clear()
+
+    def _state_pieces(self, index: int, layout: _Layout) -> dict[str, dict[str, torch.Tensor]]:
+        state = self.power_state
+        pieces: dict[str, dict[str, torch.Tensor]] = {}
+        error = state.error_dict.get(index)
+        if error is not None and error.numel() == layout.numel:
+            for key, start, end, _ in layout.params:
+                pieces.setdefault(key, {})["error"] = error[start:end].detach().clone()
+        p_memory, q_memory = state.p_memory_dict.get(index), state.q_memory_dict.get(index)
+        matrices = self._matrices(layout)
+        if p_memory is not None and q_memory is not None and matrices and (
+            matrices[-1][1] + matrices[-1][2] == p_memory.numel() and matrices[-1][3] + matrices[-1][4] == q_memory.numel()
+        ):
+            for key, p_at, p_length, q_at, q_length in matrices:
+                pieces.setdefault(key, {}).update(
+                    p=p_memory[p_at : p_at + p_length].detach().clone(), q=q_memory[q_at : q_at + q_length].detach().clone()
+                )
+        return pieces
+
+    def _place_state(self, index: int, layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]]) -> None:
+        state = self.power_state
+        keys = [key for key, _, _, _ in layout.params]
+        if all("error" in pieces.get(key, {}) for key in keys):
+            state.error_dict[index] = torch.cat([pieces[key].pop("error") for key in keys])
+        matrices = self._matrices(layout)
+        if matrices and all({"p", "q"} <= pieces.get(key, {}).keys() for key, *_ in matrices):
+            state.p_memory_dict[index] = torch.cat([pieces[key].pop("p") for key, *_ in matrices])
+            state.q_memory_dict[index] = torch.cat([pieces[key].pop("q") for key, *_ in matrices])
+        for key in keys:
+            if key in pieces and not pieces[key]:
+                del pieces[key]
+
+    def _drop_bucket_state(self) -> None:
+        super()._drop_bucket_state()
+        for memory in (self.power_state.error_dict, self.power_state.p_memory_dict, self.power_state.q_memory_dict):
+            memory.clear()
+
     def state_dict(self) -> dict[str, Any]:
         state = self.power_state
         kind, keys, position, has_gauss, gauss = state.rng.get_state()
         return {
+            **super().state_dict(),
             "iter": state.iter,
             "start_step": state.start_powerSGD_iter,
-            "error_dict": {k: v.detach().cpu() for k, v in state.error_dict.items()},
-            "p_memory_dict": {k: v.detach().cpu() for k, v in state.p_memory_dict.items()},
-            "q_memory_dict": {k: v.detach().cpu() for k, v in state.q_memory_dict.items()},
             "rng": {"keys": torch.from_numpy(keys.astype("int64")), "position": position, "has_gauss": has_gauss, "gauss": gauss},
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         import numpy
 
+        super().load_state_dict(saved)
         state = self.power_state
         state.iter = int(saved["iter"])
         state.start_powerSGD_iter = int(saved["start_step"])
-        state.error_dict = {int(k): v.clone() for k, v in saved["error_dict"].items()}
-        state.p_memory_dict = {int(k): v.clone() for k, v in saved["p_memory_dict"].items()}
-        state.q_memory_dict = {int(k): v.clone() for k, v in saved["q_memory_dict"].items()}
         rng = saved["rng"]
         state.rng.set_state(("MT19937", rng["keys"].numpy().astype(numpy.uint32), rng["position"], rng["has_gauss"], rng["gauss"]))
 
