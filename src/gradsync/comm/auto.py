@@ -46,8 +46,9 @@ STEPS_PER_TRIAL = 4  # measured steps per trial, after one step that pays for th
 DECISION_STEPS = WARMUP_STEPS + (len(CANDIDATES) + 1) * (STEPS_PER_TRIAL + 1)
 
 
-def choose_accumulation(step_s: float, exposed_s: float, current: int, most: int, margin: float) -> tuple[int, float]:
-    """Micro-batches per step (a multiple of `current`, at most `most`) and the exposed share predicted with it.
+def choose_accumulation(step_s: float, exposed_s: float, current: int, most: int, margin: float) -> tuple[int, float, float]:
+    """Micro-batches per step (a multiple of `current`, at most `most`), and the step time and
+    exposed share predicted with it.
 
     A step of `current` micro-batches taking `step_s`, `exposed_s` of it waiting for
     communication, computes for `step_s - exposed_s`; with k micro-batches it computes
@@ -56,8 +57,11 @@ def choose_accumulation(step_s: float, exposed_s: float, current: int, most: int
     to bring it under `margin`.
     """
 
+    def step_with(k: int) -> float:
+        return k / current * (step_s - exposed_s) + exposed_s
+
     def share(k: int) -> float:
-        return exposed_s / (k / current * (step_s - exposed_s) + exposed_s) if step_s > 0 else 0.0
+        return exposed_s / step_with(k) if step_s > 0 else 0.0
 
     chosen = current
     if share(current) >= margin:
@@ -65,7 +69,7 @@ def choose_accumulation(step_s: float, exposed_s: float, current: int, most: int
             chosen = k
             if share(k) < margin:
                 break
-    return chosen, share(chosen)
+    return chosen, step_with(chosen), share(chosen)
 
 
 def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
@@ -239,7 +243,7 @@ class AutoTuner:
         assert best.median_s is not None and best.exposed_s is not None
         share = best.exposed_s / best.median_s if best.median_s > 0 else 0.0
         current = self.measured_accumulation
-        self.accumulation_steps, predicted = choose_accumulation(
+        self.accumulation_steps, predicted_step_s, predicted = choose_accumulation(
             best.median_s, best.exposed_s, current, self.max_accumulation, self.margin
         )
         exposed = f"with {best.name}, {share:.0%} of each step still waited for communication"
@@ -247,9 +251,7 @@ class AutoTuner:
             self.log(f"auto kept accumulation as it is ({current} per step): {exposed}, under the {self.margin:.0%} "
                      "worth growing the global batch for.")
             return
-        per_sample = (best.median_s + (self.accumulation_steps / current - 1) * (best.median_s - best.exposed_s)) / (
-            self.accumulation_steps / current * best.median_s
-        )
+        per_sample = predicted_step_s / (self.accumulation_steps / current * best.median_s)
         self.log(f"auto raises accumulation from {current} to {self.accumulation_steps} micro-batches per step "
                  f"(allowed up to {self.max_accumulation}): {exposed}; one all-reduce per {self.accumulation_steps} "
                  f"micro-batches should leave {predicted:.0%} exposed and take {1 - per_sample:.0%} less time per sample.")

@@ -336,10 +336,15 @@ def _join(layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]], name: str
     if not layout.compressed_params or not all(name in pieces.get(key, {}) for key, _, _ in layout.compressed_params):
         return None
     joined = torch.cat([pieces[key].pop(name) for key, _, _ in layout.compressed_params])
-    for key, _, _ in layout.compressed_params:
-        if not pieces[key]:
-            del pieces[key]
+    _drop_empty(pieces, [key for key, _, _ in layout.compressed_params])
     return joined
+
+
+def _drop_empty(pieces: dict[str, dict[str, torch.Tensor]], keys: list[str]) -> None:
+    """Forget parameters whose state has all been placed."""
+    for key in keys:
+        if key in pieces and not pieces[key]:
+            del pieces[key]
 
 
 def _first(value: Any) -> torch.Tensor:
@@ -590,9 +595,7 @@ class PowerSGDHook(CompressionHook):
         if matrices and all({"p", "q"} <= pieces.get(key, {}).keys() for key, *_ in matrices):
             state.p_memory_dict[index] = torch.cat([pieces[key].pop("p") for key, *_ in matrices])
             state.q_memory_dict[index] = torch.cat([pieces[key].pop("q") for key, *_ in matrices])
-        for key in keys:
-            if key in pieces and not pieces[key]:
-                del pieces[key]
+        _drop_empty(pieces, keys)
 
     def _drop_bucket_state(self) -> None:
         super()._drop_bucket_state()
