@@ -81,14 +81,14 @@ class AccumulationPlan:
             return self.raised_to
         return self.steps
 
-    def windows(self, epoch: int, batches: int, start: int = 0) -> int:
-        """Optimizer steps from batch `start` (a window's first) to the end of `epoch`'s `batches`."""
+    def windows(self, epoch: int, batches: int) -> int:
+        """Optimizer steps in `epoch`, of `batches` batches."""
         if self.raised_to is None or epoch < self.from_epoch:
-            return math.ceil(max(0, batches - start) / self.steps)
+            return math.ceil(batches / self.steps)
         if epoch > self.from_epoch:
-            return math.ceil(max(0, batches - start) / self.raised_to)
-        switch = max(start, self.from_batch)
-        return math.ceil(max(0, switch - start) / self.steps) + math.ceil(max(0, batches - switch) / self.raised_to)
+            return math.ceil(batches / self.raised_to)
+        # raise_to() starts the new count before the epoch's end
+        return math.ceil(self.from_batch / self.steps) + math.ceil((batches - self.from_batch) / self.raised_to)
 
     def raise_to(self, steps: int, epoch: int, next_batch: int, batches: int) -> None:
         """Use `steps` (a multiple of the current count) from the first batch at or after

@@ -282,7 +282,7 @@ class CompressionHook:
 
     def _place_state(self, index: int, layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]]) -> None:
         """Assemble bucket `index`'s state from its parameters' pieces (taken out of `pieces`)."""
-        residual = _join(layout, pieces, "residual")
+        residual = _join([key for key, _, _ in layout.compressed_params], pieces, "residual")
         if residual is not None:
             self.residuals[index] = residual
 
@@ -314,6 +314,7 @@ class CompressionHook:
         Per parameter (by name once bound), not per bucket: the run that loads it starts with
         DDP's first bucket layout, not the rebuilt one this run has now.
         """
+        self._settle()
         pieces = {key: dict(state) for key, state in self._unplaced.items()}
         for index, layout in self._state_layouts.items():
             _add_pieces(pieces, self._state_pieces(index, layout))
@@ -330,21 +331,16 @@ def _add_pieces(into: dict[str, dict[str, torch.Tensor]], pieces: dict[str, dict
         into.setdefault(key, {}).update(parts)
 
 
-def _join(layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]], name: str) -> torch.Tensor | None:
-    """The packed tensor of `name` for `layout` from its compressed parameters' pieces, or None
-    (and nothing taken) when a parameter has none: that bucket starts afresh."""
-    if not layout.compressed_params or not all(name in pieces.get(key, {}) for key, _, _ in layout.compressed_params):
+def _join(keys: list[str], pieces: dict[str, dict[str, torch.Tensor]], name: str) -> torch.Tensor | None:
+    """The pieces `name` of parameters `keys`, concatenated in that order and taken out of
+    `pieces`; None (and nothing taken) when a parameter has none: that bucket starts afresh."""
+    if not keys or not all(name in pieces.get(key, {}) for key in keys):
         return None
-    joined = torch.cat([pieces[key].pop(name) for key, _, _ in layout.compressed_params])
-    _drop_empty(pieces, [key for key, _, _ in layout.compressed_params])
-    return joined
-
-
-def _drop_empty(pieces: dict[str, dict[str, torch.Tensor]], keys: list[str]) -> None:
-    """Forget parameters whose state has all been placed."""
+    joined = torch.cat([pieces[key].pop(name) for key in keys])
     for key in keys:
-        if key in pieces and not pieces[key]:
-            del pieces[key]
+        if not pieces[key]:
+            del pieces[key]  # all its state is placed
+    return joined
 
 
 def _first(value: Any) -> torch.Tensor:
@@ -438,9 +434,7 @@ class Int8Hook(CompressionHook):
     def _state_pieces(self, index: int, layout: _Layout) -> dict[str, dict[str, torch.Tensor]]:
         pieces = super()._state_pieces(index, layout)
         agreed = self._next_scales.get(index)
-        if agreed is not None and agreed[1].numel() * self.CHUNK == layout.packed_numel:
-            if agreed[0] is not None:
-                agreed[0].wait()
+        if agreed is not None and agreed[1].numel() * self.CHUNK == layout.packed_numel:  # settled by the caller
             for key, at, length in layout.compressed_params:
                 piece = agreed[1][at // self.CHUNK : (at + length) // self.CHUNK].detach().clone()
                 pieces.setdefault(key, {})["next_scales"] = piece
@@ -448,7 +442,7 @@ class Int8Hook(CompressionHook):
 
     def _place_state(self, index: int, layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]]) -> None:
         super()._place_state(index, layout, pieces)
-        scales = _join(layout, pieces, "next_scales")
+        scales = _join([key for key, _, _ in layout.compressed_params], pieces, "next_scales")
         if scales is not None:
             self._next_scales[index] = (None, scales)
 
@@ -588,14 +582,13 @@ class PowerSGDHook(CompressionHook):
 
     def _place_state(self, index: int, layout: _Layout, pieces: dict[str, dict[str, torch.Tensor]]) -> None:
         state = self.power_state
-        keys = [key for key, _, _, _ in layout.params]
-        if all("error" in pieces.get(key, {}) for key in keys):
-            state.error_dict[index] = torch.cat([pieces[key].pop("error") for key in keys])
-        matrices = self._matrices(layout)
-        if matrices and all({"p", "q"} <= pieces.get(key, {}).keys() for key, *_ in matrices):
-            state.p_memory_dict[index] = torch.cat([pieces[key].pop("p") for key, *_ in matrices])
-            state.q_memory_dict[index] = torch.cat([pieces[key].pop("q") for key, *_ in matrices])
-        _drop_empty(pieces, keys)
+        error = _join([key for key, _, _, _ in layout.params], pieces, "error")
+        if error is not None:
+            state.error_dict[index] = error
+        compressed = [key for key, *_ in self._matrices(layout)]
+        p_memory, q_memory = _join(compressed, pieces, "p"), _join(compressed, pieces, "q")  # saved together
+        if p_memory is not None and q_memory is not None:
+            state.p_memory_dict[index], state.q_memory_dict[index] = p_memory, q_memory
 
     def _drop_bucket_state(self) -> None:
         super()._drop_bucket_state()
