@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gradsync import compat
 from gradsync.accumulation import AccumulationPlan, Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
 from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
@@ -70,6 +71,9 @@ class Trainer:
         check_precision_supported(config.precision, planned.device)
         self.dist = join_process_group(planned, config.timeout_s)
         self.logger = configure_logging(self.dist.rank)
+        if self.is_main:
+            for note in compat.check(compat.TRAINER):
+                self.logger.warning(note)
         self._closed = False
         atexit.register(self._leave_at_exit)
         with self._failing_together():
@@ -105,6 +109,11 @@ class Trainer:
                 warn=self.logger.warning,
                 description=config.describe(),
             )
+            with self._failing_together():
+                foreign, refused = self.checkpointer.foreign_checkpoints()
+                raise_if_any_rank_failed(refused, self.dist.control_group)
+            if config.checkpoint.overwrite:
+                self.checkpointer.remove(foreign)
         self._tracked: dict[str, Any] = {}  # the user's objects saved with each checkpoint
         self._resumed: Loaded | None = None  # what a resume loaded, for parts attached later
         self._first_epoch = 0  # where the next epochs() loop starts (a resumed run's epoch)
@@ -156,6 +165,12 @@ class Trainer:
     @property
     def is_main(self) -> bool:
         return self.dist.is_main
+
+    @property
+    def resumed_from(self) -> Path | None:
+        """The checkpoint folder this run resumed from (its name gives the step), None when it
+        started fresh."""
+        return self._resumed.path if self._resumed is not None else None
 
     # -- setting up ------------------------------------------------------------------------
 

@@ -45,8 +45,18 @@ def test_prune_keeps_the_newest_and_drops_dead_saves(tmp_path):
         _fake_save(tmp_path, step)
     _fake_save(tmp_path, 0, commit=False)  # died long ago
     _fake_save(tmp_path, 9, commit=False)  # still being written (async): must stay
-    store.prune(tmp_path, keep=2)
+    store.prune(tmp_path, keep=2, newest_step=4)
     assert [step for step, _ in store.checkpoint_dirs(tmp_path)] == [9, 4, 3]
+
+
+def test_prune_never_counts_checkpoints_the_run_has_not_reached(tmp_path):
+    # Folders of later steps are not this run's own (it has not saved them yet): counting them
+    # as the newest would delete the run's fresh saves right after writing them.
+    for step in (9, 12, 15, 3, 6):
+        _fake_save(tmp_path, step)
+    assert store.prune(tmp_path, keep=2, newest_step=6) == []
+    assert store.prune(tmp_path, keep=1, newest_step=6) == [tmp_path / "step-000000003"]
+    assert [step for step, _ in store.checkpoint_dirs(tmp_path)] == [15, 12, 9, 6]
 
 
 def test_newer_format_names_both_versions(tmp_path):

@@ -65,9 +65,10 @@ def train(
     run_dir: str | None = None,
     step_delay_s: float = 0.0,
     hidden: int = 64,
+    overwrite: bool = False,
 ) -> dict:
     checkpoint = {"dir": checkpoint_dir, "every_steps": every_steps, "every_minutes": every_minutes, "resume": resume,
-                  "async_save": async_save} if checkpoint_dir else {}
+                  "async_save": async_save, "overwrite": overwrite} if checkpoint_dir else {}
     trainer = gradsync.setup(
         accumulation_steps=2,
         seed=3,

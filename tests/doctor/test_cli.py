@@ -1,5 +1,6 @@
 """`gradsync doctor`: its options, and real runs alone and with 2 processes."""
 
+import argparse
 import json
 import os
 import re
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import get_args_parser
 
+from gradsync.cli import doctor as doctor_cli
 from gradsync.cli import main
-from gradsync.cli.doctor import LaunchOptions
+from gradsync.cli.doctor import LaunchOptions, launch_options
+from gradsync.cli.parser import CommandParser
+from gradsync.doctor import worker
 from gradsync.errors import ConfigError
 
 BIN = Path(sys.executable).parent
@@ -53,6 +57,24 @@ def test_a_count_that_is_not_a_number_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["doctor", "--nproc-per-node", "two"])
     assert "not a whole number" in capsys.readouterr().err
+
+
+def test_options_take_torchruns_underscore_spellings_too():
+    parser = CommandParser(prog="gradsync")
+    doctor_cli.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([
+        "doctor", "--nproc_per_node", "2", "--nnodes", "2", "--node_rank", "1", "--master_addr", "10.0.0.1",
+        "--master_port", "29400", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h0:29400", "--rdzv_id", "job",
+        "--rdzv_conf", "is_host=true", "--local_addr", "10.0.0.2", "--checkpoint_dir", "/ckpt", "--shm_path", "/shm",
+        "--run_dir", "/runs/1",
+    ])
+    assert launch_options(args) == LaunchOptions(
+        nproc_per_node=2, nnodes="2", node_rank=1, master_addr="10.0.0.1", master_port=29400, rdzv_backend="c10d",
+        rdzv_endpoint="h0:29400", rdzv_id="job", rdzv_conf="is_host=true", local_addr="10.0.0.2")
+    assert (args.checkpoint_dir, args.shm_path, args.run_dir) == ("/ckpt", "/shm", "/runs/1")
+    worker_parser = argparse.ArgumentParser()
+    worker.add_arguments(worker_parser)  # `python -m gradsync.doctor.worker` under any launcher
+    assert worker_parser.parse_args(["--checkpoint_dir", "/ckpt"]).checkpoint_dir == "/ckpt"
 
 
 def test_launcher_options_become_torchruns_rendezvous_options():

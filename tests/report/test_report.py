@@ -1,6 +1,7 @@
 """`gradsync report`: the page drawn from a real run, opened in headless Chromium, and its edge cases."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gradsync.cli import main
 from gradsync.errors import GradsyncError
 from gradsync.report import collect, write_report
 
@@ -84,13 +86,80 @@ def test_a_report_shows_what_the_run_left_profiles_findings_and_benchmarks(tmp_p
     assert len(collect(tmp_path).rows) == 8, "a last line cut short by a crash is left out"
 
 
-def test_nothing_to_report_and_damaged_files_are_explained(tmp_path):
-    with pytest.raises(GradsyncError, match="no such run directory"):
-        collect(tmp_path / "missing")
-    with pytest.raises(GradsyncError, match="nothing to report"):
-        collect(tmp_path)
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1\n{"step": 2}\n')
-    with pytest.raises(GradsyncError, match="line 1: not a JSON object"):
-        collect(tmp_path)
-    done = subprocess.run([str(BIN / "gradsync"), "report", str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "gradsync report:" in done.stderr and "Traceback" not in done.stderr
+def _report(capsys, *args):
+    """`gradsync report ARGS` in this process: (exit code, stdout lines, stderr lines)."""
+    code = main(["report", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err.splitlines()
+
+
+def test_nothing_to_report_is_one_line_and_exit_code_2(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    for run_dir, message in ((tmp_path / "missing", "no such run directory"), (tmp_path / "file", "is a file, not a run"),
+                             (tmp_path, "holds nothing to report")):
+        with pytest.raises(GradsyncError, match=message):
+            collect(run_dir)
+        code, out, err = _report(capsys, run_dir)
+        assert (code, out, len(err)) == (2, [], 1) and err[0].startswith(f"gradsync report: {run_dir}") and message in err[0]
+    (tmp_path / "metrics.jsonl").write_text("garbage\n")
+    (tmp_path / "diagnosis.json").write_text('{"status": "fai')
+    code, out, err = _report(capsys, tmp_path)
+    assert (code, out, len(err)) == (2, [], 1), err
+    assert "nothing in it could be read" in err[0] and "metrics.jsonl line 1" in err[0] and "diagnosis.json" in err[0]
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_a_damaged_run_directory_is_reported_with_what_could_be_read_and_what_was_skipped(tmp_path, capsys):
+    lines = [json.dumps(r) for r in _rows(8)]
+    lines[3] = "\x00\x17garbage"  # damage in the middle
+    lines[5] = "[5]"  # JSON, but not a step's row
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 9, "ep')  # a crash cut the last line
+    (tmp_path / "diagnosis.json").write_text('{"status": "failed", "findings": [{"category": "coll')
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "rank0.breakdown.json").write_text('{"mean": {"forward_s"')
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "report.json").write_text('{"workload": "mlp", "res')
+    code, out, err = _report(capsys, tmp_path)
+    assert code == 0, err
+    skipped = [
+        "metrics.jsonl line 4: not valid JSON (damaged)",
+        "metrics.jsonl line 9: not valid JSON (cut off by a crash?)",
+        "metrics.jsonl line 6: not a JSON object with numbers for step, samples_per_s, step_time_s, exposed_comm_s",
+        "diagnosis.json: not valid JSON (cut off by a crash?)",
+        "profile/rank0.breakdown.json: not valid JSON (cut off by a crash?)",
+        "bench/report.json: not valid JSON (cut off by a crash?)",
+    ]
+    assert err == [f"gradsync report: skipped {note}" for note in skipped]
+    page = tmp_path / "report.html"
+    assert out == [f"gradsync report: {page} (4 plots); open it in a browser, e.g. xdg-open {page}"]
+    html = page.read_text()
+    notes = re.search(r"<div class='skipped' id='skipped'>(.*?)</div>", html)[1]
+    assert re.findall(r"<li>(.*?)</li>", notes) == [note.replace("'", "&#x27;") for note in skipped]
+    assert html.index("id='skipped'") < html.index("<h2>"), "the note comes before the figures, where it is seen"
+    assert json.loads(re.search(r"id='gradsync-plots'>(.*?)</script>", html)[1]) == [
+        "curves.png", "breakdown.png", "ranks.png", "exposed.png"]
+    assert "Diagnosis" not in html and "Benchmarks" not in html
+    assert [row["step"] for row in collect(tmp_path).rows] == [1, 2, 3, 5, 7, 8]
+
+
+UNWRITABLE = {
+    "a folder that cannot be created": (lambda tmp: Path("/proc/gradsync-report/report.html"), "No such file or directory"),
+    "a path that is a folder": (lambda tmp: tmp, "it is a folder"),
+    "a folder under a file": (lambda tmp: tmp / "metrics.jsonl" / "report.html", "Not a directory"),
+}
+
+
+@pytest.mark.parametrize("case", [*UNWRITABLE, "a read-only folder"])
+def test_an_unwritable_output_is_one_line_and_exit_code_2(case, tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(2)))
+    if case == "a read-only folder":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        (tmp_path / "locked").mkdir(mode=0o555)
+        output, reason = tmp_path / "locked" / "report.html", "Permission denied"
+    else:
+        make_output, reason = UNWRITABLE[case]
+        output = make_output(tmp_path)
+    code, out, err = _report(capsys, tmp_path, "--output", output)
+    assert (code, out, len(err)) == (2, [], 1), err
+    assert err[0].startswith(f"gradsync report: cannot write the report to {output}: ") and reason in err[0]

@@ -162,3 +162,74 @@ def test_nonfinite_gradients_seen_per_bucket_name_the_parameters():
     (finding,) = _nonfinite(views)
     assert finding["ranks"] == [0] and finding["details"] == {"parameters": ["head.weight"], "source": "gradients"}
     assert "parameters: head.weight" in finding["message"]
+
+
+def test_every_rank_failing_the_same_way_is_one_failure_of_the_script():
+    # The same error at the same line on every rank (messages may differ by rank): not "rank 0
+    # failed first and rank 1 as a consequence".
+    views = {
+        r: view(r, [], exit={**exception(f"batch_size=0 on rank {r}", "ConfigError", "train.py:12", time=10.0 + r),
+                             "traceback": f"Traceback (most recent call last):\n  File \"train.py\", line 12\nConfigError: rank {r}\n"},
+                exitcode=1)
+        for r in (0, 1, 2)
+    }
+    diagnosis = diagnose(views, trigger="failure", now=20.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "script_failed" and finding["ranks"] == [0, 1, 2]
+    assert finding["message"].startswith("The script failed on every rank at start-up, before its first collective: ConfigError")
+    assert finding["details"]["traceback_rank"] == 0 and "ConfigError: rank 0" in finding["details"]["traceback"]
+    assert all(line.startswith("failed: ConfigError") for line in diagnosis["ranks"].values())
+    # After collectives ran, it is still one failure of the script, without "at start-up".
+    views = {r: view(r, [record(1)], exit=exception("boom", "KeyError", "data.py:3"), exitcode=1) for r in (0, 1)}
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "script_failed" and "start-up" not in finding["message"]
+
+
+def test_every_rank_exiting_with_the_same_code_is_one_failure_of_the_script():
+    # An argparse error in the script: every rank exits with code 2 before any collective.
+    views = {r: view(r, [], exit={"status": "exit_code", "code": 2, "time": 3.0}, exitcode=2) for r in (0, 1)}
+    (finding,) = diagnose(views, trigger="failure", now=5.0)["findings"]
+    assert finding["category"] == "script_failed" and "exited with code 2" in finding["message"]
+
+
+def test_different_errors_or_some_ranks_keep_the_first_crash_as_the_cause():
+    views = {
+        0: view(0, [record(1)], exit=exception("bad data", "ValueError", "data.py:7", time=11.0), exitcode=1),
+        1: view(1, [record(1)], exit=exception("bad label", "KeyError", "data.py:9", time=12.0), exitcode=1),
+    }
+    diagnosis = diagnose(views, trigger="failure", now=20.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [0]
+    assert diagnosis["ranks"]["0"].startswith("failed first: ValueError")
+    # Two of three ranks alike is not "every rank": the first one is the cause.
+    views[2] = view(2, [record(1)], alive=True)
+    views[1] = view(1, [record(1)], exit=exception("bad data", "ValueError", "data.py:7", time=12.0), exitcode=1)
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [0]
+
+
+def test_a_peer_error_is_a_consequence_and_sigterm_stopped_ranks_say_so():
+    # gradsync's trainer stops the other ranks with a PeerError when one rank's check fails.
+    views = {
+        0: view(0, [record(1)], exit=exception("rank 1 stopped with: bad option", "PeerError", "train.py:5", time=9.0), exitcode=1),
+        1: view(1, [record(1)], exit=exception("bad option", "ConfigError", "train.py:5", time=10.0), exitcode=1),
+        2: view(2, [record(1)], exitcode=-15, signal="SIGTERM"),
+    }
+    diagnosis = diagnose(views, trigger="failure", now=20.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+    assert diagnosis["ranks"]["2"] == "stopped by the launcher (SIGTERM) once rank 1 had failed"
+
+
+def test_a_failure_before_anyone_communicated_does_not_blame_that_rank_alone():
+    # The launcher stopped rank 1 before it reached the line rank 0 failed at: whether rank 1
+    # would have failed too is unknown, so the error is not called rank 0's own.
+    views = {
+        0: view(0, [], exit=exception("no such file: data.csv", "FileNotFoundError", "train.py:4"), exitcode=1),
+        1: view(1, [], exitcode=-15, signal="SIGTERM"),
+    }
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [0]
+    assert finding["message"].startswith("Rank 0 failed at start-up, before the ranks' first collective: FileNotFoundError")
+    assert "rank 1 was stopped by the launcher once rank 0 had failed" in finding["message"]
+    assert "may well have failed the same way" in finding["message"] and "on that rank" not in finding["suggestion"]

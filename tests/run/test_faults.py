@@ -162,7 +162,8 @@ def test_killed_rank_is_diagnosed_as_injected_and_the_restarted_job_recovers(tmp
 def test_exit_fault_exits_with_its_code_and_the_diagnosis_names_the_rank(tmp_path):
     code, output, diagnosis = _gradsync_run(tmp_path, "--inject-fault", "exit:rank=0:step=3:code=7")
     assert code == 1, output
-    assert "(exitcode: 7)" in output, "torchrun's agent saw the injected exit code"
+    assert "(exitcode: 7)" in (tmp_path / "launcher.log").read_text(), "torchrun's agent saw the injected exit code"
+    assert "(exitcode: 7)" not in output, "the agent's own lines stay in launcher.log"
     (cause,) = [f for f in diagnosis["findings"] if f["severity"] == "error"]
     assert (cause["category"], cause["ranks"], cause["step"]) == ("rank_crashed", [0], 3), diagnosis
     assert cause["message"].startswith("Rank 0 exited with code 7 at step 3 of attempt 0: injected by --inject-fault")

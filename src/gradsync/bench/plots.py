@@ -10,17 +10,31 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gradsync.extras import require
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing off-screen; MissingExtra naming `gradsync[report]` without it.
+
+    `--output-dir` can call it before the benchmark runs, so a missing matplotlib costs no minutes
+    of measurement."""
+    matplotlib = require("matplotlib", "the benchmark's report.png and report.html are drawn")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 def write_report(report: dict[str, Any], output_dir: str | Path) -> list[Path]:
-    """report.json, report.png and report.html (the table and the picture in one file)."""
+    """report.json, report.png and report.html (the table and the picture in one file).
+
+    report.json is written first: without matplotlib the measurements are kept and MissingExtra says
+    which extra draws the rest."""
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     written = [directory / "report.json"]
     written[0].write_text(json.dumps(report, indent=2))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     results = report["results"]
     names = [r["config"] for r in results]

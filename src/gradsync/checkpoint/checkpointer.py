@@ -186,11 +186,12 @@ class Checkpointer:
         self._finish_pending()
         path = store.step_dir(self.root, step)
         if self.rank == 0:
-            # A folder of the same step from an earlier run (resume=None) is replaced, never
-            # mixed with this one; ranks write only after DCP's first collective, after this.
-            # Another rank's writer may create the folder meanwhile (seen in CI): exist_ok.
+            # A folder of the same step (a save that never committed, a step saved again) is
+            # replaced, never mixed with this one.
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True, exist_ok=True)
+        # DCP's writers look into the folder before its first collective: none may see the old one.
+        self._barrier()
         manifest = {
             "gradsync_version": store.gradsync_version(),
             "step": step,
@@ -212,7 +213,8 @@ class Checkpointer:
         if self.config.async_save and not wait:
             self._save_async(step, path, manifest, contents)
         else:
-            dcp.save(contents, storage_writer=dcp.FileSystemWriter(path), process_group=self.group)
+            with safe.coordination(self.group) as participants:
+                dcp.save(contents, storage_writer=dcp.FileSystemWriter(path), **participants)
             faults.at_checkpoint(step)
             store.write_rank_checksums(path, self.rank)
             self._barrier()
@@ -222,7 +224,8 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
 
     def _save_async(self, step: int, path: Path, manifest: dict[str, Any], contents: dict[str, Any]) -> None:
-        future = dcp.async_save(contents, storage_writer=dcp.FileSystemWriter(path), process_group=self.async_group)
+        with safe.coordination(self.async_group) as participants:
+            future = dcp.async_save(contents, storage_writer=dcp.FileSystemWriter(path), **participants)
         pending = _PendingSave(step, path, manifest, future)
 
         def written(finished: Any) -> None:
@@ -266,9 +269,9 @@ class Checkpointer:
     def _commit(self, path: Path, manifest: dict[str, Any]) -> None:
         if self.rank == 0:
             store.commit(path, manifest, self.world_size)
-            for pruned in store.prune(self.root, self.config.keep):
-                self.log(f"deleted old checkpoint {pruned}")
-            self.log(f"checkpoint of step {manifest['step']} committed: {path}")
+            pruned = store.prune(self.root, self.config.keep, manifest["step"])
+            older = f" (deleted the older {', '.join(p.name for p in pruned)}: keep={self.config.keep})" if pruned else ""
+            self.log(f"checkpoint of step {manifest['step']} committed: {path}{older}")
         self.last_saved_step = manifest["step"]
 
     def close(self) -> None:
@@ -277,6 +280,62 @@ class Checkpointer:
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None
+
+    # -- the folder --------------------------------------------------------------------------
+
+    def foreign_checkpoints(self) -> tuple[list[Path], CheckpointError | None]:
+        """The step folders in `dir` this run does not continue from, and the error that refuses
+        them when the user did not ask to overwrite.
+
+        A run owns the checkpoints it resumes from and those before them. Any other folder
+        belongs to another run (or to the future of a run resumed from an older step): mixed
+        with this run's saves, keep-newest would count them and delete this run's own, and a
+        later resume="auto" would continue the other run. `resume="auto"` continues from the
+        newest, so it leaves nothing foreign.
+        """
+        resume = self.config.resume
+        if resume == "auto":
+            return [], None
+        folders = store.checkpoint_dirs(self.root)
+        resumed_step = None
+        if resume is not None and Path(resume).resolve().parent == self.root.resolve():
+            resumed_step = store.step_of(Path(resume))
+        if resumed_step is not None:
+            foreign = [path for step, path in folders if step > resumed_step]
+        else:
+            foreign = [path for _, path in folders]
+        committed = [store.step_of(path) for path in foreign if (path / store.MANIFEST).exists()]
+        if not committed or self.config.overwrite:
+            return foreign, None
+        steps = ", ".join(str(step) for step in sorted(committed))
+        if resumed_step is not None:
+            situation = (
+                f"holds checkpoints newer than step {resumed_step}, the one this run resumes from (steps {steps}): "
+                "this run's saves would mix with them and a later resume='auto' would continue them instead"
+            )
+            ways_out = "move them away, resume into another checkpoint.dir"
+        else:
+            start = "starts fresh (resume=None)" if resume is None else f"resumes from {resume}"
+            situation = (
+                f"already holds checkpoints of another run (steps {steps}) and this run {start}: the two runs' "
+                "checkpoints would mix, keep-newest would delete this run's saves, and a later resume='auto' "
+                "would continue the other run"
+            )
+            ways_out = "continue that run with checkpoint.resume='auto', give this run another checkpoint.dir"
+        return foreign, CheckpointError(
+            f"checkpoint.dir {self.root} {situation}. To go on: {ways_out}, or pass checkpoint.overwrite=True "
+            "to delete them before training starts."
+        )
+
+    def remove(self, foreign: list[Path]) -> None:
+        """Delete the step folders `foreign_checkpoints` found (rank 0, with overwrite=True)."""
+        if self.rank != 0 or not foreign:
+            return
+        for path in foreign:
+            (path / store.MANIFEST).unlink(missing_ok=True)  # first: a half-deleted folder is never loadable
+            shutil.rmtree(path, ignore_errors=True)
+        steps = ", ".join(str(store.step_of(path)) for path in reversed(foreign))
+        self.warn(f"checkpoint.overwrite=True: deleted {len(foreign)} checkpoint folder(s) of another run in {self.root} (steps {steps})")
 
     # -- resuming --------------------------------------------------------------------------
 
@@ -288,12 +347,6 @@ class Checkpointer:
         """
         resume = self.config.resume
         if resume is None:
-            committed = [step for step, path in store.checkpoint_dirs(self.root) if (path / store.MANIFEST).exists()]
-            if committed:
-                self.warn(
-                    f"{self.root} already holds checkpoints (newest: step {committed[0]}) and resume is None: "
-                    "this run starts fresh and replaces them step by step. Pass resume='auto' to continue from them."
-                )
             return None
         if resume == "auto":
             candidates = []

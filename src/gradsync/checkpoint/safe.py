@@ -16,14 +16,18 @@ either. gradsync closes both doors:
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import io
 import json
 import pathlib
 import pickle
-from typing import Any
+import warnings
+from typing import Any, Iterator
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
@@ -159,6 +163,22 @@ class TensorOnlyLoadPlanner(DefaultLoadPlanner):
         )
 
 
+@contextlib.contextmanager
+def coordination(group: Any) -> Iterator[dict[str, Any]]:
+    """DCP's arguments for who takes part in a save or load made inside: `group`, or nobody else
+    when there is no process group (one process alone).
+
+    Alone, DCP warns on every save and load that it assumes a single process, even when told so
+    (`no_dist=True`); that is the intent here, so the warning is left out.
+    """
+    if dist.is_available() and dist.is_initialized():
+        yield {"process_group": group}
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
+
+
 def load(contents: dict[str, Any], path: pathlib.Path, group: Any = None) -> None:
     """DCP's load of `contents` (in place) from `path`, with the safe reader and planner.
 
@@ -166,7 +186,8 @@ def load(contents: dict[str, Any], path: pathlib.Path, group: Any = None) -> Non
     the gradsync error it was, or as one that names the folder.
     """
     try:
-        dcp.load(contents, storage_reader=SafeFileSystemReader(path), planner=TensorOnlyLoadPlanner(), process_group=group)
+        with coordination(group) as participants:
+            dcp.load(contents, storage_reader=SafeFileSystemReader(path), planner=TensorOnlyLoadPlanner(), **participants)
     except CheckpointException as wrapped:
         first = next(iter(wrapped.failures.values()), wrapped)
         if isinstance(first, tuple):  # DCP keeps (exception, traceback frames)

@@ -131,18 +131,29 @@ def verify_files(directory: Path, manifest: dict[str, Any], names: list[str]) ->
     return problems
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` committed checkpoints, and unfinished saves older than those.
+def step_of(path: Path) -> int | None:
+    """The step a checkpoint folder's name says (step-000000120 -> 120); None for another name."""
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match[1]) if match else None
 
-    The manifest goes first, so a crash halfway through a deletion leaves an uncommitted folder,
-    never a committed one with files missing.
+
+def prune(root: Path, keep: int, newest_step: int) -> list[Path]:
+    """Delete all but the `keep` newest committed checkpoints up to `newest_step` (the one just
+    committed), and unfinished saves older than the newest of them.
+
+    Folders of later steps are left alone: this run has not reached them, so they are not its
+    own (the run will replace each when it saves that step). The manifest goes first, so a crash
+    halfway through a deletion leaves an uncommitted folder, never a committed one with files
+    missing.
     """
-    committed = [path for _, path in checkpoint_dirs(root) if (path / MANIFEST).exists()]
+    own = [(step, path) for step, path in checkpoint_dirs(root) if step <= newest_step]
+    committed = [path for _, path in own if (path / MANIFEST).exists()]
     if not committed:
         return []
-    newest_kept_step = int(_STEP_DIR.match(committed[0].name)[1])  # type: ignore[index]
+    newest_committed_step = step_of(committed[0])
+    assert newest_committed_step is not None
     doomed = committed[keep:] + [
-        path for step, path in checkpoint_dirs(root) if not (path / MANIFEST).exists() and step < newest_kept_step
+        path for step, path in own if not (path / MANIFEST).exists() and step < newest_committed_step
     ]
     for path in doomed:
         (path / MANIFEST).unlink(missing_ok=True)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from gradsync import __version__
 from gradsync.cli import bench, demo, doctor, report
+from gradsync.cli.parser import CommandParser
 from gradsync.run import launcher
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="gradsync",
         description="Data-parallel PyTorch training that does not hang, waste the network or lose progress.",
     )
+    parser.add_argument("--version", action="version", version=f"gradsync {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo.add_parser(commands)
     bench.add_parser(commands)

@@ -11,7 +11,7 @@ from typing import Any
 from gradsync.bench import allreduce, cluster, train
 from gradsync.cli.launch import launch_module
 from gradsync.distributed import free_port
-from gradsync.errors import ConfigError
+from gradsync.errors import ConfigError, GradsyncError
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -106,8 +106,12 @@ def run_train(args: argparse.Namespace) -> int:
             raise ConfigError("scaling needs at least 2 workers: raise --nproc-per-node or --hosts")
         if args.steps < 2 or args.warmup < 1 or args.batch_size < 1 or args.auto_max_accumulation < 1:
             raise ConfigError("--steps must be >= 2, --warmup >= 1, --batch-size >= 1 and --auto-max-accumulation >= 1")
+        if args.output_dir:
+            from gradsync.bench.plots import pyplot
+
+            pyplot()  # a missing matplotlib is said now, not after minutes of measuring
         simulated = _simulated_cluster(args, "train")
-    except ConfigError as error:
+    except GradsyncError as error:
         print(f"gradsync bench train: {error}", file=sys.stderr)
         return 2
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print

@@ -9,10 +9,11 @@ and workers/).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
+from gradsync import extras
+from gradsync.checkpoint.store import MANIFEST, checkpoint_dirs
 from gradsync.comm import COMPRESSIONS
 from gradsync.errors import ConfigError
 from gradsync.run import faults, launcher
@@ -30,6 +31,22 @@ WORKER_OPTIONS = (
     "resume",
     "checkpoint_every",
 )
+WORKER_FLAGS = ("overwrite",)  # switches passed on as --name when set
+
+
+def _at_least(minimum: int):
+    """An argparse type for a whole number of at least `minimum`, refused at the command line."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value}: give at least {minimum}")
+        return value
+
+    return parse
 
 
 def _fault(text: str) -> str:
@@ -47,23 +64,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "data parallelism over Gloo (CPU) or NCCL (GPU), and report accuracy, throughput and "
         "the share of step time spent in exposed gradient communication.",
     )
-    parser.add_argument("--nproc-per-node", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--nproc-per-node", type=_at_least(1), default=2, help="worker processes (default 2)")
     parser.add_argument("--run-dir", default=None, help="where metrics and the diagnosis go (default gradsync_runs/demo-<time>)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs")
-    parser.add_argument("--batch-size", type=int, default=None, help="samples per rank per micro-step")
-    parser.add_argument("--accumulation-steps", type=int, default=None, help="micro-steps per optimizer step")
+    parser.add_argument("--epochs", type=_at_least(1), default=None, help="training epochs")
+    parser.add_argument("--batch-size", type=_at_least(1), default=None, help="samples per rank per micro-step")
+    parser.add_argument("--accumulation-steps", type=_at_least(1), default=None, help="micro-steps per optimizer step")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
     parser.add_argument("--compression", choices=COMPRESSIONS, default=None, help="gradient compression")
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go")
     parser.add_argument("--resume", choices=("auto",), default=None, help="auto: continue from the latest checkpoint, if any")
-    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N", help="save a checkpoint every N optimizer steps")
+    parser.add_argument("--overwrite", action="store_true", help="delete the checkpoints an earlier run left in --checkpoint-dir")
+    parser.add_argument("--checkpoint-every", type=_at_least(1), default=None, metavar="N", help="save a checkpoint every N optimizer steps")
     parser.add_argument(
         "--profile-steps", default="20:22", metavar="A:B",
         help="optimizer steps recorded with torch.profiler for the report's step breakdown (default 20:22; "
         "'none' to skip)",
     )
     parser.add_argument(
-        "--max-restarts", type=int, default=0, metavar="K", help="restart all workers up to K times after a failure (default 0)"
+        "--max-restarts", type=_at_least(0), default=0, metavar="K", help="restart all workers up to K times after a failure (default 0)"
     )
     parser.add_argument(
         "--inject-fault",
@@ -89,19 +107,14 @@ def launcher_argv(args: argparse.Namespace, run_dir: Path) -> list[str]:
         value = getattr(args, option)
         if value is not None:
             argv += [f"--{option.replace('_', '-')}", str(value)]
+    argv += [f"--{flag}" for flag in WORKER_FLAGS if getattr(args, flag)]
     return argv
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.nproc_per_node < 1:
-        print("gradsync demo: --nproc-per-node must be at least 1", file=sys.stderr)
-        return 2
-    if importlib.util.find_spec("sklearn") is None:
-        print(
-            "gradsync demo: the demo's data ships with scikit-learn, which is not installed; "
-            "install it with: pip install 'gradsync[demo]'",
-            file=sys.stderr,
-        )
+    problem = _refused(args)
+    if problem is not None:
+        print(f"gradsync demo: {problem}", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else fresh_run_dir("demo-")
     code = launcher.main(launcher_argv(args, run_dir))
@@ -111,3 +124,20 @@ def run(args: argparse.Namespace) -> int:
         page = write_report(run_dir)[0]
         print(f"report: {page} (open it in a browser; `gradsync report RUN_DIR` draws it for any run)")
     return code
+
+
+def _refused(args: argparse.Namespace) -> str | None:
+    """What stops the demo before any worker starts, in the demo's own option names."""
+    for module, purpose in (("sklearn", "the demo loads its data"), ("matplotlib", "the demo's report draws its figures")):
+        if (missing := extras.missing(module, purpose)) is not None:
+            return missing
+    if args.checkpoint_dir is None:
+        if args.resume or args.overwrite or args.checkpoint_every:
+            return "--resume, --overwrite and --checkpoint-every need --checkpoint-dir (where checkpoints go)"
+        return None
+    committed = [step for step, path in checkpoint_dirs(Path(args.checkpoint_dir)) if (path / MANIFEST).exists()]
+    if committed and args.resume is None and not args.overwrite:
+        return (f"--checkpoint-dir {args.checkpoint_dir} already holds checkpoints of an earlier run (newest: step "
+                f"{committed[0]}): add --resume auto to continue it, --overwrite to delete them, or give another "
+                "--checkpoint-dir")
+    return None

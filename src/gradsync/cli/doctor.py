@@ -107,20 +107,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     worker.add_arguments(parser)
     launch = parser.add_argument_group("launcher (torchrun's options; without them the doctor checks this process only)")
-    launch.add_argument("--nproc-per-node", type=_count, default=None, metavar="N", help="worker processes per host")
+    launch.add_argument(*worker.spellings("--nproc-per-node"), type=_count, default=None, metavar="N",
+                        help="worker processes per host")
     launch.add_argument("--nnodes", default=None, metavar="N|MIN:MAX", help="hosts in the job")
-    launch.add_argument("--node-rank", type=_count, default=None, metavar="R", help="this host's rank (static rendezvous)")
-    launch.add_argument("--master-addr", default=None, metavar="ADDR", help="node 0's address (static rendezvous)")
-    launch.add_argument("--master-port", type=_count, default=None, metavar="PORT", help="node 0's port (default 29500)")
-    launch.add_argument("--rdzv-backend", default=None, metavar="NAME", help=f"one of {', '.join(RDZV_BACKENDS)}")
-    launch.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
-    launch.add_argument("--rdzv-id", default=None, metavar="ID")
-    launch.add_argument("--rdzv-conf", default=None, metavar="K=V,...")
-    launch.add_argument("--local-addr", default=None, metavar="ADDR", help="this host's address, where the hostname does not resolve")
+    launch.add_argument(*worker.spellings("--node-rank"), type=_count, default=None, metavar="R",
+                        help="this host's rank (static rendezvous)")
+    launch.add_argument(*worker.spellings("--master-addr"), default=None, metavar="ADDR",
+                        help="node 0's address (static rendezvous)")
+    launch.add_argument(*worker.spellings("--master-port"), type=_count, default=None, metavar="PORT",
+                        help="node 0's port (default 29500)")
+    launch.add_argument(*worker.spellings("--rdzv-backend"), default=None, metavar="NAME",
+                        help=f"one of {', '.join(RDZV_BACKENDS)}")
+    launch.add_argument(*worker.spellings("--rdzv-endpoint"), default=None, metavar="HOST:PORT")
+    launch.add_argument(*worker.spellings("--rdzv-id"), default=None, metavar="ID")
+    launch.add_argument(*worker.spellings("--rdzv-conf"), default=None, metavar="K=V,...")
+    launch.add_argument(*worker.spellings("--local-addr"), default=None, metavar="ADDR",
+                        help="this host's address, where the hostname does not resolve")
     script = parser.add_argument_group("script check (instead of the environment checks)")
     script.add_argument("--steps", type=_count, default=DEFAULT_STEPS, metavar="K",
                         help=f"optimizer steps to run SCRIPT for (default {DEFAULT_STEPS})")
-    script.add_argument("--run-dir", default=None, metavar="DIR", help="where diagnosis.json goes (default gradsync_runs/<time>)")
+    script.add_argument(*worker.spellings("--run-dir"), default=None, metavar="DIR",
+                        help="where diagnosis.json goes (default gradsync_runs/<time>)")
     script.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
                         help="your unmodified training script: run under `gradsync run --doctor-steps K` and checked "
                              "for the silent mistakes (same sampler on every rank, uneven batches, diverged replicas, ...)")

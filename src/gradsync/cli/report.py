@@ -21,12 +21,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gradsync.report import write_report  # matplotlib is imported only when a report is drawn
+    from gradsync.report import collect, write_report  # matplotlib is imported only when a report is drawn
 
     try:
-        page, *pictures = write_report(args.run_dir, args.output)
+        records = collect(args.run_dir)
+        page, *pictures = write_report(records, args.output)
     except GradsyncError as error:
         print(f"gradsync report: {error}", file=sys.stderr)
         return 2
+    for note in records.skipped:
+        print(f"gradsync report: skipped {note}", file=sys.stderr)
     print(f"gradsync report: {page} ({len(pictures)} plots); open it in a browser, e.g. xdg-open {page}")
     return 0

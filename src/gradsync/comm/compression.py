@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
+from gradsync import compat
 from gradsync.errors import ConfigError
 
 COMPRESSIONS = ("none", "fp16", "bf16", "int8", "topk", "powersgd", "auto")
@@ -498,6 +499,7 @@ class PowerSGDHook(CompressionHook):
     """
 
     def __init__(self, config: CompressionConfig, process_group: Any = None) -> None:
+        compat.check(compat.POWERSGD)  # its state is read below and in checkpoints: refuse a torch without it now
         super().__init__(config, process_group)
         self.power_state = powerSGD_hook.PowerSGDState(
             process_group=process_group,

@@ -79,9 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (off by default)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="optimizer steps between checkpoints")
     parser.add_argument("--resume", choices=("auto",), default=None, help="continue from the newest valid checkpoint")
+    parser.add_argument("--overwrite", action="store_true", help="delete an earlier run's checkpoints first")
     args = parser.parse_args(argv)
     checkpoint = (
-        {"dir": args.checkpoint_dir, "every_steps": args.checkpoint_every, "resume": args.resume}
+        {"dir": args.checkpoint_dir, "every_steps": args.checkpoint_every, "resume": args.resume,
+         "overwrite": args.overwrite}
         if args.checkpoint_dir
         else {}
     )
@@ -100,12 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     model = DigitsCNN().to(trainer.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
     model, optimizer, loader = trainer.prepare(model, optimizer, train_set, batch_size=args.batch_size)
+    resumed = f"{trainer.resumed_from} (step {trainer.optimizer_steps})" if trainer.resumed_from else None
     trainer.set_scheduler(
         torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=args.lr, total_steps=args.epochs * trainer.steps_per_epoch
         )
     )
 
+    accuracy = None
     for epoch in trainer.epochs(args.epochs):
         for x, y in loader:
             with trainer.step() as step:
@@ -115,14 +119,17 @@ def main(argv: list[str] | None = None) -> None:
         accuracy = test_accuracy(trainer, model, test_set)
         trainer.log({"eval/accuracy": accuracy})
 
+    if accuracy is None:  # resumed from the checkpoint of a run that had finished: nothing left to train
+        accuracy = test_accuracy(trainer, model, test_set)
     summary = trainer.summary()
     params_sha256 = parameters_sha256(trainer.unwrap(model))
     trainer.close()
     if trainer.is_main:
-        print_summary(summary, accuracy, time.perf_counter() - started, trainer.run_dir, params_sha256)
+        print_summary(summary, accuracy, time.perf_counter() - started, trainer.run_dir, params_sha256,
+                      resumed)
 
 
-def print_summary(summary: dict, accuracy: float, wall_s: float, run_dir, params_sha256: str) -> None:
+def print_summary(summary: dict, accuracy: float, wall_s: float, run_dir, params_sha256: str, resumed: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -135,10 +142,13 @@ def print_summary(summary: dict, accuracy: float, wall_s: float, run_dir, params
     table.add_row("optimizer steps", f"{summary['steps']} ({summary['skipped_steps']} skipped)")
     table.add_row("samples/s (all ranks)", f"{summary['samples_per_s']:.0f}")
     table.add_row("exposed communication", f"{100 * summary['exposed_comm_share']:.1f}% of step time")
-    table.add_row("wall time", f"{wall_s:.1f} s")
-    console = Console()
-    console.print(table)
-    console.print(f"metrics: {run_dir}/metrics.jsonl   tensorboard --logdir {run_dir}")
+    table.add_row("wall time", f"{wall_s:.1f} s" + (" (this attempt)" if resumed else ""))
+    Console().print(table)
+    # Plain prints: rich would wrap a long path in the middle, and these are meant to be copied.
+    if resumed is not None:
+        print(f"resumed from {resumed}")
+    print(f"metrics: {run_dir}/metrics.jsonl")
+    print(f"tensorboard --logdir {run_dir}")
     # Equal hashes mean bitwise-equal models: an interrupted and resumed demo ends where an
     # uninterrupted one does.
     print(f"params sha256: {params_sha256}")

@@ -248,10 +248,7 @@ def _alone_with_problem(facts: RankFacts, options: WorkerOptions, started: float
 
 def _finish(report: Report, options: WorkerOptions, rank: int, printer: bool) -> int:
     if printer:
-        if options.json:
-            print(json.dumps(report.to_json()), flush=True)
-        else:
-            print(render(report), end="", flush=True)
+        _print_at_once(json.dumps(report.to_json()) + "\n" if options.json else render(report))
     problem = report.status == "problem"
     if options.result_dir is not None:
         Path(options.result_dir, f"rank{rank}.json").write_text(json.dumps({"status": report.status}))
@@ -259,12 +256,33 @@ def _finish(report: Report, options: WorkerOptions, rank: int, printer: bool) ->
     return 1 if problem else 0
 
 
+def _print_at_once(text: str) -> None:
+    """Print in one write: ranks that could not join print their own reports at the same moment,
+    and a report written in pieces interleaves with another's (seen in CI with --json)."""
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (a test's capture)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def spellings(option: str) -> tuple[str, ...]:
+    """`--nproc-per-node` and `--nproc_per_node`: the doctor takes both, as torchrun and `gradsync run` do."""
+    underscored = "--" + option.removeprefix("--").replace("-", "_")
+    return (option,) if underscored == option else (option, underscored)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options a doctor worker takes (`gradsync doctor` passes them on)."""
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--checkpoint-dir", default=".", metavar="DIR",
+    parser.add_argument(*spellings("--checkpoint-dir"), default=".", metavar="DIR",
                         help="where checkpoints will go: its free space is checked (default: the current directory)")
-    parser.add_argument("--shm-path", default="/dev/shm", metavar="PATH",
+    parser.add_argument(*spellings("--shm-path"), default="/dev/shm", metavar="PATH",
                         help="the shared-memory mount to check (default /dev/shm)")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradsync import extras
 from gradsync.config import MetricsConfig
 from gradsync.errors import GradsyncError
 from gradsync.metrics.sinks import JsonlSink, ProgressDisplay, TensorBoardSink
@@ -213,11 +214,22 @@ class MetricsRecorder:
             if config.jsonl:
                 self._sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
             if config.tensorboard:
-                self._sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+                try:
+                    self._sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+                except extras.MissingExtra as missing:
+                    # metrics.tensorboard is on by default and TensorBoard is only another view of
+                    # the same rows: a run that may have waited hours for its machines goes on.
+                    kept = ", every row still goes to metrics.jsonl" if config.jsonl else ""
+                    logger.warning(f"{missing} (or set metrics.tensorboard=False); training goes on without it{kept}")
         self.progress = ProgressDisplay(logger, enabled=rank == 0 and config.progress)
         self._system: SystemSampler | None = None
         if config.system_every_s is not None:
             self._system = SystemSampler(config.system_every_s, backend_interface(), gpu_index).start()
+            if rank == 0 and gpu_index is not None:
+                # Said once, by rank 0, like the other summaries: the ranks share one environment as a rule.
+                no_nvml = extras.missing("pynvml", "GPU utilisation, memory, temperature, power and clocks are read")
+                if no_nvml is not None:
+                    logger.warning(f"{no_nvml}; the system metrics go on without them")
         self.last_row: dict[str, Any] | None = None
         self._steps = 0
         self._skips: dict[str, int] = {}

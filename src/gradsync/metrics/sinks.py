@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from gradsync.extras import require
+
 # TensorBoard tags of gradsync's own columns; a user key goes under train/ unless it names its
 # own section ("eval/accuracy").
 _TAGS = {
@@ -59,6 +61,8 @@ class TensorBoardSink:
     system/rank{r}/), readable by `tensorboard --logdir RUN_DIR`."""
 
     def __init__(self, log_dir: Path) -> None:
+        """MissingExtra (naming `gradsync[tensorboard]`) when the tensorboard package is not installed."""
+        require("tensorboard", "metrics.tensorboard writes TensorBoard scalars")
         from torch.utils.tensorboard import SummaryWriter  # imported late: slow, rank 0 only
 
         self.writer = SummaryWriter(log_dir=str(log_dir))

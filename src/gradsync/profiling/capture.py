@@ -22,6 +22,7 @@ from typing import Literal
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from gradsync import compat
 from gradsync.errors import ConfigError
 from gradsync.profiling.breakdown import (
     PHASE_ANNOTATION_PREFIX,
@@ -36,6 +37,9 @@ Phase = Literal["data", "forward", "backward", "optimizer"]
 _STEPS_TEXT = re.compile(r"(\d+):(\d+)")
 _PHASE_LABELS = {name: PHASE_ANNOTATION_PREFIX + name for name in PHASES}
 _NOT_RECORDING = contextlib.nullcontext()
+# torch's own check, the one its DataLoader uses to decide whether to annotate; without it every
+# phase records its range, which only costs time.
+_profiler_enabled = compat.PROFILER_ENABLED.get(lambda: True)
 
 
 def parse_profile_steps(text: str) -> tuple[int, int]:
@@ -73,8 +77,7 @@ def phase(name: Phase) -> AbstractContextManager[None]:
     label = _PHASE_LABELS.get(name)
     if label is None:
         raise ConfigError(f"phase({name!r}): the breakdown knows the phases {', '.join(PHASES)}.")
-    # torch's own check, the one its DataLoader uses to decide whether to annotate.
-    if not torch.autograd._profiler_enabled():
+    if not _profiler_enabled():
         return _NOT_RECORDING
     return record_function(label)
 

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gradsync.errors import GradsyncError
 from gradsync.report import figures
 from gradsync.report.collect import RunRecords, collect
 
@@ -26,6 +27,7 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-botto
 table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
 .error { color: #a00; font-weight: bold; } .warning { color: #a60; font-weight: bold; } .ok { color: #080; font-weight: bold; }
 img { max-width: 100%; } pre { background: #f6f6f6; padding: .6em; overflow-x: auto; }
+.skipped { border: 2px solid #a60; padding: 0 .8em; }
 """
 
 # Counts, once the page has loaded, the pictures the browser could decode: a check anyone (and
@@ -54,6 +56,13 @@ def _summary(records: RunRecords) -> str:
     return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in cells) + "</table>"
 
 
+def _skipped(records: RunRecords) -> str:
+    if not records.skipped:
+        return ""
+    items = "".join(f"<li>{html.escape(note)}</li>" for note in records.skipped)
+    return f"<div class='skipped' id='skipped'><p class='warning'>Left out of this report:</p><ul>{items}</ul></div>"
+
+
 def _diagnosis(diagnosis: dict[str, Any] | None) -> str:
     if diagnosis is None:
         return ""
@@ -77,7 +86,7 @@ def _diagnosis(diagnosis: dict[str, Any] | None) -> str:
     return "".join(parts)
 
 
-def _benchmarks(records: RunRecords, written: list[Path], pictures_dir: Path) -> str:
+def _benchmarks(records: RunRecords, pictures: list[tuple[Path, bytes]], pictures_dir: Path) -> str:
     if not records.benchmarks:
         return ""
     from gradsync.bench.train import render
@@ -87,25 +96,41 @@ def _benchmarks(records: RunRecords, written: list[Path], pictures_dir: Path) ->
         parts.append(f"<h3>{html.escape(name)}</h3><pre>{html.escape(render(report))}</pre>")
         picture = records.run_dir / name / "report.png"
         if picture.is_file():
-            parts.append(_image(picture.read_bytes(), f"benchmark {name}", pictures_dir / f"bench-{number}.png", written))
+            parts.append(_image(picture.read_bytes(), f"benchmark {name}", pictures_dir / f"bench-{number}.png", pictures))
     return "".join(parts)
 
 
-def _image(png: bytes, alt: str, path: Path, written: list[Path]) -> str:
-    path.write_bytes(png)
-    written.append(path)
+def _image(png: bytes, alt: str, path: Path, pictures: list[tuple[Path, bytes]]) -> str:
+    pictures.append((path, png))
     encoded = base64.b64encode(png).decode()
     return f"<p><img class='plot' alt='{html.escape(alt)}' src='data:image/png;base64,{encoded}'></p>"
 
 
-def write_report(run_dir: str | Path, output: str | Path | None = None) -> list[Path]:
-    """Write RUN_DIR/report.html (or `output`) and the PNGs it embeds (in report_files/); returns the paths."""
-    records = collect(run_dir)
+def _unwritable(page: Path, error: OSError) -> GradsyncError:
+    culprit = f" ({error.filename})" if error.filename and Path(error.filename) != page else ""
+    return GradsyncError(
+        f"cannot write the report to {page}: {error.strerror or error}{culprit}; "
+        "give it a file in a folder you can write (gradsync report --output FILE)"
+    )
+
+
+def write_report(run: str | Path | RunRecords, output: str | Path | None = None) -> list[Path]:
+    """Write RUN_DIR/report.html (or `output`) and the PNGs it embeds (in report_files/); returns the paths.
+
+    `run` is the run directory, or its records when the caller has read them (to show what was skipped).
+    """
+    records = run if isinstance(run, RunRecords) else collect(run)
+    figures._pyplot()  # a missing matplotlib stops the report here, before anything is written
     page = Path(output) if output is not None else records.run_dir / "report.html"
     pictures_dir = page.parent / f"{page.stem}_files"
-    pictures_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    sections = [_summary(records)]
+    if page.is_dir():
+        raise GradsyncError(f"cannot write the report to {page}: it is a folder; give a file name, e.g. {page / 'report.html'}")
+    try:
+        pictures_dir.mkdir(parents=True, exist_ok=True)  # an unwritable place fails here, before anything is drawn
+    except OSError as error:
+        raise _unwritable(page, error) from error
+    pictures: list[tuple[Path, bytes]] = []
+    sections = [_skipped(records), _summary(records)]
     for title, draw, name in (
         ("Loss and throughput", figures.training_curves, "curves"),
         ("Where a step's time goes", figures.step_breakdown, "breakdown"),
@@ -115,14 +140,19 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> list[
     ):
         png = draw(records)
         if png is not None:
-            sections.append(f"<h2>{title}</h2>" + _image(png, title, pictures_dir / f"{name}.png", written))
+            sections.append(f"<h2>{title}</h2>" + _image(png, title, pictures_dir / f"{name}.png", pictures))
     sections.append(_diagnosis(records.diagnosis))
-    sections.append(_benchmarks(records, written, pictures_dir))
+    sections.append(_benchmarks(records, pictures, pictures_dir))
     title = html.escape(f"gradsync report: {records.run_dir.resolve().name}")
-    page.write_text(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_STYLE}</style></head>"
-        f"<body><h1>{title}</h1>{''.join(sections)}"
-        f"<script type='application/json' id='gradsync-plots'>{json.dumps([p.name for p in written])}</script>"
-        f"{_LOADED_CHECK}</body></html>"
-    )
-    return [page, *written]
+    try:
+        for path, png in pictures:
+            path.write_bytes(png)
+        page.write_text(
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_STYLE}</style></head>"
+            f"<body><h1>{title}</h1>{''.join(sections)}"
+            f"<script type='application/json' id='gradsync-plots'>{json.dumps([p.name for p, _ in pictures])}</script>"
+            f"{_LOADED_CHECK}</body></html>"
+        )
+    except OSError as error:
+        raise _unwritable(page, error) from error
+    return [page, *(path for path, _ in pictures)]

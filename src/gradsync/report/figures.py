@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from gradsync.extras import require
 from gradsync.report.collect import RunRecords
 
 # The breakdown's parts in the order a step runs them, and their colours across every figure.
@@ -23,8 +24,7 @@ BREAKDOWN_PARTS = (
 
 
 def _pyplot():
-    import matplotlib
-
+    matplotlib = require("matplotlib", "the report draws its figures")
     matplotlib.use("Agg")  # no display: the report is written by servers and tests
     import matplotlib.pyplot as plt
 

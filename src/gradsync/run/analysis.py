@@ -26,6 +26,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "shape_mismatch": (ERROR, "the same collective at the same line with different tensors"),
     "rank_exited": (ERROR, "a rank finished its script while others still expected it"),
     "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
+    "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
     "rank_stuck": (ERROR, "a rank stopped making progress outside any collective while the others wait"),
     "hang": (ERROR, "every rank waits in matching collectives: the network or backend is not delivering"),
     "desync": (ERROR, "the ranks' collectives were paired out of step although nothing failed"),
@@ -54,7 +55,8 @@ _CONSEQUENCE = re.compile(
 )
 # What Gloo and NCCL say when the two sides of one collective are different collectives.
 _MISMATCH_SYMPTOM = re.compile(r"op\.preamble\.length|collective mismatch|[Mm]ismatch|size mismatch")
-_CONSEQUENCE_TYPES = {"DistNetworkError", "DistBackendError", "DistStoreError"}
+# PeerError: gradsync's trainer stopping a rank because another rank failed a check.
+_CONSEQUENCE_TYPES = {"DistNetworkError", "DistBackendError", "DistStoreError", "PeerError"}
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
 _UNUSED_HINT = re.compile(r"did not receive grad|Expected to have finished reduction in the prior iteration")
 
@@ -255,7 +257,8 @@ def diagnose(
         findings.append(_injected_finding(injected, views))
     elif crashes:
         first = min(crashes, key=_failure_time)
-        findings.append(_crash_finding(first, views))
+        alike = [v for v in crashes if _failure_signature(v) == _failure_signature(first)]
+        findings.append(_crash_finding(first, views, alike if len(views) > 1 and len(alike) == len(views) else [first]))
     elif divergence is not None and (trigger != "exit" or everyone_finished):
         findings.append(_divergence_finding(divergence, views, trigger))
     elif trigger in ("stall", "failure") and not everyone_finished:
@@ -355,6 +358,54 @@ def _crash_cause(view: RankView, divergence: Divergence | None) -> bool:
     return killed and not (divergence is not None and _failed_in_collective(view, divergence))
 
 
+def _failure_signature(view: RankView) -> tuple:
+    """What identifies a failure across ranks: the same exception type at the same line, the same
+    exit code, or the same signal (messages may name the rank or its data, so they are left out)."""
+    exception = view.exception()
+    if exception is not None:
+        return ("exception", exception["type"], exception["location"] or _first_line(exception["message"]))
+    if view.exit and view.exit.get("status") == "exit_code":
+        return ("exit", view.exit.get("code"))
+    return ("signal", view.signal, view.exitcode)
+
+
+def _same_failure_finding(first: RankView, alike: list[RankView]) -> Finding:
+    """Every rank failed in the same way: one failure of the script, told once."""
+    ranks = sorted(v.rank for v in alike)
+    before_any_collective = all(not v.records for v in alike)
+    when = " at start-up, before its first collective" if before_any_collective else ""
+    exception = first.exception()
+    if exception is not None:
+        where = exception["location"] or first.location or "?"
+        what = f"{exception['type']}: {_first_line(exception['message'])} (at {where})"
+        suggestion = "Fix that error in the script: it is not one rank's problem, every rank hits it."
+    elif first.exit and first.exit.get("status") == "exit_code":
+        where = first.location or _last_site(first) or "?"
+        what = f"it exited with code {first.exit.get('code')} (at {where})"
+        suggestion = ("Read the script's own message above (a bad command-line argument ends an argparse "
+                      "script with code 2 on every rank).")
+    else:
+        where = _last_site(first) or first.location or "?"
+        what = f"every rank was killed by {first.signal or 'a signal'} (exit code {first.exitcode}; last position {where})"
+        suggestion = "Check the system log (dmesg for the OOM killer) and the ranks' log files in RUN_DIR/workers/."
+    return Finding(
+        "script_failed",
+        "error",
+        ranks,
+        f"The script failed on every rank{when}: {what}.",
+        suggestion,
+        locations={str(v.rank): (v.exception() or {}).get("location") or v.location or _last_site(v) or "?" for v in alike},
+        details=_traceback_details(first),
+    )
+
+
+def _traceback_details(view: RankView) -> dict[str, Any]:
+    exception = view.exception()
+    if exception is None or not exception.get("traceback"):
+        return {}
+    return {"exception": exception["type"], "traceback": exception["traceback"], "traceback_rank": view.rank}
+
+
 def _failed_in_collective(view: RankView, divergence: Divergence) -> bool:
     """Did this rank fail, or die, inside a collective at or after the point of divergence?"""
     return any(
@@ -363,30 +414,46 @@ def _failed_in_collective(view: RankView, divergence: Divergence) -> bool:
     )
 
 
-def _crash_finding(view: RankView, views: dict[int, RankView]) -> Finding:
+def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankView]) -> Finding:
+    """The finding for the first rank that failed by itself; `alike`: the ranks that failed the
+    same way (every rank, or just this one)."""
     exception = view.exception()
-    others = [r for r in sorted(views) if r != view.rank]
-    consequence = (
-        f" The other ranks' errors ({', '.join(f'rank {r}' for r in others)}) are consequences: they lost "
-        "their peer in the middle of a collective." if others else ""
-    )
+    consequence = _reactions(view, views) if len(alike) == 1 else ""
     if exception is not None:
         unused = _unused_from_ddp_error(view, exception)
         if unused is not None:
             names = ", ".join(unused) or "(see the message)"
+            stopped = f"every rank ({', '.join(str(v.rank) for v in alike)})" if len(alike) > 1 else f"rank {view.rank}"
             return Finding(
                 "unused_parameters",
                 "error",
-                [view.rank],
-                f"DDP stopped rank {view.rank}: parameters got no gradient in the previous iteration "
+                sorted(v.rank for v in alike),
+                f"DDP stopped {stopped}: parameters got no gradient in the previous iteration "
                 f"({names}), so its gradient reduction never finished.{consequence}",
                 "Make the forward pass use every parameter that requires a gradient, freeze the unused "
                 "ones (requires_grad=False), or pass find_unused_parameters=True to DDP (it costs an "
                 "extra graph traversal and some overlap each step).",
-                locations={str(view.rank): exception["location"] or view.location or "?"},
+                locations={str(v.rank): (v.exception() or {}).get("location") or v.location or "?" for v in alike},
                 details={"parameters": unused},
             )
+    if len(alike) > 1:
+        return _same_failure_finding(view, alike)
+    if exception is not None:
         where = exception["location"] or view.location or "?"
+        if not any(v.records for v in views.values()):
+            # Nobody had communicated yet: the others may simply not have got that far.
+            return Finding(
+                "rank_crashed",
+                "error",
+                [view.rank],
+                f"Rank {view.rank} failed at start-up, before the ranks' first collective: {exception['type']}: "
+                f"{_first_line(exception['message'])} (at {where}).{consequence} The others may well have failed "
+                "the same way had they got that far.",
+                "Fix that error: before the ranks first communicate, it is as likely in code every rank runs as in "
+                "this rank's own input or environment.",
+                locations={str(view.rank): where},
+                details=_traceback_details(view),
+            )
         return Finding(
             "rank_crashed",
             "error",
@@ -396,7 +463,7 @@ def _crash_finding(view: RankView, views: dict[int, RankView]) -> Finding:
             "Fix the error on that rank; the other ranks only stopped because it left.",
             locations={str(view.rank): where},
             step=(view.snapshot or {}).get("backward_passes"),
-            details={"exception": exception["type"]},
+            details=_traceback_details(view),
         )
     if view.exit and view.exit.get("status") == "exit_code":
         where = view.location or _last_site(view) or "?"
@@ -420,6 +487,34 @@ def _crash_finding(view: RankView, views: dict[int, RankView]) -> Finding:
         locations={str(view.rank): where},
         step=(view.snapshot or {}).get("backward_passes"),
     )
+
+
+def _reactions(view: RankView, views: dict[int, RankView]) -> str:
+    """What the other ranks did once `view`'s rank failed, from their own states: consequences all."""
+    stopped, lost, left = [], [], []
+    for rank, other in sorted(views.items()):
+        if rank == view.rank:
+            continue
+        if other.signal == "SIGTERM" and other.exit is None:
+            stopped.append(rank)
+        elif other.exception() is not None:
+            lost.append(rank)
+        else:
+            left.append(rank)
+    parts = []
+    if lost:
+        parts.append(f"{_rank_list(lost)} failed as a consequence, having lost {'its' if len(lost) == 1 else 'their'} "
+                     "peer in the middle of a collective")
+    if stopped:
+        parts.append(f"{_rank_list(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped by the launcher once "
+                     f"rank {view.rank} had failed")
+    if left:
+        parts.append(f"{_rank_list(left)} only stopped because it left")
+    return f" The others are consequences: {'; '.join(parts)}." if parts else ""
+
+
+def _rank_list(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 def _unused_from_ddp_error(view: RankView, exception: dict[str, Any]) -> list[str] | None:
@@ -649,12 +744,15 @@ def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashe
     if exception is not None:
         where = exception["location"] or view.location or "?"
         if view in crashes:
-            return f"failed first: {exception['type']}: {_first_line(exception['message'])[:160]} (at {where})"
+            alone = view is min(crashes, key=_failure_time) and not any(
+                _failure_signature(other) == _failure_signature(view) for other in crashes if other is not view
+            )
+            return f"failed{' first' if alone else ''}: {exception['type']}: {_first_line(exception['message'])[:160]} (at {where})"
         symptom = _CONSEQUENCE.search(exception["message"]) or _MISMATCH_SYMPTOM.search(exception["message"])
         failed = next((r for r in reversed(view.records) if r["state"] == "failed"), None)
         inside = f" in {describe(failed)}" if failed else ""
         said = f'"{symptom.group(0)}"' if symptom else f"{exception['type']}"
-        return f"failed as a consequence ({said}){inside} at {where}"
+        return f"failed as a consequence ({said}){inside}" + (f" at {where}" if where != "?" else "")
     if view.finished:
         tail = f"; crashed afterwards ({view.signal or view.exitcode})" if view.exitcode not in (None, 0) else ""
         collectives = (view.snapshot or {}).get("collectives", "?")
@@ -663,6 +761,9 @@ def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashe
             return f"stopped after optimizer step {stopped} (--doctor-steps) and {collectives} collectives{tail}"
         return f"finished its script after {collectives} collectives{tail}"
     waiting = view.waiting_on()
+    if view.signal == "SIGTERM" and crashes and view not in crashes and view.exit is None:
+        # torchrun's agent stops the other workers once one has failed.
+        return f"stopped by the launcher (SIGTERM) once rank {min(crashes, key=_failure_time).rank} had failed"
     if view.signal and not view.stopped_by_gradsync and view.exit is None:
         return f"killed by {view.signal}; last seen at {_last_site(view) or view.location or '?'}"
     if waiting is not None:

@@ -41,6 +41,16 @@ def exit_path(run_dir: Path, attempt: int, rank: int) -> Path:
     return attempt_dir(run_dir, attempt) / f"rank{rank}.exit.json"
 
 
+def launcher_log_path(run_dir: Path) -> Path:
+    """What torchrun's agent logged about starting, stopping and restarting the workers."""
+    return run_dir / "launcher.log"
+
+
+def log_path(run_dir: Path, attempt: int, rank: int) -> Path:
+    """Everything the rank printed, its backend libraries' log lines and its traceback (gradsync.run.output)."""
+    return attempt_dir(run_dir, attempt) / f"rank{rank}.log"
+
+
 def system_path(run_dir: Path, attempt: int, rank: int) -> Path:
     """One JSON line per snapshot: the rank's system metrics (gradsync.metrics.system) over time."""
     return attempt_dir(run_dir, attempt) / f"system-rank{rank}.jsonl"
@@ -77,22 +87,21 @@ def read_json(path: Path) -> Any | None:
 
 
 def archive_previous_launch(run_dir: Path) -> Path | None:
-    """Move an earlier launch's worker files and diagnosis out of the way (into
+    """Move an earlier launch's worker files, diagnosis and launcher log out of the way (into
     RUN_DIR/previous/<time>/), so a relaunch in the same run directory, such as a resumed job,
     is never diagnosed from the old launch's records. Returns where they went."""
-    workers, diagnosis = run_dir / "workers", run_dir / DIAGNOSIS_FILE
-    if not workers.exists() and not diagnosis.exists():
+    records = [path for path in (run_dir / "workers", run_dir / DIAGNOSIS_FILE, launcher_log_path(run_dir)) if path.exists()]
+    if not records:
         return None
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime((workers if workers.exists() else diagnosis).stat().st_mtime))
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(records[0].stat().st_mtime))
     archive = run_dir / "previous" / stamp
     n = 1
     while archive.exists():
         n += 1
         archive = archive.with_name(f"{stamp}-{n}")
     archive.mkdir(parents=True)
-    for path in (workers, diagnosis):
-        if path.exists():
-            path.rename(archive / path.name)
+    for path in records:
+        path.rename(archive / path.name)
     return archive
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.machinery
+import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -21,8 +24,10 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import get_args_parser, run
+from torch.distributed.run import determine_local_world_size, get_args_parser, run
 
+from gradsync import compat
+from gradsync.cli.parser import one_line_errors
 from gradsync.errors import ConfigError
 from gradsync.run import faults, files, report
 from gradsync.run.analysis import stopped_by_signal
@@ -32,12 +37,15 @@ from gradsync.rundir import fresh_run_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = get_args_parser()
+    parser = one_line_errors(get_args_parser())
     parser.prog = "gradsync run"
     parser.description = (
         "torchrun, plus a diagnosis of every hang and crash: which rank, which collective, which "
         "line, and what to change. Takes every torchrun option."
     )
+    for action in parser._actions:
+        if {"--no-python", "--run-path"} & set(action.option_strings):
+            action.help = argparse.SUPPRESS  # refused (see _options): not an option to offer
     extra = parser.add_argument_group("gradsync")
     extra.add_argument(
         "--run-dir",
@@ -74,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         "step-time breakdown (forward, backward, exposed communication, optimizer, data) in RUN_DIR/profile",
     )
     extra.add_argument(
+        "--show-backend-logs",
+        action="store_true",
+        help="also print the backend libraries' own log lines (Gloo, NCCL with NCCL_DEBUG, c10 warnings, the "
+        "profiler) on the console; they always go to RUN_DIR/workers/attemptN/rank{R}.log",
+    )
+    extra.add_argument(
         "--doctor-steps",
         type=int,
         default=None,
@@ -97,11 +111,9 @@ def main(argv: list[str]) -> int:
     if archived is not None:
         print(f"gradsync run: {options.run_dir} held an earlier launch's records; moved them to {archived}", file=sys.stderr)
     _wrap_worker_command(args, options.save())
-    nproc = args.nproc_per_node
-    if str(nproc).isdigit():
-        # torchrun would set OMP_NUM_THREADS=1 with a warning; share the cores out instead
-        # (a value the user set wins).
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(nproc))))
+    # torchrun would set OMP_NUM_THREADS=1 with a warning; share the cores out instead (a value
+    # the user set wins).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_world_size(args.nproc_per_node))))
 
     if args.max_restarts > 0:
         # torchrun shares its rendezvous store with the workers without a per-attempt prefix, so a
@@ -113,7 +125,7 @@ def main(argv: list[str]) -> int:
     monitor.start()
     failures = {}
     stopped_by = None
-    with _reporting_restarts(monitor):
+    with _reporting_restarts(monitor), _agent_logs(files.launcher_log_path(Path(options.run_dir)), options.show_backend_logs):
         try:
             run(args)
         except ChildFailedError as failure:
@@ -140,6 +152,12 @@ def main(argv: list[str]) -> int:
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
+    """gradsync's options, after checking everything that would otherwise fail in the workers (or
+    in torch's launcher with a traceback): nothing is started or written before this passes."""
+    check_launch(args)
+    for note in compat.check_run(doctor_steps=args.doctor_steps is not None, profile_steps=args.profile_steps is not None,
+                                 restarts=args.max_restarts > 0):
+        print(f"gradsync run: {note}", file=sys.stderr)
     if args.no_python:
         raise ConfigError(
             "--no-python: gradsync records collectives inside Python workers, so it cannot watch a "
@@ -153,22 +171,106 @@ def _options(args: argparse.Namespace) -> RunOptions:
     specs = faults.parse_faults(args.inject_fault)
     _check_faults_can_fire(specs, args)
     run_dir = Path(args.run_dir) if args.run_dir else fresh_run_dir()
-    return RunOptions(
+    options = RunOptions(
         run_dir=run_dir,
         stall_timeout_s=args.stall_timeout,
         faults=tuple(str(s) for s in specs),
         doctor_steps=args.doctor_steps,
         record_buckets=args.record_buckets,
         profile_steps=args.profile_steps,
+        show_backend_logs=args.show_backend_logs,
     )
+    check_target(args.training_script, as_module=args.module)
+    return options
+
+
+def check_launch(args: argparse.Namespace) -> None:
+    """torchrun's options, checked before any worker starts: left to torch's launcher, a bad
+    count ends in a traceback."""
+    local_world_size(args.nproc_per_node)
+    min_nodes, max_nodes = node_range(args.nnodes)
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: give 0 (no restart) or more.")
+    if args.node_rank < 0 or (args.rdzv_backend == "static" and not args.standalone and args.node_rank >= max_nodes):
+        raise ConfigError(
+            f"--node-rank {args.node_rank}: with --nnodes {args.nnodes} give each host a rank from 0 to {max_nodes - 1}."
+        )
+
+
+def local_world_size(nproc_per_node: str) -> int:
+    """Workers per host for --nproc-per-node: a count, or torchrun's words (auto, cpu, gpu, ...)."""
+    try:
+        count = determine_local_world_size(str(nproc_per_node))
+    except ValueError as error:
+        if str(nproc_per_node) not in ("gpu", "xpu"):  # the words that fail for want of the device
+            raise ConfigError(
+                f"--nproc-per-node {nproc_per_node}: give the number of worker processes on this host (for GPUs, "
+                "one per GPU), or auto, cpu or gpu."
+            ) from None
+        raise ConfigError(f"--nproc-per-node {nproc_per_node}: {str(error).rstrip('.')} here; give a number instead.") from None
+    if count < 1:
+        raise ConfigError(f"--nproc-per-node {nproc_per_node}: start at least 1 worker process on this host.")
+    return count
+
+
+def node_range(nnodes: str) -> tuple[int, int]:
+    """(min, max) hosts for --nnodes N or MIN:MAX."""
+    parts = str(nnodes).split(":")
+    if len(parts) > 2 or not all(part.isdigit() for part in parts):
+        raise ConfigError(f"--nnodes {nnodes}: give a number of hosts (2) or a range MIN:MAX (1:4) for an elastic job.")
+    low, high = int(parts[0]), int(parts[-1])
+    if low < 1 or high < low:
+        raise ConfigError(f"--nnodes {nnodes}: the range needs 1 <= MIN <= MAX (e.g. 1:4).")
+    return low, high
+
+
+def check_target(target: str, *, as_module: bool) -> None:
+    """The script or module exists where the workers will look for it (`python [-m] TARGET` from
+    here). Left to the workers, a missing script fails on every rank at once and the diagnosis
+    can only say that."""
+    if as_module:
+        problem = _module_problem(target)
+        if problem is not None:
+            raise ConfigError(f"-m {target}: {problem}")
+        return
+    path = Path(target)
+    if path.is_dir():
+        if not (path / "__main__.py").is_file():
+            raise ConfigError(f"{target} is a folder, not a script (it has no __main__.py): give the training script's file.")
+    elif not path.is_file():
+        raise ConfigError(f"{target}: no such file (from {Path.cwd()}). Check the script's path.")
+
+
+def _module_problem(name: str) -> str | None:
+    """Why `python -m name` would not find the module (None if it would), found without importing
+    it or its packages (their code could be slow or have effects)."""
+    sys.path.insert(0, os.getcwd())
+    try:
+        top, *rest = name.split(".")
+        spec = importlib.util.find_spec(top) if top else None
+        for part in rest:
+            if spec is None or not spec.submodule_search_locations:
+                break
+            spec = importlib.machinery.PathFinder.find_spec(part, list(spec.submodule_search_locations))
+        if spec is None:
+            return (f"no module named {name!r} on this Python's path (the current folder first, as `python -m` does). "
+                    "Check the name, start from the project's root folder, or install its package.")
+        if spec.submodule_search_locations and not importlib.machinery.PathFinder.find_spec(
+            "__main__", list(spec.submodule_search_locations)
+        ):
+            return f"{name!r} is a package without a __main__ module: name the module that trains (e.g. {name}.train)."
+        return None
+    except (ImportError, ValueError) as error:
+        return f"cannot be looked up ({error})."
+    finally:
+        sys.path.remove(os.getcwd())
 
 
 def _check_faults_can_fire(specs: tuple[faults.FaultSpec, ...], args: argparse.Namespace) -> None:
     """A fault on a rank or attempt the job never has would silently rehearse nothing."""
-    nnodes = str(args.nnodes).split(":")[-1]
-    world_size = int(args.nproc_per_node) * int(nnodes) if str(args.nproc_per_node).isdigit() and nnodes.isdigit() else None
+    world_size = local_world_size(args.nproc_per_node) * node_range(args.nnodes)[1]
     for spec in specs:
-        if world_size is not None and spec.rank >= world_size:
+        if spec.rank >= world_size:
             raise ConfigError(
                 f"--inject-fault {spec}: the job has ranks 0-{world_size - 1}, so rank {spec.rank} never runs; "
                 "give a global rank (RANK) of this job."
@@ -188,6 +290,9 @@ def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
     the next attempt, so two of its steps are wrapped while the job runs: watching the workers
     (which returns the failures) and starting a group (which a restart does after stopping it).
     """
+    if compat.missing(compat.RESTARTS):  # said at start (compat.check_run)
+        yield
+        return
     agent = LocalElasticAgent
     originals = {name: vars(agent).get(name) for name in ("_monitor_workers", "_initialize_workers")}
     monitor_workers, initialize_workers = agent._monitor_workers, agent._initialize_workers
@@ -213,6 +318,27 @@ def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
                 delattr(agent, name)
             else:
                 setattr(agent, name, original)
+
+
+@contextlib.contextmanager
+def _agent_logs(path: Path, show: bool) -> Iterator[None]:
+    """torchrun's agent logs what it does to the workers ("Sending process closing signal",
+    "failed (exitcode: -9)"): the diagnosis says it with the cause, so the agent's own lines go to
+    RUN_DIR/launcher.log (and to the console too with --show-backend-logs)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.run")]
+    propagating = [logger.propagate for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = show
+    try:
+        yield
+    finally:
+        for logger, propagate in zip(loggers, propagating):
+            logger.removeHandler(handler)
+            logger.propagate = propagate
+        handler.close()
 
 
 def _shutdown_grace_s(args: argparse.Namespace) -> int:

@@ -35,6 +35,8 @@ class RunOptions:
     checked. The script check always records buckets: it is short and wants the detail.
     `profile_steps`: "A:B" profiles optimizer steps A..B of every rank with torch.profiler
     (RUN_DIR/profile/, see gradsync.profiling); steps are counted by the optimizers' step calls.
+    `show_backend_logs`: also print the backend libraries' own log lines (Gloo, NCCL, c10, the
+    profiler) on the console; they always go to each rank's log (see gradsync.run.output).
     """
 
     run_dir: Path
@@ -46,6 +48,7 @@ class RunOptions:
     doctor_steps: int | None = None
     record_buckets: bool = False
     profile_steps: str | None = None
+    show_backend_logs: bool = False
 
     def __post_init__(self) -> None:
         if not self.stall_timeout_s >= 1:

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from gradsync import compat
 from gradsync.run import faults
 from gradsync.run.callsite import caller_location
 from gradsync.run.files import RECORD_FIELDS
@@ -474,6 +475,7 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
                 kind="DDP construction (parameter check and broadcast)",
             )
             recorder.run_blocking(record, lambda: original(self, *args, **kwargs))
+            compat.require_instance(self, compat.DDP_INSTANCE)
             self._gradsync_watch = DDPWatch(self)
             recorder.ddp_models.append(self._gradsync_watch)
 
@@ -549,10 +551,15 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
 
     replace("__init__", make_init)
     replace("register_comm_hook", make_register)
-    replace("_register_builtin_comm_hook", make_builtin)
     replace("forward", make_forward)
-    replace("_sync_module_buffers", make_sync_buffers)
-    replace("_match_all_reduce_for_bwd_pass", make_join_shadow)
+    # DDP's private steps, each wrapped where this torch has it (the launcher says what a missing one costs).
+    for api, make in (
+        (compat.DDP_BUILTIN_HOOK, make_builtin),
+        (compat.DDP_SYNC_BUFFERS, make_sync_buffers),
+        (compat.DDP_JOIN_SHADOW, make_join_shadow),
+    ):
+        if api.available():
+            replace(api.name, make)
     return originals
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from gradsync.run import files
 
 WIDTH = 100
+TRACEBACK_LINES = 20
 
 
 def write(diagnosis: dict[str, Any], run_dir: Path) -> Path:
@@ -39,6 +40,7 @@ def render(diagnosis: dict[str, Any], path: Path | None = None) -> str:
         ranks = ", ".join(str(r) for r in first["ranks"])
         lines.append(f"gradsync run: FAILED: {first['category']} (rank{'s' if len(first['ranks']) > 1 else ''} {ranks})")
         lines.append(_wrapped(first["message"], "  "))
+        lines += _traceback_lines(first)
         for rank, line in sorted(diagnosis.get("ranks", {}).items(), key=lambda item: int(item[0])):
             lines.append(_wrapped(f"rank {rank}: {line}", "  "))
         lines.append(_wrapped(f"fix: {first['suggestion']}", "  "))
@@ -56,6 +58,19 @@ def render(diagnosis: dict[str, Any], path: Path | None = None) -> str:
     if path is not None:
         lines.append(f"  diagnosis: {path}")
     return "\n".join(lines)
+
+
+def _traceback_lines(finding: dict[str, Any]) -> list[str]:
+    """The end of the failing rank's traceback: the workers print none (every rank's would pile
+    up, the consequences' included), so the cause's is shown here, once."""
+    details = finding.get("details") or {}
+    if not details.get("traceback"):
+        return []
+    lines = details["traceback"].rstrip().splitlines()
+    shown = lines[-TRACEBACK_LINES:]
+    head = f"  traceback of rank {details.get('traceback_rank', '?')}"
+    head += f" (last {len(shown)} of {len(lines)} lines):" if len(shown) < len(lines) else ":"
+    return [head, *("    " + line for line in shown)]
 
 
 def publish(diagnosis: dict[str, Any], run_dir: Path) -> None:

@@ -36,9 +36,9 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 from torch.utils.data.distributed import DistributedSampler
 
+from gradsync import compat
 from gradsync.run import files
 from gradsync.run.callsite import caller_location
 from gradsync.run.recorder import CollectiveRecorder, is_gradient_reduction
@@ -214,7 +214,9 @@ class ScriptCheck:
         _replace(DistributedDataParallel, "__init__", make_ddp_init)
         _replace(DistributedDataParallel, "forward", make_ddp_forward)
         _replace(DataLoader, "__iter__", make_loader_iter)
-        _replace(_BaseDataLoaderIter, "__next__", make_iterator_next)
+        iterator_class = compat.DATALOADER_ITERATOR.get()
+        if iterator_class is not None:  # else which loader feeds training stays unknown (said at launch)
+            _replace(iterator_class, "__next__", make_iterator_next)
         _replace(DistributedSampler, "__iter__", make_sampler_iter)
         _replace(Join, "__enter__", make_join_enter)
         _replace(Join, "__exit__", make_join_exit)

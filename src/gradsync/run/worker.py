@@ -13,6 +13,7 @@ left open is destroyed once the script has returned.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -35,6 +36,7 @@ from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
 from gradsync.run import faults, files
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
+from gradsync.run.output import WorkerOutput
 from gradsync.run.recorder import CollectiveRecorder, install
 from gradsync.run.script_check import ScriptCheck
 
@@ -116,8 +118,27 @@ def describe_exception(error: BaseException) -> dict[str, Any]:
         "type": type(error).__name__,
         "message": str(error)[:4000],
         "location": innermost_user_location([(f.filename, f.lineno) for f in frames]),
-        "traceback": "".join(traceback.format_exception(error))[-8000:],
+        "traceback": script_traceback(error)[-8000:],
     }
+
+
+_INSTRUMENTATION = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.abspath(runpy.__file__), "<frozen runpy>")
+
+
+def script_traceback(error: BaseException) -> str:
+    """The traceback as the script alone would have printed it: without the frames of this
+    worker, runpy and the collective recorder wrapped around the script's own calls."""
+    report = traceback.TracebackException.from_exception(error)
+    seen = set()
+    part: traceback.TracebackException | None = report
+    while part is not None and id(part) not in seen:  # the exception and the ones chained to it
+        seen.add(id(part))
+        part.stack = traceback.StackSummary.from_list(
+            [frame for frame in part.stack if not os.path.abspath(frame.filename).startswith(_INSTRUMENTATION)
+             and frame.filename not in _INSTRUMENTATION]
+        )
+        part = part.__cause__ or part.__context__
+    return "".join(report.format())
 
 
 def _parse(argv: list[str]) -> tuple[Path, bool, str, list[str]]:
@@ -155,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         "started": time.time(),
         "target": target,
     }
+    output = WorkerOutput(files.log_path(options.run_dir, identity["attempt"], identity["rank"]), options.show_backend_logs)
+    atexit.register(output.close)  # run last by end_process, after the script's own exit handlers
     recorder = CollectiveRecorder(options.ring_size)
     recorder.sink = files.RingWriter(files.ring_path(options.run_dir, identity["attempt"], identity["rank"]), options.ring_size)
     install(recorder, record_buckets=options.record_buckets or options.doctor_steps is not None)
@@ -189,8 +212,10 @@ def main(argv: list[str] | None = None) -> None:
         finish({"status": "exit_code", "code": code, "time": time.time()})
         end_process(code)
     except BaseException as error:
-        finish({"status": "exception", "time": time.time(), **describe_exception(error)})
-        sys.excepthook(type(error), error, error.__traceback__)
+        described = describe_exception(error)
+        finish({"status": "exception", "time": time.time(), **described})
+        # Not on the console: the diagnosis shows the failing rank's traceback once.
+        output.log_only(described["traceback"])
         end_process(130 if isinstance(error, KeyboardInterrupt) else 1)
     finish({"status": "finished", "code": 0, "time": time.time()})
     _tear_down(recorder)

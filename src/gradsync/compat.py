@@ -1,0 +1,188 @@
+"""The private torch APIs gradsync relies on, what each one serves, and the check of a torch against them.
+
+torch's public API does not show DDP's buffer broadcasts, the elastic agent's restarts or an
+unmodified script's optimizer steps, so `gradsync run` (and a few corners of the trainer) reach
+into torch's internals. Those can vanish in any release; torch is a range in the dependencies
+(GPU users keep their CUDA build), so each one is listed here with what depends on it and what a
+torch without it costs. A use either degrades, with one line saying what is lost (`check`), or
+is refused at start with a ConfigError saying what to do instead; none ends in an AttributeError.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gradsync.errors import ConfigError, GradsyncError
+
+# The torch releases the test suite ran on (requirements-dev.txt pins the CI environment).
+TESTED_TORCH = "2.13.0"
+
+# The faces that rely on private APIs; a check covers the faces a command actually uses.
+RUN = "gradsync run"
+DOCTOR_STEPS = "gradsync run --doctor-steps"
+PROFILE_STEPS = "gradsync run --profile-steps"
+RESTARTS = "gradsync run --max-restarts"
+TRAINER = "the trainer"
+POWERSGD = "compression 'powersgd'"
+
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class PrivateApi:
+    """One private (or undocumented) torch attribute, the gradsync face that uses it, and the cost without it.
+
+    `without`: what is lost (or, when `required`, what to do instead); None when nothing is lost.
+    `required`: the face cannot work without it and is refused at start.
+    `on_instance`: set by the owner's __init__, so only an instance of the owner shows it.
+    """
+
+    owner: str  # "module" or "module:Class"
+    name: str
+    face: str
+    use: str
+    without: str | None
+    required: bool = False
+    on_instance: bool = False
+
+    @property
+    def where(self) -> str:
+        module, _, qualname = self.owner.partition(":")
+        return f"{qualname or module}.{self.name}"
+
+    def owner_object(self) -> Any:
+        """The module or class that holds the attribute (None when this torch has no such owner)."""
+        module_name, _, qualname = self.owner.partition(":")
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError:
+            return None
+        for part in filter(None, qualname.split(".")):
+            owner = getattr(owner, part, None)
+        return owner
+
+    def get(self, default: Any = None, instance: Any = None) -> Any:
+        """The attribute on this torch (on `instance` for an `on_instance` one), else `default`."""
+        holder = instance if self.on_instance else self.owner_object()
+        value = getattr(holder, self.name, _ABSENT) if holder is not None else _ABSENT
+        return default if value is _ABSENT else value
+
+    def available(self, instance: Any = None) -> bool:
+        return self.get(_ABSENT, instance) is not _ABSENT
+
+
+_DDP = "torch.nn.parallel:DistributedDataParallel"
+_POWERSGD_STATE = "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook:PowerSGDState"
+_TORCH_TESTED = f"install torch {TESTED_TORCH}, the version gradsync is tested with"
+
+DDP_BUILTIN_HOOK = PrivateApi(
+    _DDP, "_register_builtin_comm_hook", RUN, "gradsync run wraps to learn that DDP reduces in C++",
+    None,  # a script cannot register a built-in hook on such a torch either
+)
+DDP_SYNC_BUFFERS = PrivateApi(
+    _DDP, "_sync_module_buffers", RUN, "gradsync run wraps to record DDP's buffer broadcasts",
+    "they go unrecorded, so ranks that disagree on train/eval mode are not named",
+)
+DDP_JOIN_SHADOW = PrivateApi(
+    _DDP, "_match_all_reduce_for_bwd_pass", RUN,
+    "gradsync run wraps to record the gradient reduction a rank out of inputs shadows under Join",
+    "under Join, a finished rank's shadow reductions go unrecorded and its collectives may be reported "
+    "as diverging from the other ranks'",
+)
+DDP_INSTANCE = tuple(
+    PrivateApi(_DDP, name, RUN, use, f"run the script with torchrun (no diagnosis), or {_TORCH_TESTED}",
+               required=True, on_instance=True)
+    for name, use in (
+        ("_module_parameters", "gradsync run reads to name the parameters DDP reduces and size each reduction"),
+        ("modules_buffers", "gradsync run reads to describe DDP's buffer broadcasts"),
+        ("require_backward_grad_sync", "gradsync run reads to tell a synchronising forward from one under no_sync()"),
+        ("process_group", "gradsync run reads to record DDP's collectives in their group"),
+        ("find_unused_parameters", "gradsync run reads to watch for parameters that never get a gradient"),
+    )
+)
+DATALOADER_ITERATOR = PrivateApi(
+    "torch.utils.data.dataloader", "_BaseDataLoaderIter", DOCTOR_STEPS,
+    "--doctor-steps wraps to tell which DataLoader feeds training",
+    "ranks with different numbers of batches and a training DistributedSampler without set_epoch are not found",
+)
+OPTIMIZER_STEP_PATCH = PrivateApi(
+    "torch.optim:Optimizer", "_patch_step_function", PROFILE_STEPS,
+    "--profile-steps wraps to find an unmodified script's optimizer steps",
+    f"profile with gradsync's trainer (metrics.profile_steps) or your own torch.profiler, or {_TORCH_TESTED}",
+    required=True,
+)
+AGENT_MONITOR = PrivateApi(
+    "torch.distributed.elastic.agent.server.local_elastic_agent:LocalElasticAgent", "_monitor_workers", RESTARTS,
+    "gradsync run wraps to see each attempt's failures",
+    "an attempt the agent restarts is not diagnosed on its own, only the last one is",
+)
+AGENT_INITIALIZE = PrivateApi(
+    "torch.distributed.elastic.agent.server.local_elastic_agent:LocalElasticAgent", "_initialize_workers", RESTARTS,
+    "gradsync run wraps to see a restart begin",
+    "an attempt the agent restarts is not diagnosed on its own, only the last one is",
+)
+PROFILER_ENABLED = PrivateApi(
+    "torch.autograd", "_profiler_enabled", TRAINER,
+    "the trainer's step phases call to skip their profiler ranges when nothing records",
+    "every phase opens a range even with no profiler on (about 6 µs each, 4 a step)",
+)
+POWERSGD_STATE = tuple(
+    PrivateApi(_POWERSGD_STATE, name, POWERSGD, "gradsync uses to count bytes sent, to time its start and to checkpoint it",
+               f"choose another compression (fp16, bf16, int8, topk), or {_TORCH_TESTED}", required=True)
+    for name in (
+        "error_dict", "p_memory_dict", "q_memory_dict", "rng", "iter", "start_powerSGD_iter",
+        "min_compression_rate", "total_numel_after_compression",
+    )
+)
+
+PRIVATE_APIS: tuple[PrivateApi, ...] = (
+    DDP_BUILTIN_HOOK, DDP_SYNC_BUFFERS, DDP_JOIN_SHADOW, *DDP_INSTANCE, DATALOADER_ITERATOR,
+    OPTIMIZER_STEP_PATCH, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *POWERSGD_STATE,
+)
+
+
+def missing(*faces: str) -> list[PrivateApi]:
+    """The attributes of `faces` this torch lacks (instance ones are checked by `require_instance`)."""
+    return [api for api in PRIVATE_APIS if api.face in faces and not api.on_instance and not api.available()]
+
+
+def check(*faces: str) -> list[str]:
+    """One line per feature of `faces` this torch degrades, to show at start; ConfigError when one cannot run."""
+    lacking = missing(*faces)
+    refused = [api for api in lacking if api.required]
+    if refused:
+        raise ConfigError(_line([api for api in refused if api.face == refused[0].face]) + ".")
+    by_cost: dict[str, list[PrivateApi]] = {}
+    for api in lacking:
+        if api.without is not None:
+            by_cost.setdefault(api.without, []).append(api)
+    return [f"{_line(apis)} (gradsync is tested with torch {TESTED_TORCH})" for apis in by_cost.values()]
+
+
+def check_run(*, doctor_steps: bool, profile_steps: bool, restarts: bool) -> list[str]:
+    """`check` for a `gradsync run` launch with these options."""
+    faces = [RUN]
+    faces += [DOCTOR_STEPS] if doctor_steps else []
+    faces += [PROFILE_STEPS] if profile_steps else []
+    faces += [RESTARTS] if restarts else []
+    return check(*faces)
+
+
+def require_instance(instance: Any, apis: tuple[PrivateApi, ...]) -> None:
+    """GradsyncError when `instance`, just built, lacks an attribute of `apis` that torch sets in __init__."""
+    lacking = [api for api in apis if not api.available(instance)]
+    if lacking:
+        raise GradsyncError(_line(lacking) + ".")
+
+
+def _line(lacking: list[PrivateApi]) -> str:
+    """What this torch lacks, what relied on it and what that costs (the APIs share face and cost)."""
+    first = lacking[0]
+    if len(lacking) == 1:
+        return f"torch {torch.__version__} has no {first.where}, which {first.use}: {first.without}"
+    names = ", ".join(api.where for api in lacking)
+    return f"torch {torch.__version__} has none of {names}, which {first.face} relies on: {first.without}"
