@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-overhead bench-run-overhead bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit clean
+.PHONY: demo test compat bench-overhead bench-run-overhead bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# Not part of `make test`: Accelerate, Lightning and HF Trainer scripts under torchrun and under
+# `gradsync run`, side by side (builds its own environment, .venv-compat, once; ~10 min).
+compat:
+	benchmarks/compat/run_all.sh
 
 # Not part of `make test`: timings belong in benchmarks, reported as side-by-side ratios.
 bench-overhead: $(STAMP)
@@ -45,4 +50,4 @@ bench-resnet-300mbit: $(STAMP)
 		--configs fp32,fp16,powersgd,int8,auto --steps 16 --warmup 3 --output-dir gradsync_runs/bench-resnet18-300mbit
 
 clean:
-	rm -rf $(VENV) gradsync_runs .pytest_cache
+	rm -rf $(VENV) .venv-compat gradsync_runs .pytest_cache

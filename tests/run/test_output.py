@@ -114,7 +114,9 @@ def test_a_script_failing_on_every_rank_is_told_once_with_its_traceback(tmp_path
             "collective: JSONDecodeError", "before the ranks' first collective: JSONDecodeError")
     assert any(text in done.stderr for text in said), done.stderr
     assert done.stderr.count("Traceback (most recent call last)") == 1, done.stderr
+    assert f"rank logs: {run_dir / 'workers' / 'attempt0' / 'rank*.log'}" in done.stderr
     assert "config = load_config()" in done.stderr and "[rank" not in done.stderr
     assert "gradsync/run/worker.py" not in done.stderr and "runpy" not in done.stderr, "only the script's own frames"
-    failed = [rank for rank in (0, 1) if "JSONDecodeError" in (run_dir / "workers" / "attempt0" / f"rank{rank}.log").read_text()]
+    logs = [run_dir / "workers" / "attempt0" / f"rank{rank}.log" for rank in (0, 1)]
+    failed = [log for log in logs if log.is_file() and "JSONDecodeError" in log.read_text()]
     assert failed, "the traceback is in the failing ranks' logs"

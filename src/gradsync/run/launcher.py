@@ -170,7 +170,9 @@ def _options(args: argparse.Namespace) -> RunOptions:
         )
     specs = faults.parse_faults(args.inject_fault)
     _check_faults_can_fire(specs, args)
-    run_dir = Path(args.run_dir) if args.run_dir else fresh_run_dir()
+    # Absolute: a script may change its working directory (os.chdir, Hydra), and the workers
+    # write their records there all along.
+    run_dir = (Path(args.run_dir) if args.run_dir else fresh_run_dir()).absolute()
     options = RunOptions(
         run_dir=run_dir,
         stall_timeout_s=args.stall_timeout,

@@ -56,12 +56,14 @@ class _Tee(io.RawIOBase):
 
 
 def _reopened(stream: TextIO, console_fd: int, log_fd: int) -> TextIO:
+    # Unbuffered, as torchrun starts its workers (python -u): a line printed before a hang must
+    # be on the console and in the log when the stalled job is stopped.
     stream.flush()
     return io.TextIOWrapper(
-        io.BufferedWriter(_Tee(console_fd, log_fd)),
+        _Tee(console_fd, log_fd),  # type: ignore[arg-type]
         encoding=stream.encoding,
         errors=stream.errors,
-        line_buffering=stream.line_buffering or os.isatty(console_fd),
+        line_buffering=True,
         write_through=True,
     )
 

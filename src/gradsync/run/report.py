@@ -57,6 +57,9 @@ def render(diagnosis: dict[str, Any], path: Path | None = None) -> str:
         lines.append(_wrapped(f"fix: {warning['suggestion']}", "    "))
     if path is not None:
         lines.append(f"  diagnosis: {path}")
+        if errors and diagnosis.get("attempt") is not None:
+            # Where each rank's own output went: backend log lines, tracebacks (gradsync.run.output).
+            lines.append(f"  rank logs: {files.log_path(path.parent, diagnosis['attempt'], 0).with_name('rank*.log')}")
     return "\n".join(lines)
 
 

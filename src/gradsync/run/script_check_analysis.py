@@ -289,7 +289,9 @@ def _find_unused_parameters_unneeded(checks: dict[int, dict[str, Any]]) -> list[
                 "the backward pass.",
                 "Pass find_unused_parameters=False (the default), unless some parameters go unused only in "
                 "later steps (a branch taken now and then): DDP then stops with an error that `gradsync run` "
-                "turns into the names of those parameters.",
+                "turns into the names of those parameters. Frameworks set it for you: the Hugging Face Trainer "
+                "turns it on unless TrainingArguments(ddp_find_unused_parameters=False); Lightning takes "
+                "DDPStrategy(find_unused_parameters=False).",
                 locations={str(rank): site for rank in sorted(models)},
             )
         )

@@ -159,7 +159,7 @@ def _run_target(as_module: bool, target: str, args: list[str]) -> None:
     else:
         sys.argv = [target, *args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-        runpy.run_path(target, run_name="__main__")
+        runpy.run_path(os.path.abspath(target), run_name="__main__")  # Python gives __main__ an absolute __file__
 
 
 def main(argv: list[str] | None = None) -> None:
