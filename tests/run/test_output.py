@@ -94,8 +94,36 @@ def test_backend_log_lines_go_to_the_ranks_log_and_the_script_output_to_the_cons
     assert "native warning" not in done.stderr and "USDT" not in done.stderr, done.stderr
     assert "Sending process" not in done.stderr  # torchrun's agent's own lines go to launcher.log
 
-    shown, _ = _launch(tmp_path, NOISY, "--show-backend-logs")
-    assert shown.returncode == 0 and "native warning from the backend" in shown.stderr and "profiler_start" in shown.stderr
+
+@pytest.mark.parametrize("show_all", [False, True])
+def test_the_filter_sorts_native_output_and_drains_after_the_writer_is_gone(tmp_path, show_all):
+    # What a worker's descriptors 1 and 2 carry, written by a process that then exits at once
+    # (as a crashing worker does): everything reaches the log, only non-backend lines the console.
+    import os
+
+    log = tmp_path / "rank0.log"
+    console_out, console_err = tmp_path / "out", tmp_path / "err"
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    with open(console_out, "wb") as out_file, open(console_err, "wb") as err_file:
+        fds = (out_read, err_read, out_file.fileno(), err_file.fileno())
+        sorter = subprocess.Popen(
+            [sys.executable, "-I", str(REPO_ROOT / "src" / "gradsync" / "run" / "output_filter.py"), str(log),
+             "1" if show_all else "0", *map(str, fds)], pass_fds=fds,
+        )
+        for fd in (out_read, err_read):
+            os.close(fd)
+        os.write(err_write, b"USDT:2026-12-01 07:04:19 2381:2381 SyncActivityProfilerHandler.cpp:52] profiler_start")
+        os.write(err_write, b"\nterminate called without an active exception\n")
+        os.write(out_write, b"a line a child printed\n")
+        os.close(out_write)
+        os.close(err_write)
+        assert sorter.wait(10) == 0
+    assert console_out.read_bytes() == b"a line a child printed\n"
+    shown = console_err.read_bytes()
+    assert b"terminate called without an active exception\n" in shown
+    assert (b"profiler_start" in shown) is show_all
+    assert b"profiler_start" in log.read_bytes() and b"terminate called" in log.read_bytes()
 
 
 def test_a_script_failing_on_every_rank_is_told_once_with_its_traceback(tmp_path):
