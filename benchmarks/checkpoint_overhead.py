@@ -37,6 +37,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import gradsync
     from gradsync.bench.workloads import WORKLOADS
+    from gradsync.rundir import RunDir
 
     workload = WORKLOADS[args.workload]
     checkpoint = {}
@@ -56,11 +57,11 @@ def worker(args: argparse.Namespace) -> None:
             with trainer.step() as step:
                 step.backward(workload.loss(model, batch))
     elapsed = time.perf_counter() - started
-    checkpointer = trainer.checkpointer
     steps = trainer.optimizer_steps - args.warmup
     trainer.close()  # waits for a background save still running
+    summary = trainer.summary()
     if trainer.is_main:
-        rows = [json.loads(line) for line in (Path(args.run_dir) / "metrics.jsonl").read_text().splitlines()]
+        rows = [json.loads(line) for line in RunDir(trainer.run_dir).metrics.read_text().splitlines()]
         step_times = [row["step_time_max_s"] for row in rows if row["step"] > args.warmup]
         result = {
             "mode": args.mode,
@@ -68,9 +69,9 @@ def worker(args: argparse.Namespace) -> None:
             "steps": steps,
             # A save runs between two steps and is timed as part of the next one.
             "mean_over_median": statistics.mean(step_times) / statistics.median(step_times),
-            "saves": checkpointer.saves if checkpointer else 0,
-            "save_seconds": checkpointer.save_seconds if checkpointer else 0.0,
-            "checkpoint_mb": _size_mb(Path(args.checkpoint_dir)) / max(1, len(list(Path(args.checkpoint_dir).glob("step-*")))) if checkpointer else 0.0,
+            "saves": summary["checkpoints_saved"],
+            "save_seconds": summary["checkpoint_save_s"],
+            "checkpoint_mb": _size_mb(Path(args.checkpoint_dir)) / max(1, len(list(Path(args.checkpoint_dir).glob("step-*")))) if summary["checkpoints_saved"] else 0.0,
         }
         Path(args.out).write_text(json.dumps(result))
 

@@ -95,16 +95,16 @@ def in_process_worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from gradsync.run.files import RingWriter, ring_path
+    from gradsync.run.collectives import CollectiveRecorder, install
     from gradsync.run.options import RunOptions
-    from gradsync.run.recorder import CollectiveRecorder, install
+    from gradsync.rundir import RingWriter, RunDir
     from gradsync.run.worker import SnapshotWriter
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     options = RunOptions(run_dir=Path(args.result).parent / "in_process")
     recorder = CollectiveRecorder(options.ring_size)
-    recorder.sink = RingWriter(ring_path(options.run_dir, 0, rank), options.ring_size)
+    recorder.sink = RingWriter(RunDir(options.run_dir).ring(0, rank), options.ring_size)
     identity = {"rank": rank, "attempt": 0, "pid": 0}
     x_generator = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch_size, 256, generator=x_generator)

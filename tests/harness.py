@@ -28,7 +28,7 @@ from gradsync.distributed import free_port
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORLD_SIZES = (1, 2, 3)
 # Imported once by the server the workers are forked from (what every worker imports anyway).
-PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "gradsync"]
+PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "gradsync.trainer"]
 _context: Any = None
 
 

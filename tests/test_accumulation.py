@@ -219,7 +219,7 @@ def _train_with_auto_accumulation(run_dir, checkpoint_dir, epochs, save_after_ep
     dataset = Regression(AUTO_BATCHES * 2 * trainer.world_size)
     model = make_model()
     model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), dataset, batch_size=2)
-    trainer.compression.margin = 0.0  # every exposed share is "worth" hiding: accumulation goes to the cap
+    trainer._compression.margin = 0.0  # every exposed share is "worth" hiding: accumulation goes to the cap
     stepped_at, steps_per_epoch, counts = [], [], set()
     for epoch in trainer.epochs(epochs):
         steps_per_epoch.append(trainer.steps_per_epoch)
@@ -234,8 +234,8 @@ def _train_with_auto_accumulation(run_dir, checkpoint_dir, epochs, save_after_ep
     parameters = torch.cat([p.detach().reshape(-1) for p in trainer.unwrap(model).parameters()])
     result = {
         "stepped_at": stepped_at, "steps_per_epoch": steps_per_epoch, "parameters": parameters.tolist(),
-        "total": trainer.metrics.progress.total_steps, "chosen": trainer.compression.describe(),
-        "plan": trainer.accumulation.state_dict(),
+        "total": trainer._metrics.progress.total_steps, "chosen": trainer.summary()["auto"],
+        "plan": trainer._accumulation.state_dict(),
         "raised_at": min([epoch, batch] for epoch, batch, count in counts if count > 1),
     }
     trainer.close()

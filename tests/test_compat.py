@@ -7,7 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat
 from gradsync.errors import ConfigError, GradsyncError
-from gradsync.run.recorder import CollectiveRecorder, install
+from gradsync.run.collectives import CollectiveRecorder, install
 from tests.harness import launch
 
 ALL_FACES = (compat.RUN, compat.DOCTOR_STEPS, compat.PROFILE_STEPS, compat.RESTARTS, compat.TRAINER, compat.POWERSGD)

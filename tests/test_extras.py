@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from gradsync import extras
-from gradsync.bench.plots import write_report as write_bench_report
-from gradsync.config import MetricsConfig
+from gradsync.bench.plots import write_bench_report
+from gradsync.metrics.config import MetricsConfig
 from gradsync.metrics.recorder import MetricsRecorder
 from gradsync.metrics.timing import Clock
 from tests.harness import REPO_ROOT

@@ -25,7 +25,7 @@ def _bf16_step():
                 step.backward(F.mse_loss(out.float(), y))
                 seen["grad_dtype"] = str(next(trainer.unwrap(model).parameters()).grad.dtype)
     seen["param_dtype"] = str(next(trainer.unwrap(model).parameters()).dtype)
-    seen["scaler"] = trainer.precision.scaler is not None
+    seen["scaler"] = trainer._precision.scaler is not None
     seen["params"] = [p.detach().reshape(-1).tolist() for p in trainer.unwrap(model).parameters()]
     trainer.close()
     return seen
@@ -81,5 +81,5 @@ def test_fp16_scaling_unscales_before_clipping_and_counts_overflow_skips(monkeyp
     trainer.close()
     assert stepped == [True, False]
     assert summary["skipped_steps"] == 1 and summary["skip_reasons"] == {"overflow": 1}
-    assert trainer.precision.scaler.get_scale() == 32768.0, "the scale halves after an overflow"
+    assert trainer._precision.scaler.get_scale() == 32768.0, "the scale halves after an overflow"
     assert "optimizer step 2 skipped: fp16 gradients overflowed" in capfd.readouterr().err

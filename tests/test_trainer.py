@@ -137,3 +137,17 @@ def test_scheduler_steps_once_per_applied_optimizer_step(trainer):
                 step.backward(F.mse_loss(model(x), y))
     assert trainer.optimizer_steps == 8 == trainer.steps_per_epoch * 2
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1.0 / 9)
+
+
+def test_the_trainer_shows_users_only_its_api_and_says_what_it_chose_in_summary(trainer):
+    model = torch.nn.Linear(4, 1)
+    model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), data(16), batch_size=4)
+    assert [name for name in vars(trainer) if not name.startswith("_")] == [], "parts stay private behind properties"
+    for _ in trainer.epochs(1):
+        for x, y in loader:
+            with trainer.step() as step:
+                step.backward(F.mse_loss(model(x), y))
+    summary = trainer.summary()
+    assert (summary["steps"], trainer.optimizer_steps) == (4, 4)
+    assert (summary["compression"], summary["accumulation_steps"], summary["checkpoints_saved"]) == ("none", 1, 0)
+    assert "auto" not in summary, "auto's measurements appear only when auto ran"

@@ -11,30 +11,58 @@ The public API is small:
                 step.backward(loss)
             trainer.log(loss=loss)
     trainer.close()
+
+Its names are loaded on first use: `gradsync run`, the doctor and the report import parts of
+the package without paying for the trainer.
 """
 
-from gradsync.agreement import agree_all, agree_any
-from gradsync.comm import CompressionConfig
-from gradsync.config import DDPConfig, MetricsConfig, TrainerConfig
-from gradsync.data import DistributedLoader, EvalLoader
-from gradsync.errors import ConfigError, GradsyncError, PeerError
-from gradsync.trainer import MicroStep, Trainer, setup
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "CompressionConfig",
-    "ConfigError",
-    "DDPConfig",
-    "DistributedLoader",
-    "EvalLoader",
-    "GradsyncError",
-    "MetricsConfig",
-    "MicroStep",
-    "PeerError",
-    "Trainer",
-    "TrainerConfig",
-    "agree_all",
-    "agree_any",
-    "setup",
-]
+from gradsync.version import __version__
+
+# public name -> the module that owns it
+_PUBLIC = {
+    "agree_all": "gradsync.agreement",
+    "agree_any": "gradsync.agreement",
+    "CompressionConfig": "gradsync.comm.compression",
+    "TrainerConfig": "gradsync.config",
+    "DDPConfig": "gradsync.ddp",
+    "MetricsConfig": "gradsync.metrics.config",
+    "DistributedLoader": "gradsync.data",
+    "EvalLoader": "gradsync.data",
+    "ConfigError": "gradsync.errors",
+    "GradsyncError": "gradsync.errors",
+    "PeerError": "gradsync.errors",
+    "MicroStep": "gradsync.trainer",
+    "Trainer": "gradsync.trainer",
+    "setup": "gradsync.trainer",
+}
+
+if TYPE_CHECKING:
+    from gradsync.agreement import agree_all, agree_any
+    from gradsync.comm.compression import CompressionConfig
+    from gradsync.config import TrainerConfig
+    from gradsync.data import DistributedLoader, EvalLoader
+    from gradsync.ddp import DDPConfig
+    from gradsync.errors import ConfigError, GradsyncError, PeerError
+    from gradsync.metrics.config import MetricsConfig
+    from gradsync.trainer import MicroStep, Trainer, setup
+
+
+def __getattr__(name: str) -> Any:
+    owner = _PUBLIC.get(name)
+    if owner is None:
+        raise AttributeError(f"module 'gradsync' has no attribute {name!r}")
+    value = getattr(importlib.import_module(owner), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])
+
+
+__all__ = ["__version__", *sorted(_PUBLIC)]

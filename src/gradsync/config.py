@@ -1,113 +1,28 @@
 """Typed configuration of a gradsync trainer, validated when it is built.
 
-Options live here and nowhere else (no hidden environment variables), so a run is described
-completely by one `TrainerConfig`. Validation happens at construction, before any process
-group exists, so a bad value fails the same way on every rank instead of hanging one of them.
+Each part's options live with the part (`DDPConfig` in gradsync.ddp, `MetricsConfig` in
+gradsync.metrics.config, `CheckpointConfig`, `CompressionConfig`); `TrainerConfig` composes
+them. Options live in these dataclasses and nowhere else (no hidden environment variables), so
+a run is described completely by one `TrainerConfig`. Validation happens at construction,
+before any process group exists, so a bad value fails the same way on every rank instead of
+hanging one of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from gradsync.checkpoint.config import CheckpointConfig
-from gradsync.comm.compression import CompressionConfig
+from gradsync.ddp import DDPConfig
 from gradsync.errors import ConfigError
-from gradsync.profiling.capture import parse_profile_steps
+from gradsync.metrics.config import MetricsConfig
+from gradsync.sections import section
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl")
-
-
-@dataclass(frozen=True)
-class DDPConfig:
-    """Options passed to `DistributedDataParallel` (see its documentation for each one).
-
-    `sync_buffers` broadcasts rank 0's buffers (BatchNorm statistics, ...) to every rank
-    before each forward pass; buffers are always made equal once, when the model is wrapped.
-
-    `bucket_cap_mb="auto"` sizes buckets from the model's gradients (about 30 buckets, 1-25 MB).
-
-    `compression` sends gradients through a compressor ("fp16", "bf16", "int8", "topk",
-    "powersgd"; see gradsync.comm) or lets "auto" pick one by trying them in the first steps:
-    a name, a `CompressionConfig`, or a dict of its fields.
-
-    `comm_hook` is an advanced escape hatch: a DDP communication hook `hook(state, bucket)`
-    that gradsync wraps with its own timing, because DDP accepts only one hook per model.
-    `comm_hook_state` is its state (default: the process group).
-    """
-
-    bucket_cap_mb: float | str = 25.0
-    find_unused_parameters: bool = False
-    sync_buffers: bool = True
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    compression: CompressionConfig = field(default_factory=CompressionConfig)
-    comm_hook: Callable[..., Any] | None = None
-    comm_hook_state: Any = None
-
-    def __post_init__(self) -> None:
-        compression = self.compression
-        if isinstance(compression, str):
-            compression = CompressionConfig(name=compression)
-        object.__setattr__(self, "compression", _section(CompressionConfig, compression, "ddp.compression"))
-        if self.comm_hook is not None and self.compression.name != "none":
-            raise ConfigError(
-                f"ddp.comm_hook and ddp.compression={self.compression.name!r} both set: DDP runs one "
-                "hook per model. Drop comm_hook, or set compression='none' and compress inside your hook."
-            )
-        if self.bucket_cap_mb != "auto" and not (
-            isinstance(self.bucket_cap_mb, (int, float)) and not isinstance(self.bucket_cap_mb, bool) and self.bucket_cap_mb > 0
-        ):
-            raise ConfigError(
-                f"ddp.bucket_cap_mb={self.bucket_cap_mb!r}: the gradient bucket size must be a "
-                "positive number of megabytes (DDP's default is 25), or 'auto' to size it from the model."
-            )
-        if self.comm_hook is not None and not callable(self.comm_hook):
-            raise ConfigError(
-                "ddp.comm_hook must be a DDP communication hook, a callable (state, bucket) -> "
-                f"Future; got {type(self.comm_hook).__name__}."
-            )
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    """Where and how often per-step metrics are written.
-
-    Metrics are gathered across ranks once every `log_every` optimizer steps (one small
-    collective), then written by rank 0 as JSON lines and TensorBoard events.
-    `progress` draws a progress bar on rank 0 when its output is a terminal and prints a
-    log line every `log_every` steps otherwise.
-    `system_every_s`: every rank samples its CPU, memory, network and (with NVML) GPU this
-    often on a background thread; the means travel with the next gather. None turns it off.
-    `profile_steps`: "A:B" records optimizer steps A..B (from 1, both included) with
-    torch.profiler on every rank and writes RUN_DIR/profile/rank{r}.trace.json (Chrome trace)
-    and the step-time breakdown rank{r}.breakdown.json (see gradsync.profiling).
-    """
-
-    log_every: int = 10
-    tensorboard: bool = True
-    jsonl: bool = True
-    progress: bool = True
-    system_every_s: float | None = 1.0
-    profile_steps: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.log_every, int) or self.log_every < 1:
-            raise ConfigError(
-                f"metrics.log_every={self.log_every!r}: metrics are gathered every N optimizer "
-                "steps; N must be an integer >= 1."
-            )
-        every = self.system_every_s
-        if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float)) or not every >= 0.05):
-            raise ConfigError(
-                f"metrics.system_every_s={every!r}: give the seconds between system samples, at "
-                "least 0.05 (1.0 is plenty for utilisation and network rates), or None to turn them off."
-            )
-        if self.profile_steps is not None:
-            parse_profile_steps(str(self.profile_steps))
 
 
 @dataclass(frozen=True)
@@ -127,7 +42,8 @@ class TrainerConfig:
     backend: "nccl" or "gloo"; None picks NCCL for CUDA and Gloo for CPU.
     timeout_s: how long a collective may wait before the backend gives up; None keeps the
         backend's default (NCCL 10 min, Gloo 30 min).
-    run_dir: where metrics and TensorBoard events go; None means ./gradsync_runs/<timestamp>.
+    run_dir: where metrics and TensorBoard events go; None means ./gradsync_runs/<timestamp>. Under
+        `gradsync run` the launcher's folder wins (one run, one folder; see gradsync.rundir).
     checkpoint: when and where to save, and whether to resume (see `CheckpointConfig`).
     """
 
@@ -144,9 +60,9 @@ class TrainerConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ddp", _section(DDPConfig, self.ddp, "ddp"))
-        object.__setattr__(self, "metrics", _section(MetricsConfig, self.metrics, "metrics"))
-        object.__setattr__(self, "checkpoint", _section(CheckpointConfig, self.checkpoint, "checkpoint"))
+        object.__setattr__(self, "ddp", section(DDPConfig, self.ddp, "ddp"))
+        object.__setattr__(self, "metrics", section(MetricsConfig, self.metrics, "metrics"))
+        object.__setattr__(self, "checkpoint", section(CheckpointConfig, self.checkpoint, "checkpoint"))
         if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
             raise ConfigError(
                 f"accumulation_steps={self.accumulation_steps!r}: it counts micro-batches per "
@@ -189,7 +105,7 @@ class TrainerConfig:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "TrainerConfig":
         """Build a config from keyword arguments, naming any unknown option."""
-        return _section(cls, kwargs, "gradsync.setup()")
+        return section(cls, kwargs, "gradsync.setup()")
 
     def describe(self) -> dict[str, Any]:
         """A plain, comparable description (callables by name) used to check ranks agree."""
@@ -204,21 +120,3 @@ class TrainerConfig:
             return type(value).__name__
 
         return plain(self)
-
-
-def _section(cls: type, value: Any, where: str) -> Any:
-    """Accept a dataclass instance or a mapping of its fields; name unknown keys clearly."""
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, Mapping):
-        raise ConfigError(
-            f"{where} expects a {cls.__name__} or a dict of its fields, got {type(value).__name__}."
-        )
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(value) - known)
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown option(s) {', '.join(unknown)}; valid options are "
-            f"{', '.join(sorted(known))}."
-        )
-    return cls(**value)

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gradsync import compat
+from gradsync import compat, events
 from gradsync.accumulation import AccumulationPlan, Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
 from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
@@ -47,14 +47,13 @@ from gradsync.log import configure_logging
 from gradsync.profiling.breakdown import format_breakdown
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps, phase
 from gradsync.metrics import Clock, CommTimer, MetricsRecorder, StepRecord
-from gradsync.metrics.recorder import RESERVED_KEYS
-from gradsync.rundir import fresh_run_dir
+from gradsync import rundir
+from gradsync.rundir.records import METRICS_KEYS
 from gradsync.precision import MixedPrecision, check_precision_supported
-from gradsync.run import faults
 from gradsync.seeding import rank_seed, rng_state, seed_everything, set_rng_state
 
 if TYPE_CHECKING:
-    from gradsync.checkpoint.checkpointer import Checkpointer, Loaded, RunState
+    from gradsync.checkpoint.checkpointer import Loaded, RunState
 
 # Beyond this many, skipped steps are only counted (metrics, summary), not logged one by one.
 _SKIPS_LOGGED = 10
@@ -66,71 +65,71 @@ class Trainer:
     """Data-parallel training around the user's own loop. Build it with `gradsync.setup()`."""
 
     def __init__(self, config: TrainerConfig) -> None:
-        self.config = config
+        self._config = config
         planned = plan_distributed(config.device, config.backend)
         check_precision_supported(config.precision, planned.device)
-        self.dist = join_process_group(planned, config.timeout_s)
-        self.logger = configure_logging(self.dist.rank)
+        self._dist = join_process_group(planned, config.timeout_s)
+        self._logger = configure_logging(self._dist.rank)
         if self.is_main:
             for note in compat.check(compat.TRAINER):
-                self.logger.warning(note)
+                self._logger.warning(note)
         self._closed = False
         atexit.register(self._leave_at_exit)
         with self._failing_together():
-            self.run_dir = self._check_options_and_choose_run_dir()
+            self._run_dir = self._check_options_and_choose_run_dir()
         seed_everything(config.seed)
-        self.precision = MixedPrecision(config.precision, self.dist.device)
-        self.clock = Clock(self.dist.device)
-        self.metrics = MetricsRecorder(
+        self._precision = MixedPrecision(config.precision, self._dist.device)
+        self._clock = Clock(self._dist.device)
+        self._metrics = MetricsRecorder(
             config.metrics,
-            self.clock,
-            rank=self.dist.rank,
-            world_size=self.dist.world_size,
-            distributed=self.dist.has_process_group,
-            control_group=self.dist.control_group,
-            run_dir=self.run_dir,
-            logger=self.logger,
-            gpu_index=_cuda_index(self.dist.device),
+            self._clock,
+            rank=self._dist.rank,
+            world_size=self._dist.world_size,
+            distributed=self._dist.has_process_group,
+            control_group=self._dist.control_group,
+            run_dir=self._run_dir,
+            logger=self._logger,
+            gpu_index=_cuda_index(self._dist.device),
         )
-        faults.claim_steps()  # --inject-fault counts optimizer steps, not backward passes
-        self.checkpointer: Checkpointer | None = None
+        events.claim_steps()  # steps are optimizer steps (gradsync run's --inject-fault counts them)
+        self._checkpointer: Checkpointer | None = None
         if config.checkpoint.enabled:
             # Imported here: torch.distributed.checkpoint takes ~0.8 s to import, which only runs
             # that checkpoint should pay.
             from gradsync.checkpoint.checkpointer import Checkpointer
 
-            self.checkpointer = Checkpointer(
+            self._checkpointer = Checkpointer(
                 config.checkpoint,
                 rank=self.rank,
                 world_size=self.world_size,
-                group=self.dist.control_group,
-                distributed=self.dist.has_process_group,
-                log=self.logger.info,
-                warn=self.logger.warning,
+                group=self._dist.control_group,
+                distributed=self._dist.has_process_group,
+                log=self._logger.info,
+                warn=self._logger.warning,
                 description=config.describe(),
             )
             with self._failing_together():
-                foreign, refused = self.checkpointer.foreign_checkpoints()
-                raise_if_any_rank_failed(refused, self.dist.control_group)
+                foreign, refused = self._checkpointer.foreign_checkpoints()
+                raise_if_any_rank_failed(refused, self._dist.control_group)
             if config.checkpoint.overwrite:
-                self.checkpointer.remove(foreign)
+                self._checkpointer.remove(foreign)
         self._tracked: dict[str, Any] = {}  # the user's objects saved with each checkpoint
         self._resumed: Loaded | None = None  # what a resume loaded, for parts attached later
         self._first_epoch = 0  # where the next epochs() loop starts (a resumed run's epoch)
-        self.model: nn.Module | None = None  # the user's module, unwrapped
-        self.ddp_model: DistributedDataParallel | None = None  # None at world size 1
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: Any = None
-        self.loader: DistributedLoader | None = None
-        self.comm_timer: CommTimer | None = None
-        self.compression: CompressionHook | AutoTuner | None = None
+        self._model: nn.Module | None = None  # the user's module, unwrapped
+        self._ddp_model: DistributedDataParallel | None = None  # None at world size 1
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scheduler: Any = None
+        self._loader: DistributedLoader | None = None
+        self._comm_timer: CommTimer | None = None
+        self._compression: CompressionHook | AutoTuner | None = None
         self._comm_at_start: dict[str, float] = {}
         # Steps left to watch which parameters get no gradient (None: not watching).
         self._unused_check_steps: int | None = 0 if config.ddp.find_unused_parameters else None
         self._sometimes_unused: set[str] = set()
-        self.optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
+        self._optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
         # Micro-batches per step: the configured count, unless auto raised it (if allowed).
-        self.accumulation = AccumulationPlan(config.accumulation_steps)
+        self._accumulation = AccumulationPlan(config.accumulation_steps)
         self._num_epochs: int | None = None  # the running epochs() loop's length (for re-planning)
         self._profile: ProfileWindow | None = None  # metrics.profile_steps, opened when training starts
         self._profiled = False  # the window was written (or training ended inside it): once per run
@@ -142,35 +141,45 @@ class Trainer:
         self._last_micro_step: tuple[int, int] | None = None  # (loader pass, batch index)
         self._last_step_end: Any = None
         self._skips_logged = 0
-        self.logger.info(
-            f"world size {self.world_size} | backend {self.dist.backend or 'none (single process)'}"
+        self._logger.info(
+            f"world size {self.world_size} | backend {self._dist.backend or 'none (single process)'}"
             f" | device {self.device} | precision {config.precision}"
-            f" | accumulation {config.accumulation_steps} | run dir {self.run_dir}"
+            f" | accumulation {config.accumulation_steps} | run dir {self._run_dir}"
         )
 
     # -- where this process stands -------------------------------------------------------
 
     @property
     def rank(self) -> int:
-        return self.dist.rank
+        return self._dist.rank
 
     @property
     def world_size(self) -> int:
-        return self.dist.world_size
+        return self._dist.world_size
 
     @property
     def device(self) -> torch.device:
-        return self.dist.device
+        return self._dist.device
 
     @property
     def is_main(self) -> bool:
-        return self.dist.is_main
+        return self._dist.is_main
 
     @property
     def resumed_from(self) -> Path | None:
         """The checkpoint folder this run resumed from (its name gives the step), None when it
         started fresh."""
         return self._resumed.path if self._resumed is not None else None
+
+    @property
+    def run_dir(self) -> Path:
+        """Where metrics, profiles and (under `gradsync run`) the diagnosis and logs go."""
+        return self._run_dir
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Accumulation windows closed so far, whether the update was applied or skipped."""
+        return self._optimizer_steps
 
     # -- setting up ------------------------------------------------------------------------
 
@@ -179,14 +188,16 @@ class Trainer:
 
         Ranks started with different options would diverge silently (or hang) later; here it
         costs one small gather at start-up and fails on every rank with the differing fields.
+        The folder follows gradsync.rundir's one rule: under `gradsync run`, the launcher's.
         """
-        proposal = self.config.run_dir
-        if proposal is None and self.is_main:
-            proposal = str(fresh_run_dir())
-        description = self.config.describe()
-        if self.dist.has_process_group and self.world_size > 1:
+        chosen, overruled = rundir.choose(self._config.run_dir)
+        if overruled and self.is_main:
+            self._logger.warning(overruled)
+        proposal = str(chosen)  # rank 0's is taken below: a fresh name could differ by a second
+        description = self._config.describe()
+        if self._dist.has_process_group and self.world_size > 1:
             reports: list[Any] = [None] * self.world_size
-            dist.all_gather_object(reports, (description, proposal), group=self.dist.control_group)
+            dist.all_gather_object(reports, (description, proposal), group=self._dist.control_group)
             differing = sorted(
                 key for key in description if any(r[0][key] != description[key] for r in reports)
             )
@@ -232,7 +243,7 @@ class Trainer:
                 "this trainer is closed (by close(), or by an error every rank raised); start "
                 "again with gradsync.setup()."
             )
-        if self.model is not None:
+        if self._model is not None:
             raise GradsyncError("prepare() was already called: one trainer trains one model.")
         error: GradsyncError | None = None
         loader = None
@@ -244,7 +255,7 @@ class Trainer:
                 rank=self.rank,
                 world_size=self.world_size,
                 device=self.device,
-                seed=self.config.seed,
+                seed=self._config.seed,
                 shuffle=shuffle,
                 remainder=remainder,
                 collate_fn=collate_fn,
@@ -253,22 +264,22 @@ class Trainer:
         except GradsyncError as exc:
             error = exc
         with self._failing_together():
-            raise_if_any_rank_failed(error, self.dist.control_group)
+            raise_if_any_rank_failed(error, self._dist.control_group)
             if self.world_size > 1:
                 self._check_same_model_on_every_rank(model)
         assert loader is not None
         if self.world_size > 1:
-            self.ddp_model = self._wrap(model)
-        self.model, self.optimizer, self.loader = model, optimizer, loader
+            self._ddp_model = self._wrap(model)
+        self._model, self._optimizer, self._loader = model, optimizer, loader
         # Every rank started from the same seed so models are built equal; from here on each
         # rank draws its own stream, so dropout masks differ across replicas as they would
         # across the samples of one big batch.
-        seed_everything(rank_seed(self.config.seed, self.rank))
-        if self.checkpointer is not None:
+        seed_everything(rank_seed(self._config.seed, self.rank))
+        if self._checkpointer is not None:
             with self._failing_together():
                 self._resume()
             loader.before_batch = self._save_if_due
-        return (self.ddp_model if self.ddp_model is not None else model), optimizer, loader
+        return (self._ddp_model if self._ddp_model is not None else model), optimizer, loader
 
     def _check_model_and_optimizer(self, model: Any, optimizer: Any) -> None:
         if isinstance(model, DistributedDataParallel):
@@ -300,7 +311,7 @@ class Trainer:
     def _check_same_model_on_every_rank(self, model: nn.Module) -> None:
         layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
         layouts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(layouts, layout, group=self.dist.control_group)
+        dist.all_gather_object(layouts, layout, group=self._dist.control_group)
         for rank, other in enumerate(layouts):
             if other != layouts[0]:
                 detail = next(
@@ -314,11 +325,11 @@ class Trainer:
                 )
 
     def _wrap(self, model: nn.Module) -> DistributedDataParallel:
-        options = self.config.ddp
+        options = self._config.ddp
         bucket_cap_mb = options.bucket_cap_mb
         if bucket_cap_mb == "auto":
             bucket_cap_mb = auto_bucket_cap_mb(model)
-            self.logger.info(f"bucket_cap_mb='auto': {bucket_cap_mb} MB buckets (its gradient bytes / 30, 1-25 MB)")
+            self._logger.info(f"bucket_cap_mb='auto': {bucket_cap_mb} MB buckets (its gradient bytes / 30, 1-25 MB)")
         ddp_model = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -329,15 +340,15 @@ class Trainer:
             static_graph=options.static_graph,
         )
         if options.compression.name == "auto":
-            self.compression = AutoTuner(
-                options.compression, accumulation_steps=self.config.accumulation_steps, log=self.logger.info
+            self._compression = AutoTuner(
+                options.compression, accumulation_steps=self._config.accumulation_steps, log=self._logger.info
             )
         else:
-            self.compression = make_hook(options.compression)
-        if self.compression is not None:
-            self.compression.bind(model)  # checkpointed hook state is kept by parameter name
-        self.comm_timer = CommTimer(self.clock, self.compression or options.comm_hook, options.comm_hook_state)
-        self.comm_timer.register(ddp_model, process_group=None)
+            self._compression = make_hook(options.compression)
+        if self._compression is not None:
+            self._compression.bind(model)  # checkpointed hook state is kept by parameter name
+        self._comm_timer = CommTimer(self._clock, self._compression or options.comm_hook, options.comm_hook_state)
+        self._comm_timer.register(ddp_model, process_group=None)
         return ddp_model
 
     @property
@@ -348,7 +359,7 @@ class Trainer:
         `compression.max_accumulation_steps`): then later epochs have fewer.
         """
         loader = self._require_prepared("steps_per_epoch")
-        return self.accumulation.windows(loader.epoch, len(loader))
+        return self._accumulation.windows(loader.epoch, len(loader))
 
     @property
     def accumulation_steps(self) -> int:
@@ -356,11 +367,11 @@ class Trainer:
         one (auto may have raised it from the configured count)."""
         loader = self._require_prepared("accumulation_steps")
         batch = self._window.first_batch if self._window is not None else loader.position
-        return self.accumulation.steps_at(loader.epoch, batch)
+        return self._accumulation.steps_at(loader.epoch, batch)
 
     def _steps_in_epochs(self, num_epochs: int) -> int:
         loader = self._require_prepared("epochs()")
-        return sum(self.accumulation.windows(epoch, len(loader)) for epoch in range(num_epochs))
+        return sum(self._accumulation.windows(epoch, len(loader)) for epoch in range(num_epochs))
 
     def set_scheduler(self, scheduler: Any) -> None:
         """Step this learning-rate scheduler once per applied optimizer step.
@@ -369,17 +380,17 @@ class Trainer:
         Build it after prepare() when it needs the run's length: epochs x steps_per_epoch.
         """
         self._require_prepared("set_scheduler()")
-        if getattr(scheduler, "optimizer", None) is not self.optimizer:
+        if getattr(scheduler, "optimizer", None) is not self._optimizer:
             raise ConfigError(
                 "the scheduler does not drive the optimizer passed to prepare(); build it from "
                 "that optimizer."
             )
-        self.scheduler = scheduler
+        self._scheduler = scheduler
         if self._resumed is not None and self._resumed.shared["scheduler"] is not None:
             scheduler.load_state_dict(self._resumed.shared["scheduler"])
             # Building the scheduler just set the optimizer's learning rate to its first value;
             # put back the one the checkpointed step left for the next.
-            for group, saved in zip(self.optimizer.param_groups, self._resumed.shared["optimizer"]["param_groups"]):
+            for group, saved in zip(self._optimizer.param_groups, self._resumed.shared["optimizer"]["param_groups"]):
                 group.update({key: value for key, value in saved.items() if key != "params"})
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -404,18 +415,18 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         """Save now, between two optimizer steps (collective: every rank calls it)."""
-        if self.checkpointer is None:
+        if self._checkpointer is None:
             raise ConfigError("save_checkpoint() needs a checkpoint folder: setup(checkpoint={'dir': ...}).")
         if self._window is not None:
             raise GradsyncError(
                 "save_checkpoint() was called in the middle of an accumulation window; call it after "
                 "the step that ends a window (e.g. at the end of an epoch), so no gradients are lost."
             )
-        self.checkpointer.save(self.optimizer_steps, self._run_state())
+        self._checkpointer.save(self._optimizer_steps, self._run_state())
 
     def _save_if_due(self, epoch_done: bool = False) -> None:
-        if self.checkpointer is not None:
-            self.checkpointer.save_if_due(lambda: self._run_state(epoch_done))
+        if self._checkpointer is not None:
+            self._checkpointer.save_if_due(lambda: self._run_state(epoch_done))
 
     def _run_state(self, epoch_done: bool = False) -> RunState:
         """What a checkpoint holds: the model's tensors, state equal on every rank, this rank's own.
@@ -427,25 +438,25 @@ class Trainer:
 
         from gradsync.checkpoint.checkpointer import model_state
 
-        assert self.model is not None and self.optimizer is not None and self.loader is not None
-        loader_state = self.loader.state_dict()
+        assert self._model is not None and self._optimizer is not None and self._loader is not None
+        loader_state = self._loader.state_dict()
         if epoch_done:
             loader_state.update(epoch=loader_state["epoch"] + 1, position=0, epoch_start=0, samples_consumed=0)
         shared = {
-            "optimizer_steps": self.optimizer_steps,
-            "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "scaler": self.precision.scaler.state_dict() if self.precision.scaler is not None else None,
+            "optimizer_steps": self._optimizer_steps,
+            "optimizer": get_optimizer_state_dict(self._model, self._optimizer),
+            "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
+            "scaler": self._precision.scaler.state_dict() if self._precision.scaler is not None else None,
             "loader": loader_state,
         }
         own = {
             "rng": rng_state(),
-            "compression": self.compression.state_dict() if self.compression is not None else None,
-            "accumulation": self.accumulation.state_dict(),
-            "metrics": self.metrics.state_dict(pending=self._finished),
+            "compression": self._compression.state_dict() if self._compression is not None else None,
+            "accumulation": self._accumulation.state_dict(),
+            "metrics": self._metrics.state_dict(pending=self._finished),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
-        return model_state(self.model, shared, own)
+        return model_state(self._model, shared, own)
 
     def _resume(self) -> None:
         """Load the checkpoint `checkpoint.resume` names, if any, into every part of the run."""
@@ -453,25 +464,25 @@ class Trainer:
 
         from gradsync.checkpoint.checkpointer import model_state
 
-        assert self.checkpointer is not None and self.model is not None and self.loader is not None
-        loaded = self.checkpointer.find_and_load(model_state(self.model))
+        assert self._checkpointer is not None and self._model is not None and self._loader is not None
+        loaded = self._checkpointer.find_and_load(model_state(self._model))
         if loaded is None:
             return
         shared = loaded.shared
-        set_optimizer_state_dict(self.model, self.optimizer, shared["optimizer"])
-        if shared["scaler"] is not None and self.precision.scaler is not None:
-            self.precision.scaler.load_state_dict(shared["scaler"])
-        self.optimizer_steps = shared["optimizer_steps"]
-        self.loader.load_state_dict(shared["loader"])
-        self._first_epoch = self.loader.epoch
+        set_optimizer_state_dict(self._model, self._optimizer, shared["optimizer"])
+        if shared["scaler"] is not None and self._precision.scaler is not None:
+            self._precision.scaler.load_state_dict(shared["scaler"])
+        self._optimizer_steps = shared["optimizer_steps"]
+        self._loader.load_state_dict(shared["loader"])
+        self._first_epoch = self._loader.epoch
         if loaded.own is not None:
             set_rng_state(loaded.own["rng"])
-            if self.compression is not None and loaded.own["compression"] is not None:
-                self.compression.load_state_dict(loaded.own["compression"])
+            if self._compression is not None and loaded.own["compression"] is not None:
+                self._compression.load_state_dict(loaded.own["compression"])
             self._restore_accumulation(loaded.own.get("accumulation"))
-            self._finished = self.metrics.load_state_dict(loaded.own["metrics"])
+            self._finished = self._metrics.load_state_dict(loaded.own["metrics"])
         else:
-            self.logger.warning(self._world_size_change_note(loaded))
+            self._logger.warning(self._world_size_change_note(loaded))
         self._resumed = loaded
 
     def _restore_accumulation(self, saved: dict[str, Any] | None) -> None:
@@ -479,21 +490,21 @@ class Trainer:
         without auto hold only the configured count)."""
         if saved is None or saved["raised_to"] is None:
             return
-        if saved["steps"] != self.config.accumulation_steps:
-            self.logger.warning(
+        if saved["steps"] != self._config.accumulation_steps:
+            self._logger.warning(
                 f"the checkpoint's run accumulated {saved['steps']} micro-batches per step (auto raised it to "
-                f"{saved['raised_to']}); this run is configured with {self.config.accumulation_steps} and keeps that."
+                f"{saved['raised_to']}); this run is configured with {self._config.accumulation_steps} and keeps that."
             )
             return
-        self.accumulation.load_state_dict(saved)
+        self._accumulation.load_state_dict(saved)
 
     def _world_size_change_note(self, loaded: Loaded) -> str:
-        assert self.loader is not None
+        assert self._loader is not None
         saved = loaded.shared["loader"]
         return (
             f"the checkpoint was written by {loaded.manifest['world_size']} ranks, this run has "
             f"{self.world_size}: epoch {saved['epoch']} goes on from global sample {saved['samples_consumed']} "
-            f"of {saved['dataset_size']}, the rest of its order re-divided ({self.loader.samples_per_rank} per rank), "
+            f"of {saved['dataset_size']}, the rest of its order re-divided ({self._loader.samples_per_rank} per rank), "
             "so no sample of the epoch is skipped or repeated. Not bitwise equal to an uninterrupted run: the "
             "global batch is now batch_size x accumulation x world size, per-rank random streams restart "
             "from the seed and gradient-compression residuals start from zero."
@@ -511,38 +522,38 @@ class Trainer:
         if not isinstance(num_epochs, int) or num_epochs < 0:
             raise ConfigError(f"epochs({num_epochs!r}): use a non-negative integer.")
         self._num_epochs = num_epochs
-        self.metrics.progress.set_total(self._steps_in_epochs(num_epochs))
+        self._metrics.progress.set_total(self._steps_in_epochs(num_epochs))
         resumed_compression = self._resumed is not None and self._resumed.own is not None
-        if self.compression is not None and not resumed_compression:
-            self.compression.start(self.optimizer_steps + self._steps_in_epochs(num_epochs))
+        if self._compression is not None and not resumed_compression:
+            self._compression.start(self._optimizer_steps + self._steps_in_epochs(num_epochs))
         # A resumed run goes on in the epoch it stopped in (which may have no batch left: its
         # end-of-epoch code, such as evaluation, still runs).
         first, self._first_epoch = self._first_epoch, 0
         self._open_profile_window()
         for epoch in range(first, num_epochs):
             loader.set_epoch(epoch)
-            self._last_step_end = self.clock.mark()  # time between epochs (evaluation) is not a step
+            self._last_step_end = self._clock.mark()  # time between epochs (evaluation) is not a step
             yield epoch
             if self._window is not None:
                 self._close_window(reduced=False)
             self._commit_finished()
             self._save_if_due(epoch_done=True)
-        self.metrics.flush()
+        self._metrics.flush()
         self._close_profile_window()
 
     def _open_profile_window(self) -> None:
-        steps = self.config.metrics.profile_steps
+        steps = self._config.metrics.profile_steps
         if steps is None or self._profile is not None or self._profiled:
             return
         first, last = parse_profile_steps(steps)
-        first = max(first, self.optimizer_steps + 1)  # a resumed run may start inside the window
+        first = max(first, self._optimizer_steps + 1)  # a resumed run may start inside the window
         if first > last:
             self._profiled = True  # ... or past it
             return
         # Opened here, not at setup: a window from step 1 would otherwise also record prepare().
-        self._profile = ProfileWindow(first, last, self.run_dir / "profile", self.rank)
-        if self.optimizer_steps and first == self.optimizer_steps + 1:
-            self._profile.step_finished(self.optimizer_steps)  # starts recording now
+        self._profile = ProfileWindow(first, last, self._run_dir, self.rank)
+        if self._optimizer_steps and first == self._optimizer_steps + 1:
+            self._profile.step_finished(self._optimizer_steps)  # starts recording now
 
     def _close_profile_window(self) -> None:
         window = self._profile
@@ -551,7 +562,7 @@ class Trainer:
         window.close()
         self._profile, self._profiled = None, True
         if window.breakdown is not None and self.is_main:
-            self.logger.info(f"profile of steps {self.config.metrics.profile_steps} (rank 0; trace in "
+            self._logger.info(f"profile of steps {self._config.metrics.profile_steps} (rank 0; trace in "
                              f"{window.trace_path.parent}):\n{format_breakdown(window.breakdown)}")
 
     def step(self) -> "MicroStep":
@@ -584,91 +595,91 @@ class Trainer:
         return MicroStep(self, self._micro_samples, is_boundary=here[1] == window.last_batch)
 
     def _open_window(self, pass_id: int, batch_index: int) -> None:
-        assert self.loader is not None
+        assert self._loader is not None
         self._commit_finished()
-        steps = self.accumulation.steps_at(self.loader.epoch, batch_index)
-        self._window = plan_window(pass_id, batch_index, len(self.loader), steps, self.loader.batch_size_at)
-        start = self._last_step_end if self._last_step_end is not None else self.clock.mark()
-        self._record = StepRecord(step=self.optimizer_steps + 1, epoch=self.loader.epoch, start=start)
-        self._reductions_at_start = self.comm_timer.reductions if self.comm_timer else 0
+        steps = self._accumulation.steps_at(self._loader.epoch, batch_index)
+        self._window = plan_window(pass_id, batch_index, len(self._loader), steps, self._loader.batch_size_at)
+        start = self._last_step_end if self._last_step_end is not None else self._clock.mark()
+        self._record = StepRecord(step=self._optimizer_steps + 1, epoch=self._loader.epoch, start=start)
+        self._reductions_at_start = self._comm_timer.reductions if self._comm_timer else 0
         self._comm_at_start = self._comm_counters()
 
     def _backward(self, loss: torch.Tensor, samples: int) -> None:
         window, record = self._window, self._record
         assert window is not None and record is not None
         weight = window.weight(samples)
-        if self.comm_timer is not None:
-            self.comm_timer.start_backward()
+        if self._comm_timer is not None:
+            self._comm_timer.start_backward()
         with phase("backward"):
-            self.precision.backward(loss if weight == 1.0 else loss * weight)
-        if self.comm_timer is not None and (ready := self.comm_timer.last_ready()) is not None:
-            end = self.clock.mark()
+            self._precision.backward(loss if weight == 1.0 else loss * weight)
+        if self._comm_timer is not None and (ready := self._comm_timer.last_ready()) is not None:
+            end = self._clock.mark()
             record.exposed.append((ready, end))
-            record.comm_windows.append((self.comm_timer.first_ready(), end))
+            record.comm_windows.append((self._comm_timer.first_ready(), end))
         window.applied_samples += samples
 
     def _close_window(self, reduced: bool) -> bool:
         """Reduce (if DDP did not), clip and step the optimizer; True if an update was applied."""
         window, record = self._window, self._record
-        assert window is not None and record is not None and self.optimizer is not None
+        assert window is not None and record is not None and self._optimizer is not None
         self._window = self._record = None
-        self.optimizer_steps += 1
-        reductions = self.comm_timer.reductions - self._reductions_at_start if self.comm_timer else 0
+        self._optimizer_steps += 1
+        reductions = self._comm_timer.reductions - self._reductions_at_start if self._comm_timer else 0
         applied = False
         if window.applied_samples == 0:
             record.skipped = "empty"
         else:
-            if not reduced and self.ddp_model is not None:
-                start = self.clock.mark()
+            if not reduced and self._ddp_model is not None:
+                start = self._clock.mark()
                 self._all_reduce_gradients()
-                record.exposed.append((start, self.clock.mark()))
+                record.exposed.append((start, self._clock.mark()))
                 reductions += 1
             with phase("optimizer"):
                 applied = self._apply_update(window, record)
             self._note_unused_parameters()
         with phase("optimizer"):
-            self.optimizer.zero_grad(set_to_none=True)
+            self._optimizer.zero_grad(set_to_none=True)
         record.samples = window.applied_samples
         record.reductions = reductions
         record.comm = {k: v - self._comm_at_start.get(k, 0) for k, v in self._comm_counters().items()}
-        record.lr = self.optimizer.param_groups[0].get("lr")
-        record.end = self.clock.mark()
+        record.lr = self._optimizer.param_groups[0].get("lr")
+        record.end = self._clock.mark()
         self._last_step_end = record.end
-        if isinstance(self.compression, AutoTuner) and self.compression.deciding:
-            self.compression.step_done(self.device, record.exposed_seconds(self.clock))
-            if not self.compression.deciding and self.compression.accumulation_steps > self.accumulation.steps:
-                self._raise_accumulation(self.compression.accumulation_steps, next_batch=window.last_batch + 1)
+        if isinstance(self._compression, AutoTuner) and self._compression.deciding:
+            self._compression.step_done(self.device, record.exposed_seconds(self._clock))
+            if not self._compression.deciding and self._compression.accumulation_steps > self._accumulation.steps:
+                self._raise_accumulation(self._compression.accumulation_steps, next_batch=window.last_batch + 1)
         self._finished = record
-        faults.at_step(self.optimizer_steps)
+        events.optimizer_step(self._optimizer_steps)
         if self._profile is not None:
-            self._profile.step_finished(self.optimizer_steps)
+            self._profile.step_finished(self._optimizer_steps)
             if not self._profile.recording and self._profile.breakdown is not None:
                 self._close_profile_window()
-        if self.checkpointer is not None:
-            self.checkpointer.after_step(self.optimizer_steps)
+        if self._checkpointer is not None:
+            self._checkpointer.after_step(self._optimizer_steps)
         return applied
 
     def _raise_accumulation(self, steps: int, next_batch: int) -> None:
         """Apply auto's larger accumulation from the next batch where such a window can start,
         and re-plan what was planned from the old steps per epoch."""
         loader = self._require_prepared("step()")
-        epoch, before = loader.epoch, self.accumulation.steps
-        self.accumulation.raise_to(steps, epoch, next_batch, len(loader))
-        where = (f"batch {self.accumulation.from_batch} of epoch {epoch}" if self.accumulation.from_epoch == epoch
-                 else f"epoch {self.accumulation.from_epoch}")
+        epoch, before = loader.epoch, self._accumulation.steps
+        self._accumulation.raise_to(steps, epoch, next_batch, len(loader))
+        where = (f"batch {self._accumulation.from_batch} of epoch {epoch}" if self._accumulation.from_epoch == epoch
+                 else f"epoch {self._accumulation.from_epoch}")
         per_micro_batch = loader.batch_size * self.world_size
-        self.logger.info(
+        self._logger.info(
             f"accumulation {before} -> {steps} micro-batches per optimizer step from {where}: the global batch grows "
             f"from {before * per_micro_batch} to {steps * per_micro_batch} samples, a full epoch from "
             f"{math.ceil(len(loader) / before)} to {math.ceil(len(loader) / steps)} optimizer steps. The learning rate "
             "is left as it is."
         )
         if self._num_epochs is not None:
-            self.metrics.progress.set_total(self._steps_in_epochs(self._num_epochs))
-        if self.scheduler is not None:
-            self.logger.warning(
+            self._metrics.progress.set_total(self._steps_in_epochs(self._num_epochs))
+        if self._scheduler is not None:
+            self._logger.warning(
                 f"the learning-rate scheduler was set before auto raised accumulation; if its length came from "
-                f"steps_per_epoch, it now ends before reaching its end (the run has {self.metrics.progress.total_steps} "
+                f"steps_per_epoch, it now ends before reaching its end (the run has {self._metrics.progress.total_steps} "
                 "optimizer steps now). With a schedule whose length matters (OneCycleLR, cosine), set "
                 "accumulation_steps yourself instead of letting auto raise it."
             )
@@ -680,9 +691,9 @@ class Trainer:
         mode crashes here); the trainer knows the model, so it names them.
         """
         match = _UNUSED_INDICES.search(str(error))
-        if match is None or self.model is None:
+        if match is None or self._model is None:
             return None
-        names = [name for name, p in self.model.named_parameters() if p.requires_grad]
+        names = [name for name, p in self._model.named_parameters() if p.requires_grad]
         unused = [names[int(i)] for i in match[2].split() if int(i) < len(names)]
         return ConfigError(
             f"on rank {match[1]}, these parameters got no gradient in the previous step: {', '.join(unused)}. "
@@ -694,54 +705,54 @@ class Trainer:
 
     def _note_unused_parameters(self) -> None:
         """With find_unused_parameters, say after a few steps whether it is really needed."""
-        if self._unused_check_steps is None or self.model is None:
+        if self._unused_check_steps is None or self._model is None:
             return
         self._unused_check_steps += 1
-        for name, parameter in self.model.named_parameters():
+        for name, parameter in self._model.named_parameters():
             if parameter.requires_grad and parameter.grad is None:
                 self._sometimes_unused.add(name)
         if self._unused_check_steps < UNUSED_CHECK_STEPS:
             return
         self._unused_check_steps = None
         if self._sometimes_unused:
-            self.logger.info(
+            self._logger.info(
                 f"find_unused_parameters is needed: {', '.join(sorted(self._sometimes_unused))} got no gradient "
                 f"in some of the first {UNUSED_CHECK_STEPS} steps."
             )
         else:
-            self.logger.info(
+            self._logger.info(
                 f"find_unused_parameters=True, but every parameter got a gradient in each of the first "
                 f"{UNUSED_CHECK_STEPS} steps: set it to False to regain overlap, unless some parameters are "
                 "skipped only later (DDP raises a clear error then, and gradsync names them)."
             )
 
     def _comm_counters(self) -> dict[str, float]:
-        if self.comm_timer is None:
+        if self._comm_timer is None:
             return {}
-        if self.compression is None:
-            return {"raw_bytes": self.comm_timer.bucket_bytes, "sent_bytes": self.comm_timer.bucket_bytes}
-        return self.compression.stats.as_dict()
+        if self._compression is None:
+            return {"raw_bytes": self._comm_timer.bucket_bytes, "sent_bytes": self._comm_timer.bucket_bytes}
+        return self._compression.stats.as_dict()
 
     def _apply_update(self, window: Window, record: StepRecord) -> bool:
-        assert self.optimizer is not None and self.model is not None
-        self.precision.unscale_(self.optimizer)
+        assert self._optimizer is not None and self._model is not None
+        self._precision.unscale_(self._optimizer)
         if window.applied_samples != window.planned_samples:
             # Skipped micro-batches: rescale so the applied ones carry the whole window's weight.
             correction = window.correction()
-            for p in self.model.parameters():
+            for p in self._model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(correction)
         grads_finite = True
-        if self.config.max_grad_norm is not None:
-            norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        if self._config.max_grad_norm is not None:
+            norm = nn.utils.clip_grad_norm_(self._model.parameters(), self._config.max_grad_norm)
             record.grad_norm = float(norm)
             grads_finite = math.isfinite(record.grad_norm)
-        applied = self.precision.step(self.optimizer, grads_finite)
+        applied = self._precision.step(self._optimizer, grads_finite)
         if applied:
-            if self.scheduler is not None:
-                self.scheduler.step()
+            if self._scheduler is not None:
+                self._scheduler.step()
         else:
-            record.skipped = "overflow" if self.precision.scaler is not None else "nonfinite"
+            record.skipped = "overflow" if self._precision.scaler is not None else "nonfinite"
             self._log_skip(record)
         return applied
 
@@ -751,8 +762,8 @@ class Trainer:
         Needed only when the batch that should have ended a window under DDP was skipped, so
         no synced backward ran. A rank without a gradient for a parameter contributes zeros.
         """
-        assert self.model is not None
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        assert self._model is not None
+        params = [p for p in self._model.parameters() if p.requires_grad]
         by_dtype: dict[torch.dtype, list[nn.Parameter]] = defaultdict(list)
         for p in params:
             by_dtype[p.dtype].append(p)
@@ -771,23 +782,23 @@ class Trainer:
         if self._skips_logged > _SKIPS_LOGGED or not self.is_main:
             return
         if record.skipped == "overflow":
-            assert self.precision.scaler is not None
-            why = (f"fp16 gradients overflowed; the loss scale is now {self.precision.scaler.get_scale():g} "
+            assert self._precision.scaler is not None
+            why = (f"fp16 gradients overflowed; the loss scale is now {self._precision.scaler.get_scale():g} "
                    "(a few such steps at the start are normal while the scale calibrates)")
         else:
             why = f"the gradient norm is {record.grad_norm} (not finite)"
         more = " Further skips are only counted in the metrics." if self._skips_logged == _SKIPS_LOGGED else ""
-        self.logger.warning(f"optimizer step {record.step} skipped: {why}.{more}")
+        self._logger.warning(f"optimizer step {record.step} skipped: {why}.{more}")
 
     def _commit_finished(self) -> None:
         if self._finished is not None:
             record, self._finished = self._finished, None
-            self.metrics.add(record)
+            self._metrics.add(record)
 
     def _require_prepared(self, what: str) -> DistributedLoader:
-        if self.loader is None:
+        if self._loader is None:
             raise GradsyncError(f"call trainer.prepare(model, optimizer, dataset, ...) before trainer.{what}")
-        return self.loader
+        return self._loader
 
     # -- values, agreement, evaluation -----------------------------------------------------
 
@@ -802,7 +813,7 @@ class Trainer:
         if record is None:
             raise GradsyncError("trainer.log() attaches values to a training step; call it after trainer.step().")
         for key, value in {**(values or {}), **named}.items():
-            if key in RESERVED_KEYS:
+            if key in METRICS_KEYS:
                 raise GradsyncError(f"trainer.log(): '{key}' is a metric gradsync writes itself; pick another name.")
             record.add_value(key, value, self._micro_samples)
 
@@ -829,9 +840,9 @@ class Trainer:
 
     def sum_over_ranks(self, *values: float | torch.Tensor) -> tuple[float, ...]:
         """Sum scalars (e.g. correct and total counts) over every rank, in one all-reduce."""
-        device = torch.device("cuda", torch.cuda.current_device()) if self.dist.backend == "nccl" else torch.device("cpu")
+        device = torch.device("cuda", torch.cuda.current_device()) if self._dist.backend == "nccl" else torch.device("cpu")
         totals = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
-        if self.dist.has_process_group and self.world_size > 1:
+        if self._dist.has_process_group and self.world_size > 1:
             dist.all_reduce(totals)
         return tuple(totals.tolist())
 
@@ -845,18 +856,31 @@ class Trainer:
             yield
         except GradsyncError:
             self._closed = True
-            shutdown(self.dist, barrier=True)
+            shutdown(self._dist, barrier=True)
             raise
 
     def _leave_at_exit(self) -> None:
         # A script that never called close() must still not abort in the group's destructor.
         if not self._closed:
             self._closed = True
-            shutdown(self.dist, barrier=False)
+            shutdown(self._dist, barrier=False)
 
     def summary(self) -> dict[str, Any]:
-        """Totals over the run so far, identical on every rank: steps, skips, samples/s, comm share."""
-        return self.metrics.summary()
+        """Totals over the run so far, identical on every rank: steps, skips, samples/s, comm
+        share, and what the run chose: its compression (with auto's measurements), micro-batches
+        per step and checkpoints written."""
+        summary = self._metrics.summary()
+        prepared = self._loader is not None
+        summary["accumulation_steps"] = self.accumulation_steps if prepared else self._config.accumulation_steps
+        summary["compression"] = self._config.ddp.compression.name
+        if isinstance(self._compression, AutoTuner):
+            # What auto measured; "compression" is its choice once made ("none": plain DDP stays).
+            summary["auto"] = self._compression.describe()
+            summary["compression"] = "auto" if self._compression.deciding else summary["auto"]["compression"]
+        saving = self._checkpointer
+        summary["checkpoints_saved"] = saving.saves if saving is not None else 0
+        summary["checkpoint_save_s"] = saving.save_seconds if saving is not None else 0.0  # the training thread's share
+        return summary
 
     def close(self) -> None:
         """Write the last metrics and leave the process group. Collective: every rank calls it."""
@@ -864,18 +888,18 @@ class Trainer:
             return
         self._closed = True
         if self._window is not None:
-            self.logger.info("the last accumulation window was left unfinished; its gradients are dropped")
+            self._logger.info("the last accumulation window was left unfinished; its gradients are dropped")
             self._window = self._record = None
-            if self.optimizer is not None:
-                self.optimizer.zero_grad(set_to_none=True)
+            if self._optimizer is not None:
+                self._optimizer.zero_grad(set_to_none=True)
         self._commit_finished()
         self._close_profile_window()
         self._save_if_due()
-        self.metrics.flush()
-        self.metrics.close()
-        if self.checkpointer is not None:
-            self.checkpointer.close()
-        shutdown(self.dist)
+        self._metrics.flush()
+        self._metrics.close()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+        shutdown(self._dist)
 
     def __enter__(self) -> "Trainer":
         return self
@@ -887,8 +911,8 @@ class Trainer:
             # Peers may be stuck in a collective this rank will never join: any collective here
             # would hang. Keep what was written and leave the group without waiting for anyone.
             self._closed = True
-            self.metrics.close()
-            shutdown(self.dist, barrier=False)
+            self._metrics.close()
+            shutdown(self._dist, barrier=False)
 
 
 class MicroStep:
@@ -909,10 +933,10 @@ class MicroStep:
 
     def __enter__(self) -> "MicroStep":
         trainer = self._trainer
-        if not self.is_boundary and trainer.ddp_model is not None:
+        if not self.is_boundary and trainer._ddp_model is not None:
             # Forward too, not just backward: DDP decides at forward time whether to reduce.
-            self._stack.enter_context(trainer.ddp_model.no_sync())
-        self._stack.enter_context(trainer.precision.autocast())
+            self._stack.enter_context(trainer._ddp_model.no_sync())
+        self._stack.enter_context(trainer._precision.autocast())
         # Everything before step.backward() is the forward (model and loss), as the profile sees it.
         self._forward = phase("forward")
         self._forward.__enter__()

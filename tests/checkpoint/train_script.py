@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -100,7 +99,7 @@ def train(
             break
     result = {"sha256": parameters_sha256(trainer.unwrap(model)), "steps": trainer.optimizer_steps, "seen": seen,
               "summary_steps": trainer.summary()["steps"], "counter": counter.steps,
-              "saves": trainer.checkpointer.saves if trainer.checkpointer else 0}
+              "saves": trainer.summary()["checkpoints_saved"]}
     trainer.close()
     return result
 

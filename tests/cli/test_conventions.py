@@ -7,7 +7,7 @@ from torch.distributed.run import get_args_parser
 
 import gradsync
 from gradsync.cli import main
-from gradsync.cli.parser import one_line_errors
+from gradsync.commandline import one_line_errors
 
 
 def test_version_prints_the_package_version_and_exits_0(capsys):

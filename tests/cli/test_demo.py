@@ -10,6 +10,7 @@ from pathlib import Path
 from gradsync.cli import demo
 from gradsync.run import launcher
 from gradsync.run.output_filter import is_backend_log_line
+from gradsync.rundir.records import METRICS_KEYS
 
 BIN = Path(sys.executable).parent
 
@@ -18,6 +19,7 @@ def test_demo_reaches_95_percent_and_reports(demo_run):
     run_dir, done = demo_run.run_dir, demo_run
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {key for row in rows for key in row} - METRICS_KEYS == {"loss", "eval/accuracy"}, "MetricsRow declares the rest"
     accuracy = [row["eval/accuracy"] for row in rows if "eval/accuracy" in row]
     assert accuracy[-1] >= 0.95, accuracy
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
@@ -89,8 +91,8 @@ def test_demo_runs_its_workers_under_gradsync_run_with_restarts_faults_and_check
     assert run.inject_fault == ["kill:rank=1:step=5", "exit:rank=2:step=9:attempt=1:code=3"]
     assert (run.module, run.training_script) == (True, "gradsync.demo.digits")
     assert run.training_script_args == [
-        "--run-dir", "runs/x", "--epochs", "1", "--checkpoint-dir", "ckpt", "--resume", "auto", "--checkpoint-every", "10",
-    ], "metrics share the run directory with the diagnosis; checkpoint options reach the worker verbatim"
+        "--epochs", "1", "--checkpoint-dir", "ckpt", "--resume", "auto", "--checkpoint-every", "10",
+    ], "the workers' trainer inherits the launcher's --run-dir (given once); checkpoint options reach them verbatim"
     assert "--max-restarts" not in run.training_script_args and "--inject-fault" not in run.training_script_args
 
 

@@ -34,7 +34,7 @@ def main() -> None:
             with trainer.step() as step:
                 step.backward(torch.nn.functional.cross_entropy(model(x), y))
     if trainer.is_main:
-        Path(args.result).write_text(json.dumps(trainer.compression.describe()))
+        Path(args.result).write_text(json.dumps(trainer.summary()["auto"]))
     trainer.close()
     end_process(0)
 

@@ -8,7 +8,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gradsync.comm import CompressionConfig, make_hook
-from gradsync.config import DDPConfig, TrainerConfig
+from gradsync.config import TrainerConfig
+from gradsync.ddp import DDPConfig
 from gradsync.errors import ConfigError
 from tests.harness import launch
 
@@ -170,12 +171,12 @@ def train_with_compression(name, run_dir, epochs=2):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 step.backward(loss)
             trainer.log(loss=loss)
-    row = trainer.metrics.last_row
+    row = trainer._metrics.last_row
     parameters = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     everyone = [torch.empty_like(parameters) for _ in range(trainer.world_size)]
     dist.all_gather(everyone, parameters)
-    chosen = trainer.compression.describe()["compression"] if name == "auto" else None
-    buckets = trainer.comm_timer.buckets / trainer.comm_timer.reductions
+    chosen = trainer.summary()["compression"] if name == "auto" else None
+    buckets = trainer._comm_timer.buckets / trainer._comm_timer.reductions
     trainer.close()
     return {"row": row, "same_parameters": all(torch.equal(everyone[0], p) for p in everyone), "chosen": chosen, "buckets": buckets}
 

@@ -15,7 +15,7 @@ from torch.distributed.run import get_args_parser
 from gradsync.cli import doctor as doctor_cli
 from gradsync.cli import main
 from gradsync.cli.doctor import LaunchOptions, launch_options
-from gradsync.cli.parser import CommandParser
+from gradsync.commandline import CommandParser
 from gradsync.doctor import worker
 from gradsync.errors import ConfigError
 

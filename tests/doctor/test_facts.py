@@ -9,6 +9,7 @@ import torch
 
 from gradsync.doctor import checks as C
 from gradsync.doctor import facts as F
+from gradsync import netif
 
 
 def test_disk_space_reads_statvfs_and_a_failing_one_gives_none(tmp_path):
@@ -55,7 +56,7 @@ def test_a_small_tmpfs_as_shared_memory_and_checkpoint_disk(small_tmpfs):
 
 
 def test_interfaces_with_psutil_and_with_the_stdlib_agree_on_loopback():
-    for listing in (F.network_interfaces(), F._stdlib_interfaces()):
+    for listing in (netif.network_interfaces(), netif._stdlib_interfaces()):
         assert "127.0.0.1" in listing["lo"]
         assert set(listing) == {name for _, name in socket.if_nameindex()}
 

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from gradsync.doctor.checks import DiskSpace, PairResult, StoreProbe
-from gradsync.doctor.report import Line
+from gradsync.doctor.summary import Line
 from gradsync.doctor.worker import (
     NetworkOutcome,
     WorkerOptions,

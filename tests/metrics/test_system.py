@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from gradsync.config import MetricsConfig
+from gradsync.metrics.config import MetricsConfig
 from gradsync.errors import ConfigError
-from gradsync.metrics.system import SystemSampler, backend_interface
+from gradsync.metrics.system import SystemSampler
+from gradsync.netif import backend_interface
 
 
 def test_the_backend_interface_is_the_configured_one_or_the_one_reaching_the_master():

@@ -15,6 +15,7 @@ from torch.profiler import record_function
 from torch.utils.data import DataLoader, TensorDataset, default_collate
 
 from gradsync.errors import ConfigError
+from gradsync.rundir import RunDir
 from gradsync.profiling import (
     ProfileWindow,
     analyze_trace,
@@ -92,7 +93,7 @@ def _annotated_steps(window, steps, slow_data):
 
 def train_in_profile_window(out_dir, slow_data):
     dist.init_process_group("gloo")
-    window = ProfileWindow(*parse_profile_steps("3:5"), out_dir=Path(out_dir), rank=dist.get_rank())
+    window = ProfileWindow(*parse_profile_steps("3:5"), run_dir=Path(out_dir), rank=dist.get_rank())
     _annotated_steps(window, steps=6, slow_data=slow_data)
     # No destroy_process_group(): with the DDP model still alive it would hold the group's last
     # reference and deadlock in its destructor (see tests/comm/test_compression.py).
@@ -118,7 +119,9 @@ def train_unannotated_under_torch_profiler(out_dir, micro_batches, bucket_views)
             profiler.step()
             if step == 5:
                 break
-    profiler.export_chrome_trace(str(Path(out_dir) / f"rank{dist.get_rank()}.trace.json"))
+    trace = RunDir(out_dir).profile_trace(dist.get_rank())
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(trace))
 
 
 def _assert_partitions(steps):
@@ -135,9 +138,9 @@ def test_breakdown_of_an_annotated_ddp_run(tmp_path):
         launch(train_in_profile_window, 2, out_dir=str(tmp_path), slow_data=False)
         == [{"recording": False}] * 2
     )
-    trace = json.loads((tmp_path / "rank0.trace.json").read_text())
+    trace = json.loads(RunDir(tmp_path).profile_trace(0).read_text())
     assert trace["traceEvents"]
-    breakdown = json.loads((tmp_path / "rank0.breakdown.json").read_text())
+    breakdown = json.loads(RunDir(tmp_path).profile_breakdown(0).read_text())
     steps = breakdown["steps"]
     assert [s["step"] for s in steps] == [3, 4, 5]
     _assert_partitions(steps)
@@ -154,13 +157,13 @@ def test_breakdown_of_an_annotated_ddp_run(tmp_path):
     assert breakdown["annotated_phases"] == ["data", "forward", "backward", "optimizer"]
     assert breakdown["comm_source"] == "gloo"
     # The file is what analyze_trace finds in the trace, and what format_breakdown can show.
-    assert analyze_trace(tmp_path / "rank0.trace.json").to_dict() == breakdown
+    assert analyze_trace(RunDir(tmp_path).profile_trace(0)).to_dict() == breakdown
     assert "mean" in format_breakdown(analyze_trace(trace))
 
 
 def test_slow_data_loading_is_the_largest_part(tmp_path):
     launch(train_in_profile_window, 2, out_dir=str(tmp_path), slow_data=True)
-    breakdown = json.loads((tmp_path / "rank0.breakdown.json").read_text())
+    breakdown = json.loads(RunDir(tmp_path).profile_breakdown(0).read_text())
     _assert_partitions(breakdown["steps"])
     for times in breakdown["steps"]:
         assert times["data_s"] >= 0.045, times
@@ -181,12 +184,12 @@ def test_breakdown_of_an_unannotated_ddp_script(tmp_path, micro_batches, bucket_
         micro_batches=micro_batches,
         bucket_views=bucket_views,
     )
-    breakdown = analyze_trace(tmp_path / "rank0.trace.json")
+    breakdown = analyze_trace(RunDir(tmp_path).profile_trace(0))
     # torch counts ProfilerStep#N from 0: step 0 waits, 1 warms up, 2 to 4 are recorded.
     assert [s.step for s in breakdown.steps] == [2, 3, 4]
     assert breakdown.annotated_phases == ()
     _assert_partitions(breakdown.to_dict()["steps"])
-    events = json.loads((tmp_path / "rank0.trace.json").read_text())["traceEvents"]
+    events = json.loads(RunDir(tmp_path).profile_trace(0).read_text())["traceEvents"]
     for times in breakdown.steps:
         assert min(times.data_s, times.forward_s, times.backward_s, times.optimizer_s) > 0, times
         assert times.comm_s > 0 and times.exposed_comm_s > 0, times
@@ -211,7 +214,7 @@ def test_close_writes_a_window_that_training_ended_inside_of(tmp_path):
     window.close()
     assert not window.recording and window.breakdown is not None
     assert [s.step for s in window.breakdown.steps] == [2, 3, 4]
-    written = json.loads((tmp_path / "rank0.breakdown.json").read_text())
+    written = json.loads(RunDir(tmp_path).profile_breakdown(0).read_text())
     assert written == window.breakdown.to_dict()
     # Without DDP nothing communicates: no overlap to speak of.
     assert written["comm_source"] == "none" and written["mean"]["overlap_ratio"] is None

@@ -1,7 +1,6 @@
 """metrics.profile_steps on the trainer: every rank profiles the window, with the trainer's phases marked."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +8,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import gradsync
+from gradsync.rundir import RunDir
 from gradsync.errors import ConfigError
 from tests.harness import launch
 
@@ -24,8 +24,7 @@ def _train_profiled(profile_steps):
             with trainer.step() as step:
                 step.backward(F.mse_loss(model(x), y))
     trainer.close()
-    profile = Path(trainer.run_dir) / "profile"
-    return json.loads((profile / f"rank{trainer.rank}.breakdown.json").read_text())
+    return json.loads(RunDir(trainer.run_dir).profile_breakdown(trainer.rank).read_text())
 
 
 def test_each_rank_profiles_the_window_with_the_trainers_phases():
@@ -41,4 +40,4 @@ def test_each_rank_profiles_the_window_with_the_trainers_phases():
 
 def test_a_bad_window_is_refused_at_setup():
     with pytest.raises(ConfigError, match="profile-steps"):
-        gradsync.config.MetricsConfig(profile_steps="5:3")
+        gradsync.MetricsConfig(profile_steps="5:3")

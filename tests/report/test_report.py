@@ -71,7 +71,7 @@ def test_a_report_shows_what_the_run_left_profiles_findings_and_benchmarks(tmp_p
              "other_s": 0.001, "overlap_ratio": 0.7}
     for rank in (0, 1):
         (tmp_path / "profile" / f"rank{rank}.breakdown.json").write_text(json.dumps({"mean": parts}))
-    from gradsync.bench.plots import write_report as write_bench_report
+    from gradsync.bench.plots import write_bench_report
 
     result = {"config": "fp32", "samples_per_s_per_worker": 900.0, "scaling_efficiency": 0.9, "exposed_comm_share": 0.1,
               "comm_bytes_per_step": 2**22, "final_loss": 0.5, "loss_curve": [[1, 1.0], [2, 0.5]]}

@@ -23,14 +23,14 @@ import torch
 
 from gradsync.errors import ConfigError
 from gradsync.run import launcher
-from gradsync.run.analysis import Finding
+from gradsync.rundir.records import Finding
 from gradsync.run.options import RunOptions
-from gradsync.run.script_check import (
+from gradsync.run.script_facts import (
     inputs_fingerprint,
     tensor_fingerprint,
     tensor_hash,
 )
-from gradsync.run.script_check_analysis import script_check_findings
+from gradsync.doctor.script_findings import script_check_findings
 from tests.harness import REPO_ROOT
 
 RUN_TESTS = Path(__file__).parent
@@ -385,7 +385,7 @@ def test_find_unused_parameters_is_needed_when_a_pass_missed_a_gradient():
 
 
 def test_findings_must_use_the_vocabulary():
-    with pytest.raises(ValueError, match="not in analysis.CATEGORIES"):
+    with pytest.raises(ValueError, match="not in CATEGORIES"):
         Finding("no_such_category", "error", [0], "message", "suggestion")
-    with pytest.raises(ValueError, match="not in analysis.CATEGORIES"):
+    with pytest.raises(ValueError, match="not in CATEGORIES"):
         Finding("uneven_batches", "warning", [0], "message", "suggestion")

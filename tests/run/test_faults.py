@@ -91,15 +91,16 @@ def test_gradsync_run_refuses_a_fault_that_cannot_fire(arguments, message, tmp_p
 _TRIGGER = """
 import sys
 from pathlib import Path
-from gradsync.run import faults
+from gradsync import events
+from gradsync.run import faults, injector
 specs = faults.parse_faults(["exit:rank=0:step=2:code=7", "exit:rank=1:step=1:code=9", "exit:rank=0:step=1:code=8:attempt=1"])
-faults.install(specs, rank=0, attempt=0, record_path=Path(sys.argv[1]))
-faults.at_step(1)  # another rank's step and another attempt's
-faults.at_checkpoint(2)  # the fault is at the step, not in its checkpoint
-faults.claim_steps()
-faults.at_backward_pass(2)  # steps are claimed: backward passes no longer count
+injector.arm(specs, rank=0, attempt=0, record_path=Path(sys.argv[1]))
+events.optimizer_step(1)  # another rank's step and another attempt's
+events.checkpoint_written(2)  # the fault is at the step, not in its checkpoint
+events.claim_steps()
+events.backward_pass(2)  # steps are claimed: backward passes no longer count
 print("still running", flush=True)
-faults.at_step(2)
+events.optimizer_step(2)
 print("not reached", flush=True)
 """
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from gradsync.rundir.records import Snapshot
 from tests.harness import REPO_ROOT
 
 GRADSYNC = Path(sys.executable).parent / "gradsync"
@@ -44,5 +45,7 @@ def test_a_script_that_changes_directory_and_hangs_is_still_diagnosed_with_its_o
     assert diagnosis["trigger"] == "stall" and set(diagnosis["ranks"]) == {"0", "1"}, diagnosis
     assert not (tmp_path / "elsewhere" / "run").exists()
     assert done.stdout.count("file is absolute: True") == 2, done.stdout
+    snapshot = json.loads((tmp_path / "run" / "workers" / "attempt0" / "rank1.json").read_text())
+    assert set(snapshot) == Snapshot.__required_keys__ | Snapshot.__optional_keys__, "records.Snapshot declares what readers get"
     for rank in (0, 1):
         assert "file is absolute: True" in (tmp_path / "run" / "workers" / "attempt0" / f"rank{rank}.log").read_text()

@@ -25,7 +25,7 @@ def pyplot() -> Any:
     return plt
 
 
-def write_report(report: dict[str, Any], output_dir: str | Path) -> list[Path]:
+def write_bench_report(report: dict[str, Any], output_dir: str | Path) -> list[Path]:
     """report.json, report.png and report.html (the table and the picture in one file).
 
     report.json is written first: without matplotlib the measurements are kept and MissingExtra says

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from gradsync.comm.auto import DECISION_STEPS
 from gradsync.errors import ConfigError
+from gradsync.rundir import RunDir
 
 CONFIGS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
 SWEEP_MAX = "64M"  # largest all-reduce in the report's bandwidth sweep
@@ -55,7 +56,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     import torch
     import torch.distributed as dist
 
-    import gradsync
+    from gradsync.trainer import setup
     from gradsync.bench.workloads import WORKLOADS
     from gradsync.distributed import end_process
 
@@ -73,7 +74,7 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     workload = WORKLOADS[args.workload]
     auto = args.config == "auto"
-    trainer = gradsync.setup(
+    trainer = setup(
         ddp={
             "compression": {"name": "auto", "max_accumulation_steps": args.max_accumulation} if auto else compression_for(args.config),
             "bucket_cap_mb": "auto" if auto else 25.0,
@@ -97,8 +98,8 @@ def worker_main(argv: list[str] | None = None) -> None:
             step_ends.append(time.perf_counter())
             loss_value = loss.item()
     summary = trainer.summary()
-    rows = [json.loads(line) for line in (Path(args.run_dir) / "metrics.jsonl").read_text().splitlines()] if trainer.is_main else []
-    chosen = trainer.compression.describe() if auto and trainer.compression is not None else None
+    rows = [json.loads(line) for line in RunDir(trainer.run_dir).metrics.read_text().splitlines()] if trainer.is_main else []
+    chosen = summary.get("auto")
     measured = step_ends[args.warmup :]
     seconds = torch.tensor([measured[-1] - measured[0] if len(measured) > 1 else float("nan")], dtype=torch.float64)
     if trainer.world_size > 1:

@@ -35,10 +35,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from gradsync import events
 from gradsync.checkpoint import safe, store
 from gradsync.checkpoint.config import CheckpointConfig
 from gradsync.checkpoint.store import CheckpointError
-from gradsync.run import faults
 
 EXIT_ON_SIGTERM = 128 + signal.SIGTERM
 
@@ -215,7 +215,7 @@ class Checkpointer:
         else:
             with safe.coordination(self.group) as participants:
                 dcp.save(contents, storage_writer=dcp.FileSystemWriter(path), **participants)
-            faults.at_checkpoint(step)
+            events.checkpoint_written(step)
             store.write_rank_checksums(path, self.rank)
             self._barrier()
             self._commit(path, manifest)
@@ -231,7 +231,7 @@ class Checkpointer:
         def written(finished: Any) -> None:
             try:
                 finished.result()
-                faults.at_checkpoint(step)
+                events.checkpoint_written(step)
                 store.write_rank_checksums(path, self.rank)
             except BaseException as error:  # reported at the next step, on every rank
                 pending.error = error

@@ -162,6 +162,6 @@ def prune(root: Path, keep: int, newest_step: int) -> list[Path]:
 
 
 def gradsync_version() -> str:
-    from gradsync import __version__  # at call time: gradsync's __init__ imports this package
+    from gradsync.version import __version__
 
     return __version__

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from gradsync import __version__
+from gradsync.version import __version__
 from gradsync.cli import bench, demo, doctor, report
-from gradsync.cli.parser import CommandParser
+from gradsync.commandline import CommandParser
 from gradsync.run import launcher
 
 

@@ -120,11 +120,13 @@ def run_train(args: argparse.Namespace) -> int:
         simulated.open()
         ports = itertools.count(free_port())
 
-        def runner(count: int, module_argv: list[str]) -> int:
+        def on_simulated_hosts(count: int, module_argv: list[str]) -> int:
             # The lone reference needs no network; N workers spread over the hosts.
             if count == 1:
                 return train.local_runner(1, module_argv)
             return cluster.run_torchrun(simulated, count // args.hosts, module_argv, next(ports))
+
+        runner = on_simulated_hosts
 
     try:
         report = train.run_benchmark(
@@ -137,9 +139,9 @@ def run_train(args: argparse.Namespace) -> int:
     if simulated is not None:
         report["network"] = {"hosts": args.hosts, "link": args.link}
     if args.output_dir:
-        from gradsync.bench.plots import write_report
+        from gradsync.bench.plots import write_bench_report
 
-        for path in write_report(report, args.output_dir):
+        for path in write_bench_report(report, args.output_dir):
             log(f"wrote {path}")
     print(json.dumps(report) if args.json else train.render(report))
     return 0

@@ -17,7 +17,7 @@ from gradsync.checkpoint.store import MANIFEST, checkpoint_dirs
 from gradsync.comm import COMPRESSIONS
 from gradsync.errors import ConfigError
 from gradsync.run import faults, launcher
-from gradsync.rundir import fresh_run_dir
+from gradsync.rundir import RunDir, fresh
 
 WORKER_MODULE = "gradsync.demo.digits"
 # Demo options passed on to the worker module as given, when set (the same --names there).
@@ -102,7 +102,7 @@ def launcher_argv(args: argparse.Namespace, run_dir: Path) -> list[str]:
         argv += ["--profile-steps", args.profile_steps]
     for spec in args.inject_fault:
         argv += ["--inject-fault", spec]
-    argv += ["-m", WORKER_MODULE, "--run-dir", str(run_dir)]
+    argv += ["-m", WORKER_MODULE]  # the trainer inherits --run-dir from gradsync run
     for option in WORKER_OPTIONS:
         value = getattr(args, option)
         if value is not None:
@@ -116,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"gradsync demo: {problem}", file=sys.stderr)
         return 2
-    run_dir = Path(args.run_dir) if args.run_dir else fresh_run_dir("demo-")
+    run_dir = Path(args.run_dir) if args.run_dir else fresh("demo-")
     code = launcher.main(launcher_argv(args, run_dir))
-    if (run_dir / "metrics.jsonl").is_file():
+    if RunDir(run_dir).metrics.is_file():
         from gradsync.report import write_report  # matplotlib: only once training is over
 
         page = write_report(run_dir)[0]

@@ -7,7 +7,7 @@ gradsync launch, and also compares the ranks and measures the network between th
 0 when every line is ok or a warning, 1 when one is a problem, 2 for bad options.
 
 `gradsync doctor --steps K SCRIPT [ARGS]` checks a training script instead: it runs it under
-`gradsync run --doctor-steps K` (see gradsync.run.script_check) and reports like gradsync run.
+`gradsync run --doctor-steps K` (see gradsync.run.script_facts) and reports like gradsync run.
 """
 
 from __future__ import annotations

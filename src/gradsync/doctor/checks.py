@@ -11,11 +11,12 @@ hang or give wrong results); every non-ok check says how to fix it.
 
 from __future__ import annotations
 
-import ipaddress
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from gradsync.netif import interface_of, is_loopback
 
 Verdict = Literal["ok", "warning", "problem"]
 VERDICTS: tuple[Verdict, ...] = ("ok", "warning", "problem")
@@ -363,23 +364,6 @@ def _check_nccl_error_handling(found: Mapping[str, str]) -> Check:
 # --- network -------------------------------------------------------------------------------------
 
 
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
-def interface_of(address: str, interfaces: Mapping[str, Sequence[str]]) -> str | None:
-    """The interface holding `address` (any 127.x address is the loopback interface's)."""
-    for name, addresses in interfaces.items():
-        if address in addresses:
-            return name
-    if _is_loopback(address):
-        return next((n for n, addrs in interfaces.items() if any(_is_loopback(a) for a in addrs)), "lo")
-    return None
-
-
 def _addresses_text(name: str, interfaces: Mapping[str, Sequence[str]]) -> str:
     addrs = [a for a in interfaces.get(name, ()) if ":" not in a] or list(interfaces.get(name, ()))
     return f"{name} ({', '.join(addrs[:2])})" if addrs else name
@@ -426,7 +410,7 @@ def _check_gloo_interface(
                 f"{', '.join(without)} has no address: Gloo cannot bind to it",
                 "bring the interface up with an address (`ip addr`), or point GLOO_SOCKET_IFNAME at one that has one",
             )
-        loop = [n for n in wanted if all(_is_loopback(a) for a in interfaces[n])]
+        loop = [n for n in wanted if all(is_loopback(a) for a in interfaces[n])]
         if loop and multi_host:
             return Check(
                 "gloo interface", "problem", f"GLOO_SOCKET_IFNAME={setting}",
@@ -453,14 +437,14 @@ def _check_gloo_interface(
             "the loopback interface" + (" and ranks on other hosts cannot connect" if multi_host else ""),
             fix_unset,
         )
-    if _is_loopback(hostname_address) and multi_host:
+    if is_loopback(hostname_address) and multi_host:
         return Check(
             "gloo interface", "problem", f"{interface} ({hostname_address}), from the hostname",
             f"the hostname resolves to the loopback address {hostname_address} but the ranks span several "
             "hosts: the others cannot connect to this one",
             fix_unset,
         )
-    note = "; loopback is enough on one host" if _is_loopback(hostname_address) else ""
+    note = "; loopback is enough on one host" if is_loopback(hostname_address) else ""
     return Check("gloo interface", "ok", f"{interface} ({hostname_address}), the hostname's address{note}",
                  "the interface holding the address the hostname resolves to (no GLOO_SOCKET_IFNAME)")
 
@@ -508,7 +492,7 @@ def _check_nccl_interface(
 
 def check_hostname(hostname: str, address: str | None, error: str | None, multi_host: bool,
                    env: Mapping[str, str]) -> Check:
-    if address is not None and _is_loopback(address) and multi_host:
+    if address is not None and is_loopback(address) and multi_host:
         return Check(
             "hostname", "warning", f"{hostname} -> {address} (loopback)",
             "the hostname resolves to a loopback address while the ranks span several hosts: whatever finds this "

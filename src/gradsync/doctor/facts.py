@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync.doctor.checks import DiskSpace, StoreProbe, relevant_env
+from gradsync.netif import network_interfaces
 
 STORE_PROBE_TIMEOUT_S = 3.0
 # Without torchrun's agent store, rank 0 serves the store once it starts: others wait for it this long.
@@ -70,42 +71,6 @@ class RankFacts:
     @property
     def node_key(self) -> tuple[str, str]:
         return (self.hostname, self.node)
-
-
-def network_interfaces() -> dict[str, list[str]]:
-    """Interface name -> its IPv4 and IPv6 addresses (psutil.net_if_addrs, or the stdlib on Linux)."""
-    try:
-        import psutil
-    except ImportError:
-        return _stdlib_interfaces()
-    result: dict[str, list[str]] = {}
-    for name, addresses in psutil.net_if_addrs().items():
-        result[name] = [a.address.split("%")[0] for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)]
-    return result
-
-
-def _stdlib_interfaces() -> dict[str, list[str]]:
-    """Without psutil: names from if_nameindex, IPv4 by SIOCGIFADDR, IPv6 from /proc/net/if_inet6."""
-    import fcntl
-    import ipaddress
-    import struct
-
-    result: dict[str, list[str]] = {name: [] for _, name in socket.if_nameindex()}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for name, addresses in result.items():
-            try:
-                packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
-                addresses.append(socket.inet_ntoa(packed[20:24]))
-            except OSError:
-                pass
-    try:
-        for line in Path("/proc/net/if_inet6").read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 6 and parts[5] in result:
-                result[parts[5]].append(str(ipaddress.IPv6Address(bytes.fromhex(parts[0]))))
-    except OSError:
-        pass
-    return result
 
 
 def resolve_hostname(hostname: str) -> tuple[str | None, str | None]:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from gradsync.distributed import end_process, read_launcher_env
 from gradsync.doctor import checks as C
 from gradsync.doctor.facts import STORE_WAIT_S, RankFacts, probe_store, rank_facts
-from gradsync.doctor.report import Entry, Line, RankInfo, Report, merge, render
+from gradsync.doctor.summary import Entry, Line, RankInfo, Report, merge, render
 from gradsync.errors import ConfigError, GradsyncError
 from gradsync.log import configure_logging
 

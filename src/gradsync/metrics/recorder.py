@@ -16,23 +16,15 @@ import torch
 import torch.distributed as dist
 
 from gradsync import extras
-from gradsync.config import MetricsConfig
+from gradsync.metrics.config import MetricsConfig
 from gradsync.errors import GradsyncError
 from gradsync.metrics.sinks import JsonlSink, ProgressDisplay, TensorBoardSink
-from gradsync.metrics.system import SystemSampler, backend_interface
+from gradsync.metrics.system import SystemSampler
+from gradsync.netif import backend_interface
 from gradsync.metrics.timing import Clock, Mark, bus_factor
+from gradsync.rundir import RunDir
 
 # Keys gradsync writes into every row; user-logged values may not shadow them.
-RESERVED_KEYS = frozenset(
-    {
-        "step", "epoch", "samples", "samples_per_s", "step_time_s", "step_time_max_s",
-        "slowest_rank", "slowest_rank_busy_s", "exposed_comm_s", "exposed_comm_share", "reductions", "skipped",
-        "grad_norm", "lr", "comm_bytes", "compression_ratio", "busbw_gbps", "encode_s", "decode_s",
-        "system", "rank_busy_s", "busy_spread_s", "interval_slowest_rank", "gpu_util_spread",
-    }
-)
-
-
 @dataclass
 class StepRecord:
     """What one rank measured during one optimizer step. Timestamps stay marks until resolved."""
@@ -212,10 +204,10 @@ class MetricsRecorder:
         self._sinks: list[Any] = []
         if rank == 0:
             if config.jsonl:
-                self._sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
+                self._sinks.append(JsonlSink(RunDir(run_dir).metrics))
             if config.tensorboard:
                 try:
-                    self._sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+                    self._sinks.append(TensorBoardSink(RunDir(run_dir).tensorboard))
                 except extras.MissingExtra as missing:
                     # metrics.tensorboard is on by default and TensorBoard is only another view of
                     # the same rows: a run that may have waited hours for its machines goes on.

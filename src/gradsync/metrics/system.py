@@ -16,36 +16,12 @@ second.
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 from typing import Any, Callable
 
 import psutil
 
-from gradsync.doctor.checks import interface_of
-from gradsync.doctor.facts import network_interfaces
-
-
-def backend_interface(env: dict[str, str] | None = None) -> str | None:
-    """The network interface the process group's traffic goes through, or None if unknown."""
-    env = os.environ if env is None else env
-    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        setting = env.get(variable, "").strip()
-        if setting and not setting.startswith(("^", "=")):  # a plain name, not NCCL's exclusion syntax
-            return setting.split(",")[0]
-    master = env.get("MASTER_ADDR")
-    if not master:
-        return None
-    try:
-        # A UDP "connect" sends nothing; it only asks the kernel which local address routes there.
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((socket.gethostbyname(master), int(env.get("MASTER_PORT", "29500"))))
-            local = probe.getsockname()[0]
-    except (OSError, ValueError):
-        return None
-    return interface_of(local, network_interfaces())
 
 
 class _Gpu:

@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from gradsync import compat
 from gradsync.errors import ConfigError
+from gradsync.rundir import RunDir
 from gradsync.profiling.breakdown import (
     PHASE_ANNOTATION_PREFIX,
     PHASES,
@@ -94,12 +95,13 @@ class ProfileWindow:
     did record.
     """
 
-    def __init__(self, first_step: int, last_step: int, out_dir: Path, rank: int) -> None:
+    def __init__(self, first_step: int, last_step: int, run_dir: Path, rank: int) -> None:
+        """Writes into the run folder `run_dir` (its profile/ part, see gradsync.rundir)."""
         _check_window(first_step, last_step)
         self.first_step = first_step
         self.last_step = last_step
-        self.trace_path = Path(out_dir) / f"rank{rank}.trace.json"
-        self.breakdown_path = Path(out_dir) / f"rank{rank}.breakdown.json"
+        self.trace_path = RunDir(run_dir).profile_trace(rank)
+        self.breakdown_path = RunDir(run_dir).profile_breakdown(rank)
         self.breakdown: StepBreakdown | None = None  # set once the window has been written
         self._profiler: profile | None = None
         self._step_range: record_function | None = None

@@ -18,6 +18,7 @@ from typing import Any
 from gradsync.errors import GradsyncError
 from gradsync.report import figures
 from gradsync.report.collect import RunRecords, collect
+from gradsync.rundir import RunDir
 
 __all__ = ["RunRecords", "collect", "write_report"]
 
@@ -121,7 +122,7 @@ def write_report(run: str | Path | RunRecords, output: str | Path | None = None)
     """
     records = run if isinstance(run, RunRecords) else collect(run)
     figures._pyplot()  # a missing matplotlib stops the report here, before anything is written
-    page = Path(output) if output is not None else records.run_dir / "report.html"
+    page = Path(output) if output is not None else RunDir(records.run_dir).report
     pictures_dir = page.parent / f"{page.stem}_files"
     if page.is_dir():
         raise GradsyncError(f"cannot write the report to {page}: it is a folder; give a file name, e.g. {page / 'report.html'}")

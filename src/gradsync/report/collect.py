@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gradsync.errors import GradsyncError
-from gradsync.run import files
+from gradsync.rundir import RunDir, TolerantReader, layout
+from gradsync.rundir.records import METRICS_REQUIRED
 
 
 @dataclass
@@ -39,75 +39,8 @@ class RunRecords:
         return [row for row in self.rows if "rank_busy_s" in row]
 
 
-# The numbers the report draws from each kind of row: a line without them is damage, not a reading.
-METRICS_KEYS = ("step", "samples_per_s", "step_time_s", "exposed_comm_s")
+# Every machine reading carries its time; a line without it is damage.
 SYSTEM_KEYS = ("time",)
-
-
-def _line_numbers(numbers: list[int]) -> str:
-    shown = ", ".join(map(str, numbers[:5]))
-    if len(numbers) == 1:
-        return f"line {shown}"
-    return f"lines {shown}" + (f" ({len(numbers)} in all)" if len(numbers) > 5 else "")
-
-
-@dataclass
-class _Reader:
-    """Reads the files of one run directory, noting in `skipped` what it has to leave out."""
-
-    directory: Path
-    skipped: list[str]
-
-    def skip(self, path: Path, why: str, lines: list[int] | None = None) -> None:
-        where = str(path.relative_to(self.directory)) + (f" {_line_numbers(lines)}" if lines else "")
-        self.skipped.append(f"{where}: {why}")
-
-    def text(self, path: Path) -> str | None:
-        try:
-            return path.read_text(errors="replace")  # binary garbage fails as JSON below, line by line
-        except OSError as error:
-            self.skip(path, f"cannot be read ({error.strerror})")
-            return None
-
-    def json_value(self, path: Path) -> Any:
-        """The file's JSON value, or None (noted) when it cannot be read or parsed."""
-        text = self.text(path)
-        if text is None:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError:
-            self.skip(path, "not valid JSON (cut off by a crash?)")
-            return None
-
-    def rows(self, path: Path, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-        """The JSON-lines file's rows that carry every one of `keys` as a number; the rest noted."""
-        text = self.text(path)
-        if text is None:
-            return []
-        rows, not_json, incomplete = [], [], []
-        lines = text.splitlines()
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                not_json.append(number)
-                continue
-            if isinstance(row, dict) and all(isinstance(row.get(key), (int, float)) for key in keys):
-                rows.append(row)
-            else:
-                incomplete.append(number)
-        # A run killed mid-write leaves a partial last line; anything earlier is damage.
-        damaged = [number for number in not_json if number != len(lines)]
-        if damaged:
-            self.skip(path, "not valid JSON (damaged)", damaged)
-        if len(lines) in not_json:
-            self.skip(path, "not valid JSON (cut off by a crash?)", [len(lines)])
-        if incomplete:
-            self.skip(path, f"not a JSON object with numbers for {', '.join(keys)}", incomplete)
-        return rows
 
 
 def collect(run_dir: str | Path) -> RunRecords:
@@ -118,29 +51,26 @@ def collect(run_dir: str | Path) -> RunRecords:
     if not directory.is_dir():
         raise GradsyncError(f"{directory} is a file, not a run directory. Give the folder a run wrote (e.g. gradsync_runs/<time>).")
     records = RunRecords(directory)
-    reader = _Reader(directory, records.skipped)
-    if (directory / "metrics.jsonl").is_file():
-        records.rows = reader.rows(directory / "metrics.jsonl", METRICS_KEYS)
-    if (directory / "diagnosis.json").is_file():
-        diagnosis = reader.json_value(directory / "diagnosis.json")
+    run = RunDir(directory)
+    reader = TolerantReader(directory, records.skipped)
+    if run.metrics.is_file():
+        records.rows = reader.rows(run.metrics, METRICS_REQUIRED)
+    if run.diagnosis.is_file():
+        diagnosis = reader.json_value(run.diagnosis)
         if isinstance(diagnosis, dict):
             records.diagnosis = diagnosis
         elif diagnosis is not None:
-            reader.skip(directory / "diagnosis.json", "not a JSON object")
-    for path in sorted((directory / "profile").glob("rank*.breakdown.json")):
-        rank = path.name.removeprefix("rank").removesuffix(".breakdown.json")
-        if rank.isdigit():
-            breakdown = reader.json_value(path)
-            if isinstance(breakdown, dict) and isinstance(breakdown.get("mean"), dict):
-                records.breakdowns[int(rank)] = breakdown
-            elif breakdown is not None:
-                reader.skip(path, "no 'mean' breakdown in it")
-    attempt = files.latest_attempt(directory)
+            reader.skip(run.diagnosis, "not a JSON object")
+    for rank, path in run.profile_breakdowns().items():
+        breakdown = reader.json_value(path)
+        if isinstance(breakdown, dict) and isinstance(breakdown.get("mean"), dict):
+            records.breakdowns[rank] = breakdown
+        elif breakdown is not None:
+            reader.skip(path, "no 'mean' breakdown in it")
+    attempt = run.latest_attempt()
     if attempt is not None:
-        for path in sorted(files.attempt_dir(directory, attempt).glob("system-rank*.jsonl")):
-            rank = path.name.removeprefix("system-rank").removesuffix(".jsonl")
-            if rank.isdigit():
-                records.system[int(rank)] = reader.rows(path, SYSTEM_KEYS)
+        for rank, path in run.ranks_with(attempt, layout.SYSTEM).items():
+            records.system[rank] = reader.rows(path, SYSTEM_KEYS)
     for path in sorted(directory.rglob("report.json")):
         report = reader.json_value(path)
         if isinstance(report, dict) and "results" in report:  # a `gradsync bench train` report

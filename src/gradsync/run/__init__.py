@@ -1,11 +1,16 @@
 """`gradsync run`: a torchrun that explains every hang and crash of an unmodified script.
 
-- `recorder`: what each worker communicated (every collective, DDP's buckets and broadcasts).
-- `worker`: the worker entry point that installs the recorder and runs the user's script.
-- `files`: the run-directory files through which workers and launcher share state.
-- `monitor`: the launcher-side watcher (stalls, drift) and `analysis`: the diagnosis rules.
-- `report`: diagnosis.json and the terminal summary; `launcher`: the command itself.
-- `faults`: `--inject-fault`, to rehearse a crash or hang on one rank at a chosen step.
-- `script_check` (in each worker) and `script_check_analysis` (in the launcher): `--doctor-steps K`,
-  the script run for K optimizer steps with checks that compare what the ranks saw.
+- `launcher`: the command itself (torchrun's parser and elastic agent, gradsync's options).
+- `worker`: the worker entry point: installs the recorder, routes output (`output`,
+  `output_filter`), runs the user's script, publishes its state to the run folder.
+- `collectives`: what each worker communicated (every collective, DDP's buckets and broadcasts);
+  `callsite` finds the user's line of each.
+- `monitor`: the launcher-side watcher (stalls, drift); `analysis`: the diagnosis rules;
+  `publish`: diagnosis.json and the terminal block.
+- `faults` (the `--inject-fault` specs) and `injector` (firing them in a worker at a step).
+- `script_facts`: what each rank records of its own run under `--doctor-steps K` (the doctor's
+  rules that compare them are in gradsync.doctor.script_findings).
+- `options`: gradsync run's own options, written to the run folder for the workers.
+
+Every file they share is named in gradsync.rundir.
 """

@@ -12,40 +12,11 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from gradsync.run.faults import FaultSpec
-
-SEVERITIES = ("error", "warning")
-ERROR, WARNING, EITHER = ("error",), ("warning",), SEVERITIES
-
-# The vocabulary of diagnosis.json: every category a finding may have, its severities, and what it means.
-CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
-    "collective_mismatch": (ERROR, "ranks called different collectives at the same point"),
-    "shape_mismatch": (ERROR, "the same collective at the same line with different tensors"),
-    "rank_exited": (ERROR, "a rank finished its script while others still expected it"),
-    "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
-    "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
-    "rank_stuck": (ERROR, "a rank stopped making progress outside any collective while the others wait"),
-    "hang": (ERROR, "every rank waits in matching collectives: the network or backend is not delivering"),
-    "desync": (ERROR, "the ranks' collectives were paired out of step although nothing failed"),
-    "unused_parameters": (EITHER, "DDP's crash on parameters without gradients, or parameters that never get one"),
-    "nonfinite_gradients": (WARNING, "where a NaN/inf gradient first appeared, before averaging spread it"),
-    "straggler": (WARNING, "a rank typically arrives late at collectives"),
-    "teardown_failure": (WARNING, "every rank finished, then a process crashed while shutting down"),
-    "restarted": (WARNING, "attempts before the last failed and the workers were restarted"),
-    "fault_not_fired": (WARNING, "an --inject-fault never fired, so nothing was rehearsed"),
-    "stopped_by_signal": (WARNING, "the job was stopped from outside"),
-    # Found by --doctor-steps (gradsync.run.script_check_analysis):
-    "no_distributed_sampler": (ERROR, "every rank fed DDP identical inputs: the ranks train on the same batches"),
-    "sampler_epoch_not_set": (WARNING, "a shuffling DistributedSampler repeated an epoch's order (no set_epoch)"),
-    "uneven_batches": (ERROR, "ranks have different numbers of batches per epoch: a hang at the epoch's end"),
-    "accumulation_without_no_sync": (WARNING, "gradients were all-reduced on micro-steps that end in no optimizer step"),
-    "parameters_diverged": (ERROR, "the replicas' parameters differ across ranks after the checked steps"),
-    "buffers_diverged": (ERROR, "the replicas' buffers (e.g. BatchNorm statistics) differ across ranks"),
-    "find_unused_parameters_unneeded": (WARNING, "find_unused_parameters=True although every parameter got a gradient"),
-}
+from gradsync.rundir.records import Finding
 
 # Errors a rank gets because another rank left, crashed or misbehaved, not because of its own code.
 _CONSEQUENCE = re.compile(
@@ -59,32 +30,6 @@ _MISMATCH_SYMPTOM = re.compile(r"op\.preamble\.length|collective mismatch|[Mm]is
 _CONSEQUENCE_TYPES = {"DistNetworkError", "DistBackendError", "DistStoreError", "PeerError"}
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
 _UNUSED_HINT = re.compile(r"did not receive grad|Expected to have finished reduction in the prior iteration")
-
-
-@dataclass
-class Finding:
-    """One thing gradsync found, in the shape of `diagnosis.json`'s findings."""
-
-    category: str
-    severity: str
-    ranks: list[int]
-    message: str
-    suggestion: str
-    locations: dict[str, str] = field(default_factory=dict)
-    collective: str | None = None
-    step: int | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        severities, _ = CATEGORIES.get(self.category, ((), ""))
-        if self.severity not in severities:
-            raise ValueError(f"finding {self.category!r} with severity {self.severity!r} is not in analysis.CATEGORIES")
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        if not data["details"]:
-            del data["details"]
-        return data
 
 
 @dataclass

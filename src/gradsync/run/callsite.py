@@ -16,13 +16,11 @@ import types
 
 import torch
 
-import gradsync
-
 _LIBRARY_DIRS = tuple(
     os.path.realpath(path) + os.sep
     for path in (
         os.path.dirname(torch.__file__),
-        os.path.dirname(gradsync.__file__),
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # gradsync's own folder
         sysconfig.get_paths()["stdlib"],
         sysconfig.get_paths()["platstdlib"],
     )

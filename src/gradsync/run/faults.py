@@ -1,40 +1,17 @@
-"""Injected faults (`gradsync run --inject-fault`): kill, stop or hang one rank at a chosen step.
+"""Injected faults (`gradsync run --inject-fault`): what to do to which rank at which step.
 
 Recovery that was never exercised does not work when it is needed: restarts, resuming from a
 checkpoint and the stall detector are only trustworthy once a real failure has gone through
-them. This module owns the fault specs (parsing and checking `kill:rank=1:step=5`) and the
-in-worker trigger: the worker entry point installs the specs, and the code that knows what a
-step is reports each step here.
-
-What a step is:
-- gradsync's Trainer calls `claim_steps()` once at setup, `at_step(n)` after optimizer step n
-  (counted from 1) and `at_checkpoint(n)` while writing the checkpoint of step n, after this
-  rank's data is written and before the checkpoint is committed;
-- in any other script (no `claim_steps()`), step n is the n-th backward pass whose gradients
-  DDP synchronises: the run recorder calls `at_backward_pass(n)` when that pass hands its last
-  gradient bucket to the reduction (passes under `no_sync()` do not count, nor do those of a
-  model with a C++ built-in comm hook, which the recorder cannot see).
-A fault fires when a rank reaches exactly its step; a job resumed past that step never fires
-it. Each fault targets one attempt (default 0, the first), so the job that torchrun's agent
-restarts after the fault runs clean.
-
-Before acting, the rank leaves a record in the run directory (so the diagnosis says the
-failure was injected, not a bug) and prints one line to stderr. When nothing is installed for
-this rank and attempt, every entry point is a check of one module global.
+them. This module owns the fault specs: parsing and checking `kill:rank=1:step=5`, for the
+launcher (and the diagnosis, which says when one never fired); `gradsync.run.injector` fires
+them inside the workers.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import signal
-import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from gradsync.errors import ConfigError
-from gradsync.run import files
 
 ACTIONS = ("kill", "hang", "exit")
 PLACES = ("step", "checkpoint")
@@ -135,71 +112,3 @@ def parse_faults(texts: list[str] | tuple[str, ...]) -> tuple[FaultSpec, ...]:
             _refuse(f"{seen[key]} and {spec} would both fire on rank {spec.rank} at the same step; keep one")
         seen[key] = spec
     return specs
-
-
-# -- in the worker --------------------------------------------------------------------------------
-
-
-@dataclass
-class _Armed:
-    """The faults of this rank and attempt, by (at, step)."""
-
-    faults: dict[tuple[str, int], FaultSpec]
-    record_path: Path | None
-    steps_claimed: bool = False
-
-
-_armed: _Armed | None = None
-
-
-def install(specs: list[FaultSpec] | tuple[FaultSpec, ...], rank: int, attempt: int, record_path: Path | None = None) -> None:
-    """Arm the faults meant for this `rank` on this `attempt`; the others are dropped here.
-
-    `record_path`: where a firing fault leaves its record for the launcher's diagnosis.
-    """
-    global _armed
-    mine = {(s.at, s.step): s for s in specs if s.rank == rank and s.attempt == attempt}
-    _armed = _Armed(mine, record_path) if mine else None
-
-
-def claim_steps() -> None:
-    """Training code that counts optimizer steps itself says so; backward passes then stop counting."""
-    if _armed is not None:
-        _armed.steps_claimed = True
-
-
-def at_step(step: int) -> None:
-    """Optimizer step `step` (from 1) is done: fire the fault set for it, if any."""
-    if _armed is not None:
-        _reach("step", step)
-
-
-def at_checkpoint(step: int) -> None:
-    """This rank wrote its part of step `step`'s checkpoint, not committed yet: fire an at=checkpoint fault."""
-    if _armed is not None:
-        _reach("checkpoint", step)
-
-
-def at_backward_pass(passes: int) -> None:
-    """The run recorder's count of synchronised backward passes; a step unless steps were claimed."""
-    if _armed is not None and not _armed.steps_claimed:
-        _reach("step", passes)
-
-
-def _reach(at: str, step: int) -> None:
-    spec = _armed.faults.get((at, step))
-    if spec is not None:
-        _fire(spec, _armed.record_path)
-
-
-def _fire(spec: FaultSpec, record_path: Path | None) -> None:
-    if record_path is not None:
-        files.write_json(record_path, {**dataclasses.asdict(spec), "spec": str(spec), "time": time.time(), "pid": os.getpid()})
-    print(f"gradsync: injected fault (--inject-fault {spec}): {spec.describe()}", file=sys.stderr, flush=True)
-    if spec.action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif spec.action == "exit":
-        os._exit(spec.code)
-    # hang: this thread never returns, as with a deadlocked data loader or file system.
-    while True:
-        time.sleep(3600)

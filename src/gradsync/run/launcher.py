@@ -27,13 +27,13 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import determine_local_world_size, get_args_parser, run
 
 from gradsync import compat
-from gradsync.cli.parser import one_line_errors
+from gradsync.commandline import one_line_errors
 from gradsync.errors import ConfigError
-from gradsync.run import faults, files, report
+from gradsync.run import faults, publish
 from gradsync.run.analysis import stopped_by_signal
 from gradsync.run.monitor import Monitor
 from gradsync.run.options import RunOptions
-from gradsync.rundir import fresh_run_dir
+from gradsync.rundir import RunDir, fresh
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"gradsync run: {error}", file=sys.stderr)
         return 2
-    archived = files.archive_previous_launch(Path(options.run_dir))
+    archived = RunDir(options.run_dir).archive_previous_launch()
     if archived is not None:
         print(f"gradsync run: {options.run_dir} held an earlier launch's records; moved them to {archived}", file=sys.stderr)
     _wrap_worker_command(args, options.save())
@@ -121,11 +121,11 @@ def main(argv: list[str]) -> int:
         # in 6 here; pytorch/pytorch#135712). A store per attempt avoids it (a value the user set wins).
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
-    monitor = Monitor(options, report.publish)
+    monitor = Monitor(options, publish.publish)
     monitor.start()
     failures = {}
     stopped_by = None
-    with _reporting_restarts(monitor), _agent_logs(files.launcher_log_path(Path(options.run_dir)), options.show_backend_logs):
+    with _reporting_restarts(monitor), _agent_logs(RunDir(options.run_dir).launcher_log, options.show_backend_logs):
         try:
             run(args)
         except ChildFailedError as failure:
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
     diagnosis = monitor.final(failures)
     if stopped_by is not None:
         grace_s = _shutdown_grace_s(args)
-        path = report.write(stopped_by_signal(diagnosis, stopped_by.name, grace_s), options.run_dir)
+        path = publish.write(stopped_by_signal(diagnosis, stopped_by.name, grace_s), options.run_dir)
         print(
             f"gradsync run: stopped by {stopped_by.name}; workers were asked to stop and given {grace_s} s "
             f"to save (diagnosis: {path})",
@@ -145,9 +145,9 @@ def main(argv: list[str]) -> int:
         )
         return 128 + int(stopped_by)
     if diagnosis["attempt"] in monitor.stall_diagnoses:
-        report.write(diagnosis, options.run_dir)  # shown when the stall was found
+        publish.write(diagnosis, options.run_dir)  # shown when the stall was found
     else:
-        report.publish(diagnosis, options.run_dir)
+        publish.publish(diagnosis, options.run_dir)
     return 0 if diagnosis["status"] == "ok" else 1
 
 
@@ -172,7 +172,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
     _check_faults_can_fire(specs, args)
     # Absolute: a script may change its working directory (os.chdir, Hydra), and the workers
     # write their records there all along.
-    run_dir = (Path(args.run_dir) if args.run_dir else fresh_run_dir()).absolute()
+    run_dir = (Path(args.run_dir) if args.run_dir else fresh()).absolute()
     options = RunOptions(
         run_dir=run_dir,
         stall_timeout_s=args.stall_timeout,

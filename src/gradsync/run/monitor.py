@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gradsync.run import faults, files
+from gradsync.run import faults
 from gradsync.run.analysis import RankView, StragglerTracker, diagnose, earlier_attempts_finding, unfired_fault_findings
 from gradsync.run.options import RunOptions
-from gradsync.run.script_check_analysis import script_check_findings
+from gradsync.doctor.script_findings import script_check_findings
+from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping a stalled job
 
@@ -53,6 +54,7 @@ class Monitor(threading.Thread):
         self.options = options
         self.report = report
         self.run_dir = Path(options.run_dir)
+        self.folder = RunDir(self.run_dir)
         self.poll_s = min(0.5, options.snapshot_interval_s)
         self.stopped = threading.Event()
         self.attempt: int | None = None
@@ -82,11 +84,11 @@ class Monitor(threading.Thread):
         return self.trackers[attempt]
 
     def poll(self) -> None:
-        attempt = files.latest_attempt(self.run_dir)
+        attempt = self.folder.latest_attempt()
         if attempt is None:
             return
         self.attempt = attempt
-        snapshots, exits = files.read_attempt(self.run_dir, attempt)
+        snapshots, exits = read_attempt(self.folder, attempt)
         if not snapshots or attempt in self.stall_diagnoses:
             return
         expected = max(s.get("local_world_size", 1) for s in snapshots.values())
@@ -127,7 +129,7 @@ class Monitor(threading.Thread):
                     return
 
     def _on_stall(self, attempt: int, snapshots, exits, alive: list[int], now: float) -> None:
-        views = build_views(snapshots, exits, failures={}, stopped=set(), fired=files.read_faults(self.run_dir, attempt))
+        views = build_views(snapshots, exits, failures={}, stopped=set(), fired=self._faults(attempt))
         for rank in alive:
             views[rank].alive = True
         diagnosis = diagnose(
@@ -136,7 +138,7 @@ class Monitor(threading.Thread):
             now=now,
             world_size=_world_size(snapshots),
             stragglers=self.tracker(attempt).findings(),
-            script_check=script_check_findings(files.read_script_checks(self.run_dir, attempt)),
+            script_check=script_check_findings(self._script_checks(attempt)),
         )
         diagnosis["stall_timeout_s"] = self.options.stall_timeout_s
         diagnosis["attempt"] = attempt
@@ -157,7 +159,7 @@ class Monitor(threading.Thread):
         self.failed_attempts[attempt] = diagnosis
         print(
             f"gradsync run: restarting the workers as attempt {attempt + 1} (--max-restarts); attempt "
-            f"{attempt}'s diagnosis stays in {files.attempt_diagnosis_path(self.run_dir, attempt)}",
+            f"{attempt}'s diagnosis stays in {self.folder.attempt_diagnosis(attempt)}",
             file=sys.stderr,
             flush=True,
         )
@@ -172,18 +174,18 @@ class Monitor(threading.Thread):
         diagnosis = self.stall_diagnoses.get(attempt) or self._diagnose(attempt, failures)
         if self.failed_attempts:
             diagnosis["findings"].append(earlier_attempts_finding(self.failed_attempts, diagnosis["status"]).as_dict())
-        fired = {a: files.read_faults(self.run_dir, a) for a in range(attempt + 1)}
+        fired = {a: self._faults(a) for a in range(attempt + 1)}
         unfired = unfired_fault_findings(faults.parse_faults(self.options.faults), fired, attempt)
         diagnosis["findings"] += [finding.as_dict() for finding in unfired]
         diagnosis["attempts"] = [
-            {"attempt": a, "status": d["status"], "diagnosis": str(files.attempt_diagnosis_path(self.run_dir, a))}
+            {"attempt": a, "status": d["status"], "diagnosis": str(self.folder.attempt_diagnosis(a))}
             for a, d in sorted({**self.failed_attempts, attempt: diagnosis}.items())
         ]
         return diagnosis
 
     def _diagnose(self, attempt: int, failures: dict[int, Any]) -> dict[str, Any]:
         """One attempt's diagnosis after its workers ended (`failures`: what the agent saw of them)."""
-        snapshots, exits = files.read_attempt(self.run_dir, attempt)
+        snapshots, exits = read_attempt(self.folder, attempt)
         if not snapshots and not exits:
             diagnosis = {
                 "status": "failed" if failures else "ok",
@@ -193,7 +195,7 @@ class Monitor(threading.Thread):
                 "note": "no worker reported: they failed before the recorder started (see their output above)",
             }
         else:
-            views = build_views(snapshots, exits, failures, self.stopped_pids, files.read_faults(self.run_dir, attempt))
+            views = build_views(snapshots, exits, failures, self.stopped_pids, self._faults(attempt))
             tracker = self.tracker(attempt)
             tracker.observe(snapshots)
             diagnosis = diagnose(
@@ -202,10 +204,18 @@ class Monitor(threading.Thread):
                 now=time.time(),
                 world_size=_world_size({**snapshots, **exits}),
                 stragglers=tracker.findings(),
-                script_check=script_check_findings(files.read_script_checks(self.run_dir, attempt)),
+                script_check=script_check_findings(self._script_checks(attempt)),
             )
         diagnosis["attempt"] = attempt
         return diagnosis
+
+    def _faults(self, attempt: int) -> dict[int, dict[str, Any]]:
+        """The injected faults that fired in `attempt`, by rank."""
+        return read_by_rank(self.folder, attempt, layout.FAULT)
+
+    def _script_checks(self, attempt: int) -> dict[int, dict[str, Any]]:
+        """What --doctor-steps saw on each rank of `attempt`."""
+        return read_by_rank(self.folder, attempt, layout.SCRIPT_CHECK)
 
 
 def _world_size(snapshots: dict[int, dict[str, Any]]) -> int:

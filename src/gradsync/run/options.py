@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gradsync.errors import ConfigError
 from gradsync.profiling.capture import parse_profile_steps
-from gradsync.run import files
+from gradsync.rundir import RunDir, read_json, write_json
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class RunOptions:
     typical step is reported as a straggler (when also over `straggler_min_s`).
     `faults`: the `--inject-fault` specs, as checked canonical text (see gradsync.run.faults).
     `doctor_steps`: with `--doctor-steps K`, every rank runs the script with the script check's
-    instrumentation (gradsync.run.script_check) and stops itself after its K-th optimizer step;
+    instrumentation (gradsync.run.script_facts) and stops itself after its K-th optimizer step;
     None for a plain run, which installs none of it.
     `record_buckets`: record each DDP gradient bucket through a Python comm hook and check every
     gradient before averaging (names the rank and parameters where NaN/inf started, at ~1.5-2 ms
@@ -75,15 +75,15 @@ class RunOptions:
         return min(1.0, self.stall_timeout_s / 5)
 
     def save(self) -> Path:
-        path = Path(self.run_dir) / files.OPTIONS_FILE
+        path = RunDir(self.run_dir).options
         data = dataclasses.asdict(self)
         data["run_dir"] = str(self.run_dir)
-        files.write_json(path, data)
+        write_json(path, data)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "RunOptions":
-        data = files.read_json(Path(path))
+        data = read_json(Path(path))
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: not a gradsync run options file (written by `gradsync run`).")
         known = {f.name for f in dataclasses.fields(cls)}

@@ -6,7 +6,7 @@ meant for this rank and attempt) before the script imports anything, starts a th
 publishes the recorder's state to the run directory, runs the script as `__main__` exactly as
 Python would, and leaves an exit record saying how it ended
 (returned, raised what where, or was still inside a collective). Under --doctor-steps K it also
-installs the script check (gradsync.run.script_check), whose facts it writes before the exit
+installs the script check (gradsync.run.script_facts), whose facts it writes before the exit
 record, and the rank ends itself after its K-th optimizer step. A process group the script
 left open is destroyed once the script has returned.
 """
@@ -31,14 +31,16 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from gradsync.distributed import end_process
-from gradsync.metrics.system import SystemSampler, backend_interface
+from gradsync.metrics.system import SystemSampler
+from gradsync.netif import backend_interface
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
-from gradsync.run import faults, files
+from gradsync.run import faults, injector
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
 from gradsync.run.output import WorkerOutput
-from gradsync.run.recorder import CollectiveRecorder, install
-from gradsync.run.script_check import ScriptCheck
+from gradsync.run.collectives import CollectiveRecorder, install
+from gradsync.run.script_facts import ScriptCheck
+from gradsync.rundir import RingWriter, RunDir, inherit, write_json
 
 
 class SnapshotWriter(threading.Thread):
@@ -54,19 +56,20 @@ class SnapshotWriter(threading.Thread):
         self.recorder = recorder
         self.identity = identity
         self.interval_s = interval_s
-        self.path = files.snapshot_path(run_dir, identity["attempt"], identity["rank"])
-        self.exit_path = files.exit_path(run_dir, identity["attempt"], identity["rank"])
+        run = RunDir(run_dir)
+        self.path = run.snapshot(identity["attempt"], identity["rank"])
+        self.exit_path = run.exit_record(identity["attempt"], identity["rank"])
         self.stopped = threading.Event()
         self._last_stack: list[str] = []
         # What the machine under this rank does, one reading per snapshot (~0.1 ms each), for
         # `gradsync report` on scripts that do not use gradsync's trainer.
         self.system = SystemSampler(interval_s, backend_interface())
-        self.system_log = files.system_path(run_dir, identity["attempt"], identity["rank"])
+        self.system_log = run.system(identity["attempt"], identity["rank"])
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval_s):
             try:
-                files.write_json(self.path, self.state())
+                write_json(self.path, self.state())
                 self._log_system()
             except OSError:
                 pass  # a full or vanished disk must not kill training; the launcher sees stale state
@@ -109,7 +112,7 @@ class SnapshotWriter(threading.Thread):
         self.stopped.set()
         state = self.state()
         state["exit"] = outcome
-        files.write_json(self.exit_path, state)
+        write_json(self.exit_path, state)
 
 
 def describe_exception(error: BaseException) -> dict[str, Any]:
@@ -176,13 +179,15 @@ def main(argv: list[str] | None = None) -> None:
         "started": time.time(),
         "target": target,
     }
-    output = WorkerOutput(files.log_path(options.run_dir, identity["attempt"], identity["rank"]), options.show_backend_logs)
+    run = RunDir(options.run_dir)
+    inherit(run.root)  # a trainer in the script writes its metrics into the launcher's folder
+    output = WorkerOutput(run.log(identity["attempt"], identity["rank"]), options.show_backend_logs)
     atexit.register(output.close)  # run last by end_process, after the script's own exit handlers
     recorder = CollectiveRecorder(options.ring_size)
-    recorder.sink = files.RingWriter(files.ring_path(options.run_dir, identity["attempt"], identity["rank"]), options.ring_size)
+    recorder.sink = RingWriter(run.ring(identity["attempt"], identity["rank"]), options.ring_size)
     install(recorder, record_buckets=options.record_buckets or options.doctor_steps is not None)
     rank, attempt = identity["rank"], identity["attempt"]
-    faults.install(faults.parse_faults(options.faults), rank, attempt, files.fault_path(options.run_dir, attempt, rank))
+    injector.arm(faults.parse_faults(options.faults), rank, attempt, run.fault(attempt, rank))
     recorder.phase = "running"
     writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
     check = None
@@ -235,7 +240,7 @@ def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, 
         writer.finish({"status": "finished", "code": 0, "time": time.time(), "stopped_after_steps": steps})
         end_process(0)
 
-    path = files.script_check_path(options.run_dir, identity["attempt"], identity["rank"])
+    path = RunDir(options.run_dir).script_check(identity["attempt"], identity["rank"])
     check = ScriptCheck(recorder, steps, path, stop)
     check.install()
     return check
@@ -254,7 +259,7 @@ def _install_profile_window(options: RunOptions, rank: int) -> ProfileWindow:
     """
     assert options.profile_steps is not None
     first, last = parse_profile_steps(options.profile_steps)
-    window = ProfileWindow(first, last, Path(options.run_dir) / "profile", rank)
+    window = ProfileWindow(first, last, options.run_dir, rank)
     depth = 0
     steps = 0
 

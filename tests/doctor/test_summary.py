@@ -3,7 +3,7 @@
 import json
 
 from gradsync.doctor.checks import Check
-from gradsync.doctor.report import Line, RankInfo, Report, merge, render
+from gradsync.doctor.summary import Line, RankInfo, Report, merge, render
 
 OK = Check("python", "ok", "3.11.7", "m")
 

@@ -33,10 +33,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gradsync import compat
-from gradsync.run import faults
+from gradsync import compat, events
 from gradsync.run.callsite import caller_location
-from gradsync.run.files import RECORD_FIELDS
+from gradsync.rundir.records import RECORD_FIELDS
 
 # Point-to-point messages pair one sender with one receiver, so they legitimately differ between
 # ranks: recorded (a rank stuck in recv is worth naming) but kept out of the compared sequence.
@@ -433,7 +432,7 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
         if last:
             # An injected fault fires once the pass's last reduction is issued, so the peers' step
             # is not left half-matched (a hang then shows as this rank stuck, not a mismatch).
-            faults.at_backward_pass(recorder.backward_passes)
+            events.backward_pass(recorder.backward_passes)
         return future
 
     recording_hook.__qualname__ = getattr(hook, "__qualname__", "hook")
@@ -589,7 +588,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
         recorder.backward_passes += 1
         for ddp in models:
             ddp._gradsync_watch.pass_done()
-        faults.at_backward_pass(recorder.backward_passes)
+        events.backward_pass(recorder.backward_passes)
         return result
 
     backward.__gradsync_original__ = original

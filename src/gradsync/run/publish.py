@@ -11,19 +11,19 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from gradsync.run import files
+from gradsync.rundir import RunDir, write_json
 
 WIDTH = 100
 TRACEBACK_LINES = 20
 
 
 def write(diagnosis: dict[str, Any], run_dir: Path) -> Path:
-    path = Path(run_dir) / files.DIAGNOSIS_FILE
-    files.write_json(path, diagnosis)
+    run = RunDir(run_dir)
+    write_json(run.diagnosis, diagnosis)
     attempt = diagnosis.get("attempt")
     if attempt is not None:
-        files.write_json(files.attempt_diagnosis_path(Path(run_dir), attempt), diagnosis)
-    return path
+        write_json(run.attempt_diagnosis(attempt), diagnosis)
+    return run.diagnosis
 
 
 def _wrapped(text: str, indent: str) -> str:
@@ -59,7 +59,7 @@ def render(diagnosis: dict[str, Any], path: Path | None = None) -> str:
         lines.append(f"  diagnosis: {path}")
         if errors and diagnosis.get("attempt") is not None:
             # Where each rank's own output went: backend log lines, tracebacks (gradsync.run.output).
-            lines.append(f"  rank logs: {files.log_path(path.parent, diagnosis['attempt'], 0).with_name('rank*.log')}")
+            lines.append(f"  rank logs: {RunDir(path.parent).log(diagnosis['attempt'], 0).with_name('rank*.log')}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
 """The launcher side of `gradsync run --doctor-steps K`: compare what the ranks saw of their own runs.
 
-Each rank left its facts in the attempt directory (gradsync.run.script_check); these pure
+Each rank left its facts in the attempt directory (gradsync.run.script_facts); these pure
 functions turn them into findings of diagnosis.json, one rule per mistake. The rules only speak
 when the facts can tell: forwards, loaders and models are compared where every rank has them,
 replicas only when every rank hashed them after the same number of optimizer steps, and a loop
@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from gradsync.run.analysis import Finding
+from gradsync.rundir.records import Finding
 
 NAMES_SHOWN = 5  # differing parameter or buffer names spelled out in a message
 

@@ -10,7 +10,7 @@ iteration starts, each pass of a DistributedSampler (epoch, shuffle), the synchr
 passes per optimizer step and, at the end, a hash of every parameter and buffer of its DDP
 models. It writes them to a file in the attempt directory when it stops (right after its K-th
 optimizer step) or when the script ends, and the launcher compares the ranks' files
-(gradsync.run.script_check_analysis). As in the rest of `gradsync run`, nothing goes through
+(gradsync.doctor.script_findings). As in the rest of `gradsync run`, nothing goes through
 the process group, which a broken script may be stuck in.
 
 The patches (DataLoader and its iterators, DistributedSampler, Join, DDP's constructor and
@@ -39,9 +39,9 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from gradsync import compat
-from gradsync.run import files
 from gradsync.run.callsite import caller_location
-from gradsync.run.recorder import CollectiveRecorder, is_gradient_reduction
+from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
+from gradsync.rundir import write_json
 
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
 FINGERPRINT_SAMPLES = 256  # values sampled (evenly strided) from each input tensor
@@ -310,6 +310,6 @@ class ScriptCheck:
     def write(self) -> None:
         """Leave the facts for the launcher; a failure here must not change how the script ends."""
         try:
-            files.write_json(self.path, self.facts())
+            write_json(self.path, self.facts())
         except Exception as error:  # reported, never raised into the user's script
             print(f"gradsync run: could not write the script check's facts to {self.path}: {error!r}", file=sys.stderr)

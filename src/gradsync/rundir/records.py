@@ -1,0 +1,204 @@
+"""What crosses a process boundary through the run folder, declared once.
+
+The workers, the trainer and the launcher write these; the monitor, the analysis and the report
+read them, often from another process and after the writer is gone. They are JSON: TypedDicts
+say which keys a reader may count on (a reader still copes with any of them missing, since a
+writer may have died halfway), and `Finding` with its `CATEGORIES` is the vocabulary of
+diagnosis.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict
+
+# -- gradsync run's workers ---------------------------------------------------------------------
+
+# A collective as the ring file keeps it: one JSON array per slot, in this order.
+RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "state", "entered", "finished", "crc", "error")
+
+
+class RingRecord(TypedDict):
+    index: int  # the rank's count of collectives so far
+    group: str  # "default" or the group's description
+    seq: int | None  # its number within the group (None for a collective never issued)
+    op: str
+    signature: str  # what must agree across ranks: dtypes and shapes, root, reduce op
+    kind: str  # "", or what issued it ("DDP gradients of a backward pass", ...)
+    site: str | None  # the user's file:line
+    state: str  # "entered", "issued", "finished", "failed"
+    entered: float
+    finished: float | None
+    crc: int | None
+    error: str | None
+
+
+class Identity(TypedDict):
+    """Who a worker is, from torchrun's environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    attempt: int
+    host: str
+    pid: int
+    started: float
+    target: str
+
+
+class Snapshot(Identity):
+    """A worker's state, rewritten every second (RunDir.snapshot)."""
+
+    time: float
+    phase: str  # "starting", "running", "teardown"
+    last_progress: float  # when it last entered or left a collective, or its stack moved
+    groups: dict[str, Any]  # group -> {"ranks", "seq", "crc", "checkpoints": [[seq, crc], ...]}
+    stack: list[str]  # the main thread's "file:line in function", outermost first
+    location: str | None  # the user's innermost line
+    backward_passes: int
+    first_nonfinite: dict[str, Any] | None
+    nonfinite_passes: int
+    unused_parameters: list[str]
+    ddp_parameters: list[list[str]]
+
+
+class ExitOutcome(TypedDict, total=False):
+    status: str  # "finished", "exit_code", "exception"
+    time: float
+    code: int
+    stopped_after_steps: int  # --doctor-steps
+    type: str  # an exception's
+    message: str
+    location: str | None
+    traceback: str
+
+
+class ExitRecord(Snapshot):
+    """The last snapshot, with how the script ended (RunDir.exit_record)."""
+
+    exit: ExitOutcome
+
+
+class FaultRecord(TypedDict):
+    """What an injected fault leaves before it fires (RunDir.fault)."""
+
+    action: str
+    rank: int
+    step: int
+    attempt: int
+    code: int
+    at: str
+    spec: str
+    time: float
+    pid: int
+
+
+# -- the trainer's metrics ----------------------------------------------------------------------
+
+
+class MetricsRow(TypedDict, total=False):
+    """One optimizer step in metrics.jsonl (the user's own logged values sit beside these keys)."""
+
+    step: int
+    epoch: int
+    samples: int
+    samples_per_s: float
+    step_time_s: float
+    step_time_max_s: float
+    slowest_rank: int
+    slowest_rank_busy_s: float
+    exposed_comm_s: float
+    exposed_comm_share: float
+    reductions: int
+    skipped: str | None
+    grad_norm: float | None
+    lr: float | None
+    comm_bytes: float
+    compression_ratio: float
+    busbw_gbps: float
+    encode_s: float
+    decode_s: float
+    # The last row of each gather interval also carries:
+    system: dict[str, dict[str, float]]  # rank -> mean readings
+    rank_busy_s: dict[str, float]
+    busy_spread_s: float
+    interval_slowest_rank: int
+    gpu_util_spread: float
+
+
+# Keys of MetricsRow that `trainer.log()` may not take: gradsync writes them itself.
+METRICS_KEYS = frozenset(MetricsRow.__annotations__)
+
+# The numbers every row carries, so a reader can tell a row from damage.
+METRICS_REQUIRED = ("step", "samples_per_s", "step_time_s", "exposed_comm_s")
+
+# -- diagnosis.json -----------------------------------------------------------------------------
+
+SEVERITIES = ("error", "warning")
+ERROR, WARNING, EITHER = ("error",), ("warning",), SEVERITIES
+
+# The vocabulary of diagnosis.json: every category a finding may have, its severities, and what it means.
+CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
+    "collective_mismatch": (ERROR, "ranks called different collectives at the same point"),
+    "shape_mismatch": (ERROR, "the same collective at the same line with different tensors"),
+    "rank_exited": (ERROR, "a rank finished its script while others still expected it"),
+    "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
+    "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
+    "rank_stuck": (ERROR, "a rank stopped making progress outside any collective while the others wait"),
+    "hang": (ERROR, "every rank waits in matching collectives: the network or backend is not delivering"),
+    "desync": (ERROR, "the ranks' collectives were paired out of step although nothing failed"),
+    "unused_parameters": (EITHER, "DDP's crash on parameters without gradients, or parameters that never get one"),
+    "nonfinite_gradients": (WARNING, "where a NaN/inf gradient first appeared, before averaging spread it"),
+    "straggler": (WARNING, "a rank typically arrives late at collectives"),
+    "teardown_failure": (WARNING, "every rank finished, then a process crashed while shutting down"),
+    "restarted": (WARNING, "attempts before the last failed and the workers were restarted"),
+    "fault_not_fired": (WARNING, "an --inject-fault never fired, so nothing was rehearsed"),
+    "stopped_by_signal": (WARNING, "the job was stopped from outside"),
+    # Found by --doctor-steps (the script check):
+    "no_distributed_sampler": (ERROR, "every rank fed DDP identical inputs: the ranks train on the same batches"),
+    "sampler_epoch_not_set": (WARNING, "a shuffling DistributedSampler repeated an epoch's order (no set_epoch)"),
+    "uneven_batches": (ERROR, "ranks have different numbers of batches per epoch: a hang at the epoch's end"),
+    "accumulation_without_no_sync": (WARNING, "gradients were all-reduced on micro-steps that end in no optimizer step"),
+    "parameters_diverged": (ERROR, "the replicas' parameters differ across ranks after the checked steps"),
+    "buffers_diverged": (ERROR, "the replicas' buffers (e.g. BatchNorm statistics) differ across ranks"),
+    "find_unused_parameters_unneeded": (WARNING, "find_unused_parameters=True although every parameter got a gradient"),
+}
+
+@dataclass
+class Finding:
+    """One thing gradsync found, in the shape of `diagnosis.json`'s findings."""
+
+    category: str
+    severity: str
+    ranks: list[int]
+    message: str
+    suggestion: str
+    locations: dict[str, str] = field(default_factory=dict)
+    collective: str | None = None
+    step: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        severities, _ = CATEGORIES.get(self.category, ((), ""))
+        if self.severity not in severities:
+            raise ValueError(f"finding {self.category!r} with severity {self.severity!r} is not in CATEGORIES")
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if not data["details"]:
+            del data["details"]
+        return data
+
+
+
+class Diagnosis(TypedDict, total=False):
+    status: str  # "ok", "failed", "stopped"
+    trigger: str  # "stall", "failure", "exit", "signal"
+    world_size: int
+    findings: list[dict[str, Any]]  # Finding.as_dict()
+    ranks: dict[str, str]  # rank -> one line: where it is, what it waits for
+    attempt: int
+    attempts: list[dict[str, Any]]
+    stall_timeout_s: float
+    note: str

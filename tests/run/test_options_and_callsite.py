@@ -1,0 +1,37 @@
+"""Run options, and finding the user's line."""
+
+import sys
+
+import pytest
+
+from gradsync.errors import ConfigError
+from gradsync.rundir import io as rundir_io
+from gradsync.run.callsite import caller_location, innermost_user_location, is_user_file
+from gradsync.run.options import RunOptions
+
+
+def test_options_round_trip_and_validation(tmp_path):
+    options = RunOptions(run_dir=tmp_path, stall_timeout_s=5, record_buckets=True, profile_steps="3:5")
+    assert RunOptions.load(options.save()) == options
+    assert options.snapshot_interval_s == 1.0
+    assert RunOptions(run_dir=tmp_path, stall_timeout_s=2).snapshot_interval_s == pytest.approx(0.4)
+    with pytest.raises(ConfigError, match="at least 1 second"):
+        RunOptions(run_dir=tmp_path, stall_timeout_s=0.5)
+    with pytest.raises(ConfigError, match="--profile-steps '3': give FIRST:LAST"):
+        RunOptions(run_dir=tmp_path, profile_steps="3")
+    (tmp_path / "bad.json").write_text("[]")
+    with pytest.raises(ConfigError, match="not a gradsync run options file"):
+        RunOptions.load(tmp_path / "bad.json")
+
+
+def test_user_frames_skip_torch_gradsync_and_the_standard_library():
+    import json as stdlib_module
+
+    import torch
+
+    assert is_user_file(__file__)
+    assert not is_user_file(torch.__file__)
+    assert not is_user_file(rundir_io.__file__)
+    assert not is_user_file(stdlib_module.__file__)
+    assert caller_location().endswith(f"test_options_and_callsite.py:{sys._getframe().f_lineno}")
+    assert innermost_user_location([(__file__, 3), (torch.__file__, 9)]).endswith("test_options_and_callsite.py:3")
