@@ -3,9 +3,9 @@
 from gradsync.run.analysis import RankView, StragglerTracker, diagnose, find_divergence, is_consequence
 
 
-def record(seq, op="all_reduce", signature="float32[8] op=SUM", kind="", site="train.py:10", state="finished", entered=0.0, group="default"):
+def record(seq, op="all_reduce", signature="float32[8] op=SUM", kind="", site="train.py:10", state="finished", entered=0.0, group="default", finished=None):
     return {"index": seq, "group": group, "seq": seq, "op": op, "signature": signature, "kind": kind,
-            "site": site, "state": state, "entered": entered, "finished": None, "crc": None, "error": None}
+            "site": site, "state": state, "entered": entered, "finished": finished, "crc": None, "error": None}
 
 
 def view(rank, records, *, exit=None, exitcode=None, signal=None, alive=False, location="train.py:5", checkpoints=()):
@@ -233,3 +233,18 @@ def test_a_failure_before_anyone_communicated_does_not_blame_that_rank_alone():
     assert finding["message"].startswith("Rank 0 failed at start-up, before the ranks' first collective: FileNotFoundError")
     assert "rank 1 was stopped by the launcher once rank 0 had failed" in finding["message"]
     assert "may well have failed the same way" in finding["message"] and "on that rank" not in finding["suggestion"]
+
+
+def test_a_killed_rank_is_placed_where_it_was_last_seen():
+    def killed(last, location="data.py:40", snapshot_time=101.0):
+        v = view(1, [record(1, site="train.py:10", finished=last["finished"], state=last["state"], entered=last["entered"])],
+                 exitcode=-9, signal="SIGKILL", location=location)
+        v.snapshot["time"] = snapshot_time
+        others = view(0, [record(1), record(2, state="entered", entered=102.0)], alive=True)
+        (finding,) = diagnose({0: others, 1: v}, trigger="failure", now=110.0)["findings"]
+        assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+        return finding["locations"]["1"]
+
+    assert killed({"state": "finished", "entered": 99.0, "finished": 99.5}) == "data.py:40", "the snapshot is newer"
+    assert killed({"state": "finished", "entered": 101.5, "finished": 101.8}) == "train.py:10", "the collective is newer"
+    assert killed({"state": "entered", "entered": 99.0, "finished": None}) == "train.py:10", "killed inside it"

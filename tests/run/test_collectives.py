@@ -97,7 +97,7 @@ def test_issued_collectives_are_finished_by_polling_once_their_futures_complete(
     assert "Connection closed by peer" in records[1].error
     pending.set_result(None)
     recorder.settle()
-    assert records[2].state == "finished" and recorder.issued == []
+    assert records[2].state == "finished" and not recorder.issued
 
 
 class Net(torch.nn.Module):
@@ -231,3 +231,65 @@ def test_recording_costs_microseconds():
     per_call = (time.perf_counter() - start) / 2000
     assert per_call < 200e-6, f"{per_call * 1e6:.1f} µs per recorded collective"
     assert recorder.count == 2000 and len(recorder.ring) == recorder.ring.maxlen
+
+
+class _CompiledAllReduce(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+
+def _compiled_collectives(rank, recorder):
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    results = {}
+    for fullgraph in (True, False):
+        torch._dynamo.reset()
+        compiled = torch.compile(_CompiledAllReduce(), fullgraph=fullgraph, backend="aot_eager")
+        results[f"fullgraph={fullgraph}"] = compiled(torch.full((4,), float(rank + 1))).tolist()
+    recorder.compiled = {"results": results, "graph_breaks": sum(counters["graph_break"].values())}
+
+
+def record_compiled_collectives():
+    captured = {}
+
+    def run(rank, recorder):
+        _compiled_collectives(rank, recorder)
+        captured.update(recorder.compiled)
+
+    return {**_recorded(run), **captured}
+
+
+def test_compiled_collectives_are_traced_by_dynamo_not_into_the_recorder():
+    for result in launch(record_compiled_collectives, 2):
+        assert result["results"] == {"fullgraph=True": [7.0] * 4, "fullgraph=False": [7.0] * 4}, "fullgraph compiles the all_reduce"
+        assert result["graph_breaks"] == 0, "the recorder must not break the graph"
+
+
+def test_settling_on_the_snapshot_thread_loses_no_collective_the_training_thread_issues():
+    import threading
+
+    from gradsync.run.collectives import Record
+
+    recorder = CollectiveRecorder(ring_size=64)
+    records = []
+    stop = threading.Event()
+
+    def snapshot_thread():
+        while not stop.is_set():
+            recorder.settle()
+
+    settler = threading.Thread(target=snapshot_thread)
+    settler.start()
+    for index in range(20000):
+        future = torch.futures.Future()
+        record = Record(index, "default", index, "all_reduce", "float32[1]", "", None)
+        records.append(record)
+        recorder.finish_when_done(record, future)
+        future.set_result(None)
+    stop.set()
+    settler.join()
+    recorder.settle()
+    assert [r.index for r in records if r.state != "finished"] == []

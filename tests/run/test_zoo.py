@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.harness import REPO_ROOT
@@ -28,7 +29,10 @@ HEALTHY = [
     "healthy_bn_eval",
     "healthy_objects",
     "healthy_gradsync",
+    "healthy_spawn",
 ]
+# Scripts launched with another --nproc-per-node than 2.
+NPROC = {"healthy_spawn": 1}
 BROKEN = [
     "uneven_batches_barrier",
     "barrier_inside_rank0",
@@ -47,6 +51,7 @@ BROKEN = [
     "stuck_rank",
     "teardown_crash",
     "timed_hang",
+    "dataloader_worker_hang",
 ]
 
 
@@ -81,7 +86,7 @@ class ZooRun:
 def _run(name: str, root: Path) -> ZooRun:
     run_dir = root / name
     command = [
-        sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "2",
+        sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", str(NPROC.get(name, 2)),
         "--stall-timeout", str(STALL_TIMEOUT_S), "--run-dir", str(run_dir), f"tests/run/zoo/{name}.py",
     ]
     start = time.monotonic()
@@ -107,7 +112,8 @@ def test_healthy_scripts_get_no_findings(zoo, name):
     run = zoo[name]
     assert run.returncode == 0, run.explain()
     assert run.diagnosis["status"] == "ok" and run.findings() == [], run.explain()
-    assert "gradsync run: ok: 2 ranks finished" in run.output
+    ranks = NPROC.get(name, 2)
+    assert f"gradsync run: ok: {ranks} rank{'s' if ranks > 1 else ''} finished" in run.output
     assert "FAILED" not in run.output and "warning:" not in run.output, run.explain()
 
 
@@ -215,6 +221,13 @@ def test_straggler(zoo):
 def test_rank_stuck_outside_collectives(zoo):
     run = zoo["stuck_rank"]
     _assert_error(run, "rank_stuck", [0], {0: "sleep", 1: "barrier"})
+
+
+def test_a_deadlocked_data_loader_worker_is_named_and_stopped_with_its_rank(zoo):
+    run = zoo["dataloader_worker_hang"]
+    _assert_error(run, "rank_stuck", [1], {0: "backward", 1: "next_batch"})
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if "zoo/dataloader_worker_hang.py" in " ".join(p.info["cmdline"] or [])]
+    assert left == [], "the ranks' DataLoader workers are stopped with them (the deadlocked one never exits alone)"
 
 
 def test_crash_after_the_script_finished_is_a_teardown_failure(zoo):

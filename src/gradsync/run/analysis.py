@@ -330,7 +330,7 @@ def _same_failure_finding(first: RankView, alike: list[RankView]) -> Finding:
         suggestion = ("Read the script's own message above (a bad command-line argument ends an argparse "
                       "script with code 2 on every rank).")
     else:
-        where = _last_site(first) or first.location or "?"
+        where = _last_position(first)
         what = f"every rank was killed by {first.signal or 'a signal'} (exit code {first.exitcode}; last position {where})"
         suggestion = "Check the system log (dmesg for the OOM killer) and the ranks' log files in RUN_DIR/workers/."
     return Finding(
@@ -420,7 +420,7 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
             "Exit with an error on every rank together, or fix what made this rank exit.",
             locations={str(view.rank): where},
         )
-    where = _last_site(view) or view.location or "?"
+    where = _last_position(view)
     return Finding(
         "rank_crashed",
         "error",
@@ -710,7 +710,7 @@ def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashe
         # torchrun's agent stops the other workers once one has failed.
         return f"stopped by the launcher (SIGTERM) once rank {min(crashes, key=_failure_time).rank} had failed"
     if view.signal and not view.stopped_by_gradsync and view.exit is None:
-        return f"killed by {view.signal}; last seen at {_last_site(view) or view.location or '?'}"
+        return f"killed by {view.signal}; last seen at {_last_position(view)}"
     if waiting is not None:
         since = f" for {now - waiting['entered']:.0f} s" if now else ""
         return f"waiting in {describe(waiting)} at {waiting.get('site') or '?'}{since}"
@@ -722,6 +722,18 @@ def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashe
 def _where(view: RankView) -> str:
     waiting = view.waiting_on()
     return (waiting or {}).get("site") or view.location or _last_site(view) or "?"
+
+
+def _last_position(view: RankView) -> str:
+    """Where a rank that left no exit record (killed) was last seen: inside its last collective if
+    it never left it, else the newer of its last snapshot's line and its last collective's site."""
+    last = view.records[-1] if view.records else None
+    if last is None or not last.get("site"):
+        return view.location or "?"
+    if last["state"] == "entered" or view.location is None:
+        return last["site"]
+    snapshot_time = (view.snapshot or {}).get("time", 0.0)
+    return view.location if snapshot_time >= (last.get("finished") or last["entered"]) else last["site"]
 
 
 def _last_site(view: RankView) -> str | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
 import zlib
 from collections import deque
@@ -95,7 +96,10 @@ class CollectiveRecorder:
         self.ddp_models: list[DDPWatch] = []
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
-        self.issued: list[tuple[Record, Any]] = []  # async collectives waiting for their futures
+        # Async collectives waiting for their futures: the training thread appends while the snapshot
+        # thread may be settling, so a deque (atomic ends) and one settler at a time.
+        self.issued: deque[tuple[Record, Any]] = deque()
+        self._settling = threading.Lock()
         # DDP models whose last forward set up a gradient reduction that the next backward runs
         self.pending_reductions: dict[int, DistributedDataParallel] = {}
         # non-finite checks of GPU losses, read one pass later when the GPU is long done with them
@@ -174,20 +178,24 @@ class CollectiveRecorder:
 
     def settle(self) -> None:
         """Finish the issued collectives whose futures completed (training thread and snapshot thread)."""
-        still_issued = []
-        for record, future in list(self.issued):
-            if record.state != "issued":
-                continue
-            if not future.done():
-                still_issued.append((record, future))
-                continue
-            try:
-                future.wait()
-            except BaseException as error:  # the backend's error is the record's outcome
-                self.finish(record, error)
-            else:
-                self.finish(record)
-        self.issued = still_issued
+        if not self._settling.acquire(blocking=False):
+            return  # the other thread is at it
+        try:
+            for _ in range(len(self.issued)):
+                record, future = self.issued.popleft()
+                if record.state != "issued":
+                    continue
+                if not future.done():
+                    self.issued.append((record, future))
+                    continue
+                try:
+                    future.wait()
+                except BaseException as error:  # the backend's error is the record's outcome
+                    self.finish(record, error)
+                else:
+                    self.finish(record)
+        finally:
+            self._settling.release()
 
     def note_nonfinite(
         self, source: str, parameters: list[str], site: str | None, passes_ago: int = 0, bucket_index: int | None = None
@@ -291,6 +299,10 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
 
     @functools.wraps(original)
     def recorded(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            # Dynamo traces into Python wrappers; handed the original, it recognises the
+            # collective and puts it in the graph (fullgraph works, and no graph break).
+            return original(*args, **kwargs)
         record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs))
         is_async = op in _ALWAYS_ASYNC or (
             async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
@@ -567,7 +579,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
 
     @functools.wraps(original)
     def backward(tensors, *args, **kwargs):
-        if not recorder.pending_reductions:
+        if not recorder.pending_reductions or torch.compiler.is_compiling():
             return original(tensors, *args, **kwargs)
         models = list(recorder.pending_reductions.values())
         recorder.pending_reductions.clear()

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
 from gradsync.run import faults
 from gradsync.run.analysis import RankView, StragglerTracker, diagnose, earlier_attempts_finding, unfired_fault_findings
 from gradsync.run.options import RunOptions
@@ -244,6 +246,13 @@ def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int], f
 
 
 def _stop(pids: list[int]) -> None:
+    """SIGTERM the stalled workers, then SIGKILL what is left of their process trees.
+
+    Only the workers get the SIGTERM (a script may save on it, and its children are its own to
+    stop); but DataLoader workers and spawned children of a worker stuck for good would outlive
+    it, keeping memory (GPU memory on a GPU machine), so the whole tree goes after the grace.
+    """
+    tree = {process.pid: process for pid in pids for process in _descendants(pid)}
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -253,8 +262,21 @@ def _stop(pids: list[int]) -> None:
     while time.time() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
+        tree.update({process.pid: process for process in _descendants(pid)})  # children started since
         if pid_alive(pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    for process in tree.values():
+        try:
+            process.kill()  # psutil checks the pid still names the same process
+        except psutil.Error:
+            pass
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []

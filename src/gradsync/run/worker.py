@@ -43,12 +43,68 @@ from gradsync.run.script_facts import ScriptCheck
 from gradsync.rundir import RingWriter, RunDir, inherit, write_json
 
 
+# Work elsewhere in a rank: its other Python threads, or its child processes, together using this
+# share of one core (a background save, mp.spawn's ranks, a subprocess). Idle helpers (a progress
+# bar's monitor, a logger's sender, idle DataLoader workers, a stuck one) stay far below it.
+BUSY_SHARE = 0.1
+
+
+class Activity:
+    """Whether a rank whose main thread stands still is working elsewhere: in another Python
+    thread of its own, or in its child processes.
+
+    The main thread parked in one long call (`join()` on spawned children, a subprocess, a save
+    in a background thread) is not stalled while that work goes on. Measured as CPU time, not
+    as stacks that change, since helper threads that wake now and then would otherwise hide
+    every hang. Deliberately not counted: the worker's native threads (NCCL's proxy threads
+    and CUDA's spin-waits burn CPU while a collective hangs) and gradsync's own threads.
+    """
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._cpu: dict[str, float] = {}
+        self._time = time.monotonic()
+
+    def busy(self) -> bool:
+        now = time.monotonic()
+        elapsed, self._time = now - self._time, now
+        cpu = {"threads": self._threads_cpu(), "children": self._children_cpu()}
+        before, self._cpu = self._cpu, cpu
+        return any(key in before and cpu[key] - before[key] >= BUSY_SHARE * elapsed for key in cpu)
+
+    def _threads_cpu(self) -> float:
+        theirs = {
+            t.native_id for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.name.startswith("gradsync")
+        }
+        if not theirs:
+            return 0.0
+        try:
+            return sum(t.user_time + t.system_time for t in self._process.threads() if t.id in theirs)
+        except psutil.Error:
+            return 0.0
+
+    def _children_cpu(self) -> float:
+        total = 0.0
+        try:
+            children = self._process.children(recursive=True)
+        except psutil.Error:
+            return total
+        for child in children:
+            try:
+                times = child.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        return total
+
+
 class SnapshotWriter(threading.Thread):
     """Publishes the recorder's state every interval; also decides if a quiet main thread is busy.
 
-    A rank makes progress when it enters or leaves a collective, or when its main thread's stack
+    A rank makes progress when it enters or leaves a collective, when its main thread's stack
     changes between two looks (a long evaluation loop does; a thread blocked in the backend, a
-    deadlock or a sleep does not).
+    deadlock or a sleep does not), or when its other threads or its children work (`Activity`).
     """
 
     def __init__(self, recorder: CollectiveRecorder, run_dir: Path, identity: dict[str, Any], interval_s: float):
@@ -61,18 +117,22 @@ class SnapshotWriter(threading.Thread):
         self.exit_path = run.exit_record(identity["attempt"], identity["rank"])
         self.stopped = threading.Event()
         self._last_stack: list[str] = []
+        self._activity = Activity()
         # What the machine under this rank does, one reading per snapshot (~0.1 ms each), for
         # `gradsync report` on scripts that do not use gradsync's trainer.
         self.system = SystemSampler(interval_s, backend_interface())
         self.system_log = run.system(identity["attempt"], identity["rank"])
 
     def run(self) -> None:
-        while not self.stopped.wait(self.interval_s):
+        # The first snapshot at once: a rank that dies in its first second still says where it was.
+        while True:
             try:
                 write_json(self.path, self.state())
                 self._log_system()
             except OSError:
                 pass  # a full or vanished disk must not kill training; the launcher sees stale state
+            if self.stopped.wait(self.interval_s):
+                return
 
     def _log_system(self) -> None:
         try:
@@ -90,7 +150,7 @@ class SnapshotWriter(threading.Thread):
         now = time.time()
         # Even inside a collective call: a blocked backend wait leaves the Python stack still,
         # while Python work around it (DDP's construction imports modules) moves it.
-        if stack != self._last_stack:
+        if self._activity.busy() or stack != self._last_stack:
             recorder.last_progress = now
         self._last_stack = stack
         return {
