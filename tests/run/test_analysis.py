@@ -248,3 +248,50 @@ def test_a_killed_rank_is_placed_where_it_was_last_seen():
     assert killed({"state": "finished", "entered": 99.0, "finished": 99.5}) == "data.py:40", "the snapshot is newer"
     assert killed({"state": "finished", "entered": 101.5, "finished": 101.8}) == "train.py:10", "the collective is newer"
     assert killed({"state": "entered", "entered": 99.0, "finished": None}) == "train.py:10", "killed inside it"
+
+
+def raised(message, type_, *, inside=None, location="train.py:20", time=10.0):
+    """An exit record's exception; `inside`: (group, seq) of the recorded collective it came out of."""
+    collective = None if inside is None else {"group": inside[0], "seq": inside[1], "op": "all_reduce", "site": location}
+    return {**exception(message, type_, location, time), "collective": collective}
+
+
+def test_a_users_own_timeout_outside_collectives_is_the_cause_whatever_its_words():
+    views = {
+        0: view(0, [record(1), record(2, state="failed")], exitcode=1,
+                exit=raised("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer", "RuntimeError", inside=("default", 2), time=12.0)),
+        1: view(1, [record(1)], exitcode=1,
+                exit=raised("timed out reading shard 3 from /data (connection reset)", "TimeoutError", location="data.py:7", time=11.0)),
+    }
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+    assert "TimeoutError: timed out reading shard 3" in finding["message"]
+
+
+def test_a_rank_timing_out_in_a_barrier_points_at_the_peer_that_never_came():
+    # Rank 0 waited in barrier #4 until Gloo gave up; rank 1 was polling a file outside any
+    # collective when the agent stopped it (SIGTERM, no exit record).
+    views = {
+        0: view(0, [record(3), record(4, op="barrier", signature="", site="train.py:40", state="failed", entered=90.0)], exitcode=1,
+                exit=raised("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 20000ms for recv operation to complete",
+                            "RuntimeError", inside=("default", 4), location="train.py:40", time=110.0)),
+        1: view(1, [record(3)], exitcode=-15, signal="SIGTERM", location="poll.py:12"),
+    }
+    (finding,) = diagnose(views, trigger="failure", now=115.0)["findings"]
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [1]
+    assert finding["locations"] == {"0": "train.py:40", "1": "poll.py:12"}
+
+
+def test_an_error_inside_a_collective_is_the_ranks_own_when_its_peers_were_there_too():
+    # A local check of the collective's arguments failed on rank 1, while rank 0 waits in the same one.
+    views = {
+        0: view(0, [record(1), record(2, state="entered", entered=95.0)], alive=True),
+        1: view(1, [record(1), record(2, state="failed")], exitcode=1,
+                exit=raised("Tensors must be contiguous", "ValueError", inside=("default", 2), location="train.py:30", time=100.0)),
+    }
+    (finding,) = diagnose(views, trigger="failure", now=105.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+    # The same error text, but the peer never reached that collective: the peer is where to look.
+    views[0] = view(0, [record(1)], alive=True, location="eval.py:9")
+    (finding,) = diagnose(views, trigger="failure", now=105.0)["findings"]
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [0]

@@ -30,6 +30,7 @@ HEALTHY = [
     "healthy_objects",
     "healthy_gradsync",
     "healthy_spawn",
+    "healthy_compiled",
 ]
 # Scripts launched with another --nproc-per-node than 2.
 NPROC = {"healthy_spawn": 1}
@@ -52,6 +53,8 @@ BROKEN = [
     "teardown_crash",
     "timed_hang",
     "dataloader_worker_hang",
+    "user_timeout_error",
+    "timeout_waiting_for_poller",
 ]
 
 
@@ -228,6 +231,19 @@ def test_a_deadlocked_data_loader_worker_is_named_and_stopped_with_its_rank(zoo)
     _assert_error(run, "rank_stuck", [1], {0: "backward", 1: "next_batch"})
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if "zoo/dataloader_worker_hang.py" in " ".join(p.info["cmdline"] or [])]
     assert left == [], "the ranks' DataLoader workers are stopped with them (the deadlocked one never exits alone)"
+
+
+def test_a_users_own_timeout_error_is_the_cause_though_its_words_sound_like_the_network(zoo):
+    run = zoo["user_timeout_error"]
+    finding = _assert_error(run, "rank_crashed", [1], {1: "raise"})
+    assert "TimeoutError: timed out reading shard 3" in finding["message"]
+    assert run.diagnosis["ranks"]["0"].startswith("failed as a consequence"), run.explain()
+
+
+def test_a_gloo_timeout_in_a_barrier_names_the_rank_that_never_came(zoo):
+    run = zoo["timeout_waiting_for_poller"]
+    _assert_error(run, "rank_stuck", [1], {0: "barrier", 1: "poll"})
+    assert run.diagnosis["ranks"]["0"].startswith("failed as a consequence"), run.explain()
 
 
 def test_crash_after_the_script_finished_is_a_teardown_failure(zoo):

@@ -20,7 +20,7 @@ from gradsync.rundir.records import Finding
 
 # Errors a rank gets because another rank left, crashed or misbehaved, not because of its own code.
 _CONSEQUENCE = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|closed by remote|timed out|"
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|closed by remote|[Tt]imed out|"
     r"[Tt]imeout|Socket|ECONNRESET|remote process exited|communicator was aborted|NCCL error|"
     r"Application timeout caused pair closure|failed to recv|failed to send",
 )
@@ -28,6 +28,8 @@ _CONSEQUENCE = re.compile(
 _MISMATCH_SYMPTOM = re.compile(r"op\.preamble\.length|collective mismatch|[Mm]ismatch|size mismatch")
 # PeerError: gradsync's trainer stopping a rank because another rank failed a check.
 _CONSEQUENCE_TYPES = {"DistNetworkError", "DistBackendError", "DistStoreError", "PeerError"}
+# A message that names the backend: the transport speaking, not the user's own code.
+_BACKEND = re.compile(r"gloo|nccl|c10d|ProcessGroup", re.IGNORECASE)
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
 _UNUSED_HINT = re.compile(r"did not receive grad|Expected to have finished reduction in the prior iteration")
 
@@ -81,7 +83,20 @@ def describe(record: dict[str, Any]) -> str:
 
 
 def is_consequence(exception: dict[str, Any]) -> bool:
-    return exception["type"] in _CONSEQUENCE_TYPES or bool(_CONSEQUENCE.search(exception["message"]))
+    """Whether an exception says the rank lost its peers rather than failed by itself.
+
+    Decided first by where it was raised (the exit record says which recorded collective it came
+    out of, if any): outside every collective it is the script's own failure whatever its words
+    (a user's "timed out reading shard 3"), unless the backend itself speaks (collectives gradsync
+    does not record, such as compiled ones). Inside one, the transport's words decide here, and a
+    peer that was elsewhere decides in `_crash_cause`.
+    """
+    message = exception["message"]
+    if exception["type"] in _CONSEQUENCE_TYPES:
+        return True
+    if "collective" in exception and exception["collective"] is None:
+        return bool(_BACKEND.search(message) and _CONSEQUENCE.search(message))
+    return bool(_CONSEQUENCE.search(message))  # inside a collective (or an older exit record)
 
 
 def is_mismatch_symptom(exception: dict[str, Any]) -> bool:
@@ -192,10 +207,12 @@ def diagnose(
     divergence = find_divergence(views)
 
     injected = _fired_fault(views, trigger)
-    crashes = [injected] if injected else [v for v in views.values() if _crash_cause(v, divergence)]
+    crashes = [injected] if injected else [v for v in views.values() if _crash_cause(v, divergence, views)]
     # torchrun's agent stops the remaining workers with SIGTERM once one has failed, possibly
-    # before their last snapshot is newer than the failure: SIGTERM is a cause only alone.
-    crashes = [v for v in crashes if v.signal != "SIGTERM"] or crashes
+    # before their last snapshot is newer than the failure: SIGTERM is a cause only alone, and
+    # not when a rank failed waiting for it (then where it was, is the answer: see _position_finding).
+    consequences = [v for v in views.values() if v.exception() is not None and v not in crashes]
+    crashes = [v for v in crashes if v.signal != "SIGTERM"] or ([] if consequences else crashes)
     teardown = [v for v in views.values() if v.finished and v.exitcode not in (None, 0)]
     everyone_finished = all(v.finished for v in views.values())
     if injected:
@@ -221,8 +238,10 @@ def diagnose(
     )
     if failed_job and not any(f.severity == "error" for f in findings):
         findings.insert(0, _unexplained_failure(views, trigger))
+    # Ranks that ended by themselves before the launcher stopped the rest.
+    failed = [v for v in views.values() if v.exit is not None and not v.finished]
     for rank, view in sorted(views.items()):
-        lines[rank] = _rank_line(view, now, divergence, crashes)
+        lines[rank] = _rank_line(view, now, divergence, crashes, failed)
     status = "failed" if any(f.severity == "error" for f in findings) else "ok"
     return {
         "status": status,
@@ -285,7 +304,7 @@ def _failure_time(view: RankView) -> float:
     return (view.snapshot or {}).get("time", float("inf"))
 
 
-def _crash_cause(view: RankView, divergence: Divergence | None) -> bool:
+def _crash_cause(view: RankView, divergence: Divergence | None, views: dict[int, RankView]) -> bool:
     """Did this rank fail by itself (not because a peer left or the collectives mismatched)?"""
     if view.stopped_by_gradsync:
         return False
@@ -295,12 +314,32 @@ def _crash_cause(view: RankView, divergence: Divergence | None) -> bool:
             return False
         if divergence is not None and (is_mismatch_symptom(exception) or _failed_in_collective(view, divergence)):
             return False
-        return True
+        return not _peer_elsewhere(view, views)
     if view.exit and view.exit.get("status") == "exit_code":
         return True
     killed = view.exit is None and view.exitcode is not None and view.exitcode < 0 and view.signal is not None
     # Gloo aborts the process (SIGABRT) when the two sides of a collective differ in size.
     return killed and not (divergence is not None and _failed_in_collective(view, divergence))
+
+
+def _peer_elsewhere(view: RankView, views: dict[int, RankView]) -> bool:
+    """Did this rank's exception come out of a collective that a peer never reached, or that a
+    peer had already failed out of? Then the peer, not this rank, is where to look."""
+    exception = view.exception() or {}
+    where = exception.get("collective")
+    if not where or where.get("seq") is None:
+        return False
+    group, seq = where["group"], where["seq"]
+    members = ((view.snapshot or {}).get("groups", {}).get(group) or {}).get("ranks") or list(views)
+    for rank in members:
+        other = views.get(rank)
+        if other is None or other is view:
+            continue
+        reached = max((r["seq"] for r in other.records if r["group"] == group and r["seq"] is not None), default=-1)
+        failed_before = other.exit is not None and not other.finished and _failure_time(other) < _failure_time(view)
+        if reached < seq or failed_before:
+            return True
+    return False
 
 
 def _failure_signature(view: RankView) -> tuple:
@@ -538,7 +577,12 @@ def _divergence_finding(divergence: Divergence, views: dict[int, RankView], trig
 def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> Finding | None:
     waiting = {r: v for r, v in views.items() if v.waiting_on() is not None and not v.finished}
     finished = {r: v for r, v in views.items() if v.finished or (v.exit and v.exit.get("status") == "finished")}
-    running = {r: v for r, v in views.items() if v.alive and r not in waiting and r not in finished}
+    # Running: alive, or stopped by the launcher once a peer failed waiting for it (where it was
+    # then, by its last snapshot, is the answer).
+    running = {
+        r: v for r, v in views.items()
+        if (v.alive or (v.signal == "SIGTERM" and v.exit is None)) and r not in waiting and r not in finished
+    }
     locations = {str(r): _where(v) for r, v in sorted(views.items())}
     waits = "; ".join(f"rank {r} waits in {describe(v.waiting_on())} at {v.waiting_on().get('site') or '?'}" for r, v in sorted(waiting.items()))
     if finished and (waiting or trigger == "failure"):
@@ -560,8 +604,8 @@ def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> F
             "rank_stuck",
             "error",
             sorted(running),
-            f"{_ranks_text(running)} stopped making progress outside any collective ({stuck}) while "
-            f"the others wait for it ({waits}).",
+            f"{_ranks_text(running)} stayed outside any collective ({stuck}) while the others "
+            f"waited for it ({waits}).",
             "Look at what that rank runs at that line (its full stack is in diagnosis.json): a "
             "blocking call only it makes (sleep, input, a lock, a file or network read, a data "
             "loader worker that died).",
@@ -682,7 +726,9 @@ def _unexplained_failure(views: dict[int, RankView], trigger: str) -> Finding:
     )
 
 
-def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashes: list[RankView]) -> str:
+def _rank_line(
+    view: RankView, now: float, divergence: Divergence | None, crashes: list[RankView], failed: list[RankView] = ()
+) -> str:
     if view.injected is not None:
         return f"{_fault_outcome(view.injected)}, injected by --inject-fault {view.injected['spec']}"
     exception = view.exception()
@@ -694,8 +740,8 @@ def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashe
             )
             return f"failed{' first' if alone else ''}: {exception['type']}: {_first_line(exception['message'])[:160]} (at {where})"
         symptom = _CONSEQUENCE.search(exception["message"]) or _MISMATCH_SYMPTOM.search(exception["message"])
-        failed = next((r for r in reversed(view.records) if r["state"] == "failed"), None)
-        inside = f" in {describe(failed)}" if failed else ""
+        failed_in = next((r for r in reversed(view.records) if r["state"] == "failed"), None)
+        inside = f" in {describe(failed_in)}" if failed_in else ""
         said = f'"{symptom.group(0)}"' if symptom else f"{exception['type']}"
         return f"failed as a consequence ({said}){inside}" + (f" at {where}" if where != "?" else "")
     if view.finished:
@@ -710,6 +756,8 @@ def _rank_line(view: RankView, now: float, divergence: Divergence | None, crashe
         # torchrun's agent stops the other workers once one has failed.
         return f"stopped by the launcher (SIGTERM) once rank {min(crashes, key=_failure_time).rank} had failed"
     if view.signal and not view.stopped_by_gradsync and view.exit is None:
+        if view.signal == "SIGTERM" and failed:
+            return f"stopped by the launcher (SIGTERM) once rank {min(failed, key=_failure_time).rank} had failed; it was at {_last_position(view)}"
         return f"killed by {view.signal}; last seen at {_last_position(view)}"
     if waiting is not None:
         since = f" for {now - waiting['entered']:.0f} s" if now else ""

@@ -43,6 +43,20 @@ from gradsync.rundir.records import RECORD_FIELDS
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
 UNUSED_CHECK_PASSES = 50  # backward passes watched for parameters that never get a gradient
+FAILED_IN = "__gradsync_collective__"  # the attribute naming the collective an exception came out of
+
+
+def failed_collective(error: BaseException | None) -> dict[str, Any] | None:
+    """The recorded collective `error`, or an exception it was raised from or while handling,
+    came out of; None when none did."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        found = getattr(error, FAILED_IN, None)
+        if found is not None:
+            return found
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class Record:
@@ -155,6 +169,12 @@ class CollectiveRecorder:
         else:
             record.state = "failed"
             record.error = f"{type(error).__name__}: {error}"[:500]
+            # The exception remembers the collective it came out of: whether the rank failed by
+            # itself or inside a collective (where a peer may be the cause) is then known from state.
+            try:
+                setattr(error, FAILED_IN, {"group": record.group, "seq": record.seq, "op": record.op, "site": record.site})
+            except (AttributeError, TypeError):
+                pass
         if self.sink is not None:
             self.sink.write(record)
 

@@ -38,7 +38,7 @@ from gradsync.run import faults, injector
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
 from gradsync.run.output import WorkerOutput
-from gradsync.run.collectives import CollectiveRecorder, install
+from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.script_facts import ScriptCheck
 from gradsync.rundir import RingWriter, RunDir, inherit, write_json
 
@@ -182,6 +182,7 @@ def describe_exception(error: BaseException) -> dict[str, Any]:
         "message": str(error)[:4000],
         "location": innermost_user_location([(f.filename, f.lineno) for f in frames]),
         "traceback": script_traceback(error)[-8000:],
+        "collective": failed_collective(error),
     }
 
 

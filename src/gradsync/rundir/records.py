@@ -72,6 +72,9 @@ class ExitOutcome(TypedDict, total=False):
     message: str
     location: str | None
     traceback: str
+    # The recorded collective the exception came out of ({group, seq, op, site}), None when it
+    # was raised outside every recorded collective: whether it can be a peer's consequence.
+    collective: dict[str, Any] | None
 
 
 class ExitRecord(Snapshot):
@@ -145,7 +148,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "rank_exited": (ERROR, "a rank finished its script while others still expected it"),
     "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
     "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
-    "rank_stuck": (ERROR, "a rank stopped making progress outside any collective while the others wait"),
+    "rank_stuck": (ERROR, "a rank stayed outside any collective (stuck, or busy elsewhere) while the others waited"),
     "hang": (ERROR, "every rank waits in matching collectives: the network or backend is not delivering"),
     "desync": (ERROR, "the ranks' collectives were paired out of step although nothing failed"),
     "unused_parameters": (EITHER, "DDP's crash on parameters without gradients, or parameters that never get one"),
