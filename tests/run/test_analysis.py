@@ -295,3 +295,64 @@ def test_an_error_inside_a_collective_is_the_ranks_own_when_its_peers_were_there
     views[0] = view(0, [record(1)], alive=True, location="eval.py:9")
     (finding,) = diagnose(views, trigger="failure", now=105.0)["findings"]
     assert finding["category"] == "rank_stuck" and finding["ranks"] == [0]
+
+
+def test_an_extra_collective_that_paired_silently_is_blamed_not_the_mismatch_it_caused():
+    def rank_records(sites, last_signature):
+        records = [record(seq, signature="float32[] op=SUM", site=site) for seq, site in enumerate(sites, 1)]
+        records[-1]["signature"], records[-1]["state"] = last_signature, "entered"
+        return records
+
+    # Rank 0 calls an extra 0-d all_reduce at log.py:44 after its 2nd eval all_reduce.
+    views = {
+        0: view(0, rank_records(["eval.py:40", "eval.py:40", "log.py:44", "eval.py:40", "eval.py:40"], "float32[] op=SUM"), alive=True),
+        1: view(1, rank_records(["eval.py:40", "eval.py:40", "eval.py:40", "eval.py:40", "eval.py:46"], "float32[2] op=SUM"), alive=True),
+    }
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert finding["category"] == "collective_mismatch" and finding["ranks"] == [0]
+    assert finding["locations"] == {"0": "log.py:44", "1": "eval.py:40"}
+    assert "until #5 no longer matched" in finding["message"]
+    # Two branches calling the same collective from their own lines are no extra collective.
+    views[0] = view(0, rank_records(["eval.py:40", "eval.py:40", "if.py:7", "eval.py:40", "eval.py:40"], "float32[] op=SUM"), alive=True)
+    views[1] = view(1, rank_records(["eval.py:40", "eval.py:40", "else.py:9", "eval.py:40", "eval.py:46"], "float32[2] op=SUM"), alive=True)
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert finding["locations"] == {"0": "eval.py:40", "1": "eval.py:46"}, "the mismatch itself"
+
+
+def test_ranks_waiting_for_each_other_in_different_places_are_not_a_hang():
+    # Rank 1 skipped its send: rank 0 waits in recv from it, rank 1 went on to all_reduce #4.
+    receive = record(None, op="recv", signature="float32[4] src=1", site="pipe.py:12", state="entered", entered=90.0)
+    views = {
+        0: view(0, [record(1), record(2), record(3), receive], alive=True),
+        1: view(1, [record(1), record(2), record(3), record(4, site="train.py:30", state="entered", entered=91.0)], alive=True),
+    }
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert finding["category"] == "collective_mismatch" and finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": "pipe.py:12", "1": "train.py:30"}
+    assert "rank 0 waits in recv" in finding["message"] and "for rank 1" in finding["message"]
+
+    # Different groups: rank 0 in a subgroup's all_reduce, rank 1 in a barrier on the default group.
+    def in_groups(rank, records):
+        v = view(rank, records, alive=True)
+        v.snapshot["groups"]["pair"] = {"ranks": [0, 1], "seq": 1, "crc": 0, "checkpoints": []}
+        return v
+
+    views = {
+        0: in_groups(0, [record(1), record(2), record(1, group="pair", site="sub.py:5", state="entered", entered=90.0)]),
+        1: in_groups(1, [record(1), record(2), record(3, op="monitored_barrier", signature="", site="main.py:9", state="entered", entered=90.0)]),
+    }
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert finding["category"] == "collective_mismatch" and finding["locations"] == {"0": "sub.py:5", "1": "main.py:9"}
+
+    # Every rank in the same matched collective: only then is it the network.
+    views = {r: view(r, [record(1), record(2, state="entered", entered=90.0)], alive=True) for r in (0, 1)}
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert finding["category"] == "hang"
+
+    # A matched send/recv pair blocked together is a hang too, not a mismatch.
+    views = {
+        0: view(0, [record(1), record(None, op="recv", signature="float32[4] src=1", state="entered", entered=90.0)], alive=True),
+        1: view(1, [record(1), record(None, op="send", signature="float32[4] dst=0", state="entered", entered=90.0)], alive=True),
+    }
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert finding["category"] == "hang"

@@ -55,6 +55,9 @@ BROKEN = [
     "dataloader_worker_hang",
     "user_timeout_error",
     "timeout_waiting_for_poller",
+    "extra_scalar_all_reduce",
+    "skipped_send",
+    "subgroup_vs_default",
 ]
 
 
@@ -244,6 +247,22 @@ def test_a_gloo_timeout_in_a_barrier_names_the_rank_that_never_came(zoo):
     run = zoo["timeout_waiting_for_poller"]
     _assert_error(run, "rank_stuck", [1], {0: "barrier", 1: "poll"})
     assert run.diagnosis["ranks"]["0"].startswith("failed as a consequence"), run.explain()
+
+
+def test_an_extra_collective_that_paired_silently_is_named_not_where_the_mismatch_surfaced(zoo):
+    run = zoo["extra_scalar_all_reduce"]
+    finding = _assert_error(run, "collective_mismatch", [0], {0: "log_all_reduce", 1: "eval_all_reduce"})
+    assert "rank 0 had called an extra collective" in finding["message"], run.explain()
+
+
+def test_a_skipped_send_is_two_ranks_waiting_for_each_other_not_a_hang(zoo):
+    run = zoo["skipped_send"]
+    finding = _assert_error(run, "collective_mismatch", [0, 1], {0: "metric", 1: "recv"})
+    assert "rank 1 waits in recv" in finding["message"] and "for rank 0" in finding["message"], run.explain()
+
+
+def test_ranks_blocked_in_different_groups_are_named_with_their_lines(zoo):
+    _assert_error(zoo["subgroup_vs_default"], "collective_mismatch", [0, 1], {0: "subgroup", 1: "monitored_barrier"})
 
 
 def test_crash_after_the_script_finished_is_a_teardown_failure(zoo):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from gradsync.run.faults import FaultSpec
-from gradsync.rundir.records import Finding
+from gradsync.rundir.records import POINT_TO_POINT, Finding
 
 # Errors a rank gets because another rank left, crashed or misbehaved, not because of its own code.
 _CONSEQUENCE = re.compile(
@@ -114,6 +114,9 @@ class Divergence:
     seq: int
     records: dict[int, dict[str, Any]]  # rank -> its record at seq
     before_window: bool = False  # diverged earlier than the records kept (found by checkpoint CRC)
+    # Set when the ranks' collectives already paired different lines (same op and tensors) from
+    # `seq` up to this later collective, where they stopped matching.
+    surfaced_at: "Divergence | None" = None
 
 
 def _key(record: dict[str, Any]) -> tuple:
@@ -136,13 +139,35 @@ def find_divergence(views: dict[int, RankView]) -> Divergence | None:
         for seq in seqs:
             present = {rank: records[seq] for rank, records in by_rank.items() if seq in records}
             if len(present) >= 2 and len({_key(r) for r in present.values()}) > 1:
-                found.append(Divergence(group, seq, present))
+                found.append(_first_unpaired_line(Divergence(group, seq, present), by_rank))
                 break
         else:
             early = _checkpoint_divergence(views, group)
             if early is not None:
                 found.append(early)
     return min(found, key=lambda d: d.seq) if found else None
+
+
+def _first_unpaired_line(divergence: Divergence, by_rank: dict[int, dict[int, dict[str, Any]]]) -> Divergence:
+    """Where the trouble began: an extra collective with the same op and tensors as the one its
+    peers call next pairs with it silently; every later collective is then met by the peers' one
+    before, until one no longer matches. The extra one shows as a collective, before the
+    mismatch, whose line is the rank's own (no other rank calls a collective there) while the
+    line its peers paired it with is one that rank calls too.
+
+    Two branches calling the same collective from different lines (`if rank == 0: broadcast(...)
+    else: broadcast(...)`) differ too, but each side's line is its own: not taken for an extra one.
+    """
+    ranks = list(divergence.records)
+    sites = {rank: {r.get("site") for r in by_rank[rank].values()} for rank in ranks}
+    for seq in range(divergence.seq - 1, min(min(by_rank[r]) for r in ranks) - 1, -1):
+        present = {rank: by_rank[rank].get(seq) for rank in ranks}
+        if any(r is None or not r.get("site") for r in present.values()) or len({_key(r) for r in present.values()}) > 1:
+            break
+        own = {rank for rank, r in present.items() if not any(r["site"] in sites[o] for o in ranks if o != rank)}
+        if own and len(own) < len(ranks) and len({r["site"] for r in present.values()}) > 1:
+            return Divergence(divergence.group, seq, present, surfaced_at=divergence)
+    return divergence
 
 
 def _checkpoint_divergence(views: dict[int, RankView], group: str) -> Divergence | None:
@@ -157,6 +182,16 @@ def _checkpoint_divergence(views: dict[int, RankView], group: str) -> Divergence
         if len({c[seq] for c in checkpoints.values()}) > 1:
             return Divergence(group, seq, {}, before_window=True)
     return None
+
+
+def _ranks_alone_at_their_line(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> list[int]:
+    """The ranks whose line at this collective no other rank ever called a collective from (the
+    extra one), else every rank involved."""
+    alone = [
+        rank for rank, record in records.items()
+        if not any(record.get("site") == r.get("site") for other, view in views.items() if other != rank for r in view.records)
+    ]
+    return sorted(alone) if 0 < len(alone) < len(records) else sorted(records)
 
 
 def _odd_ones_out(records: dict[int, dict[str, Any]]) -> list[int]:
@@ -530,6 +565,22 @@ def _divergence_finding(divergence: Divergence, views: dict[int, RankView], trig
         locations.setdefault(str(rank), view.location or _last_site(view) or "?")
     ranks = _odd_ones_out(records)
     sides = "; ".join(f"rank {rank}: {describe(record)} at {record.get('site') or '?'}" for rank, record in sorted(records.items()))
+    if divergence.surfaced_at is not None:
+        later = divergence.surfaced_at
+        later_sides = "; ".join(f"rank {rank}: {describe(r)} at {r.get('site') or '?'}" for rank, r in sorted(later.records.items()))
+        extra = _ranks_alone_at_their_line(records, views)
+        return Finding(
+            "collective_mismatch",
+            "error",
+            extra,
+            f"From collective #{divergence.seq} on {group} the ranks' collectives paired different lines "
+            f"({sides}): the same op and tensors, so the backend matched them, but {_ranks_text(extra).lower()} had "
+            f"called an extra collective there, and from then on each one met another's, until #{later.seq} "
+            f"no longer matched ({later_sides}).",
+            SUGGEST_SAME_COLLECTIVES,
+            locations=locations,
+            collective="/".join(sorted({r["op"] for r in records.values()})),
+        )
     ops = {r["op"] for r in records.values()}
     sites = {r.get("site") for r in records.values()}
     signatures = {(r["op"], r["signature"]) for r in records.values()}
@@ -612,6 +663,23 @@ def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> F
             locations=locations,
             details={"stacks": {str(r): (v.snapshot or {}).get("stack", [])[-12:] for r, v in sorted(running.items())}},
         )
+    elsewhere = _waiting_for_ranks_elsewhere(waiting, views)
+    if elsewhere:
+        blocked = sorted({r for pair in elsewhere for r in pair})
+        lines = "; ".join(
+            f"rank {r} waits in {describe(views[r].waiting_on())} at {views[r].waiting_on().get('site') or '?'} for rank {peer}, "
+            f"{'which waits in ' + describe(views[peer].waiting_on()) if views[peer].waiting_on() else 'which is at ' + (views[peer].location or '?')}"
+            for r, peer in sorted(elsewhere)
+        )
+        return Finding(
+            "collective_mismatch",
+            "error",
+            sorted({peer for _, peer in elsewhere}),
+            f"The ranks wait for each other in different places, so none can go on ({lines}). A rank skipped "
+            "a send or a collective its peers make, or runs one on a group (or with a peer) the others do not.",
+            SUGGEST_SAME_COLLECTIVES,
+            locations={str(r): _where(views[r]) for r in blocked} | locations,
+        )
     if waiting:
         return Finding(
             "hang",
@@ -624,6 +692,43 @@ def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> F
             locations=locations,
         )
     return None
+
+
+def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, RankView]) -> list[tuple[int, int]]:
+    """(rank, peer) for each waiting rank and a peer it needs that is not in the same place: for a
+    point-to-point message, a peer not waiting in the matching one; for a collective, a member of
+    its group that has not reached it. Positions, not time: who waits for whom."""
+    pairs = []
+    for rank, view in sorted(waiting.items()):
+        record = view.waiting_on()
+        if record["op"] in POINT_TO_POINT:
+            match = _P2P_PEER.search(record.get("signature") or "")
+            peer = int(match.group(2)) if match else None
+            if peer is None or peer not in views:
+                continue
+            other = views[peer].waiting_on()
+            wanted = _P2P_MATCH.get(match.group(1))
+            expected = f"{'dst' if match.group(1) == 'src' else 'src'}={rank}"
+            if not (other and other["op"] in POINT_TO_POINT and other["op"] in wanted and (other.get("signature") or "").endswith(expected)):
+                pairs.append((rank, peer))
+            continue
+        if record.get("seq") is None:
+            continue
+        group = record["group"]
+        members = ((view.snapshot or {}).get("groups", {}).get(group) or {}).get("ranks") or list(views)
+        for peer in members:
+            other = views.get(peer)
+            if other is None or peer == rank or other.finished:
+                continue
+            reached = max((r["seq"] for r in other.records if r["group"] == group and r["seq"] is not None), default=-1)
+            if reached < record["seq"] and (peer in waiting or other.exit is not None):
+                pairs.append((rank, peer))
+    return pairs
+
+
+_P2P_PEER = re.compile(r" (src|dst)=(\d+)$")
+# What the peer must be blocked in, by what this rank waits in: a receive needs a send, and back.
+_P2P_MATCH = {"src": ("send", "isend", "batch_isend_irecv"), "dst": ("recv", "irecv", "batch_isend_irecv")}
 
 
 def _teardown_finding(teardown: list[RankView], views: dict[int, RankView]) -> Finding:

@@ -36,11 +36,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat, events
 from gradsync.run.callsite import caller_location
-from gradsync.rundir.records import RECORD_FIELDS
+from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
 
-# Point-to-point messages pair one sender with one receiver, so they legitimately differ between
-# ranks: recorded (a rank stuck in recv is worth naming) but kept out of the compared sequence.
-POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
 UNUSED_CHECK_PASSES = 50  # backward passes watched for parameters that never get a gradient
 FAILED_IN = "__gradsync_collective__"  # the attribute naming the collective an exception came out of

@@ -15,6 +15,10 @@ from typing import Any, TypedDict
 # -- gradsync run's workers ---------------------------------------------------------------------
 
 # A collective as the ring file keeps it: one JSON array per slot, in this order.
+# Point-to-point messages pair one sender with one receiver, so they legitimately differ between
+# ranks: recorded (a rank stuck in recv is worth naming) but numbered apart (seq None), outside
+# the compared sequence. Their signature ends with the peer: " src=R" or " dst=R".
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "state", "entered", "finished", "crc", "error")
 
 
@@ -149,7 +153,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
     "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
     "rank_stuck": (ERROR, "a rank stayed outside any collective (stuck, or busy elsewhere) while the others waited"),
-    "hang": (ERROR, "every rank waits in matching collectives: the network or backend is not delivering"),
+    "hang": (ERROR, "every rank waits in the same matched collective: the network or backend is not delivering"),
     "desync": (ERROR, "the ranks' collectives were paired out of step although nothing failed"),
     "unused_parameters": (EITHER, "DDP's crash on parameters without gradients, or parameters that never get one"),
     "nonfinite_gradients": (WARNING, "where a NaN/inf gradient first appeared, before averaging spread it"),
