@@ -356,3 +356,16 @@ def test_ranks_waiting_for_each_other_in_different_places_are_not_a_hang():
     }
     (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
     assert finding["category"] == "hang"
+
+
+def test_a_rank_late_to_its_subgroups_collectives_is_a_straggler_too():
+    tracker = StragglerTracker(ratio=0.2, min_s=0.05)
+    groups = {"default": {"ranks": [0, 1, 2]}, "stage": {"ranks": [1, 2]}}
+    snapshots = {
+        0: {"groups": groups, "records": [record(s, entered=s * 1.0) for s in range(1, 5)]},
+        **{r: {"groups": groups, "records": [record(s, group="stage", entered=s * 1.0 + (0.4 if r == 2 else 0.0)) for s in range(1, 31)]}
+           for r in (1, 2)},
+    }
+    tracker.observe(snapshots)
+    (finding,) = tracker.findings()
+    assert finding.ranks == [2], "late on the subgroup it shares with rank 1; rank 0 is not in it"

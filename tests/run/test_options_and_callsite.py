@@ -1,5 +1,6 @@
 """Run options, and finding the user's line."""
 
+import os
 import sys
 
 import pytest
@@ -35,3 +36,16 @@ def test_user_frames_skip_torch_gradsync_and_the_standard_library():
     assert not is_user_file(stdlib_module.__file__)
     assert caller_location().endswith(f"test_options_and_callsite.py:{sys._getframe().f_lineno}")
     assert innermost_user_location([(__file__, 3), (torch.__file__, 9)]).endswith("test_options_and_callsite.py:3")
+
+
+def test_an_installed_packages_line_is_taken_only_when_no_line_of_the_users_own_is_on_the_stack():
+    import sysconfig
+
+    import torch
+
+    library = os.path.join(sysconfig.get_paths()["purelib"], "lightning", "pytorch", "strategies", "ddp.py")
+    assert not is_user_file(library)
+    stack = [(__file__, 3), (library, 7), (torch.__file__, 9)]
+    assert innermost_user_location(stack).endswith("test_options_and_callsite.py:3"), "the user's line, not Lightning's"
+    assert innermost_user_location(stack[1:]).endswith("lightning/pytorch/strategies/ddp.py:7"), "else the library's"
+    assert innermost_user_location(stack[2:]) is None

@@ -997,26 +997,32 @@ class StragglerTracker:
         self.entered: dict[tuple[str, int], dict[int, float]] = {}
         self.lateness: dict[int, list[float]] = {}
         self.starts: list[float] = []
-        self.done: set[tuple[str, int]] = set()
+        self.done: dict[str, int] = {}  # per group, the collectives measured so far (bounded memory)
 
     def observe(self, snapshots: dict[int, dict[str, Any]]) -> None:
-        ranks = set(snapshots)
-        if len(ranks) < 2:
-            return
+        """Every process group counts: a rank late to its subgroup's collectives (a pipeline stage,
+        a tensor-parallel group) is as much a straggler as one late on the default group."""
+        members: dict[str, set[int]] = {}
         for rank, snapshot in snapshots.items():
+            for group, state in snapshot.get("groups", {}).items():
+                members[group] = set(state.get("ranks") or snapshots) & set(snapshots)
             for record in snapshot.get("records", []):
-                if record["seq"] is None or record["group"] != "default":
+                if record["seq"] is None or record["seq"] <= self.done.get(record["group"], -1):
                     continue
-                key = (record["group"], record["seq"])
-                if key not in self.done:
-                    self.entered.setdefault(key, {})[rank] = record["entered"]
-        for key in sorted(k for k, times in self.entered.items() if set(times) >= ranks):
+                self.entered.setdefault((record["group"], record["seq"]), {})[rank] = record["entered"]
+                members.setdefault(record["group"], set(snapshots))  # a snapshot without its groups: every rank
+        for key in [k for k in self.entered if len(members.get(k[0], ())) < 2]:
+            del self.entered[key]  # a group with one rank in view has no one to be late for
+        complete = [key for key, times in self.entered.items() if set(times) >= members[key[0]]]
+        for key in sorted(complete, key=lambda k: min(self.entered[k].values())):
             times = self.entered.pop(key)
             first = min(times.values())
             self.starts.append(first)
             for rank, entered in times.items():
                 self.lateness.setdefault(rank, []).append(entered - first)
-            self.done.add(key)
+            self.done[key[0]] = max(self.done.get(key[0], -1), key[1])
+        for key in [k for k in self.entered if k[1] <= self.done.get(k[0], -1)]:
+            del self.entered[key]  # passed by: a rank's record of it left its window unseen
         for samples in self.lateness.values():
             del samples[: max(0, len(samples) - self.max_samples)]
         del self.starts[: max(0, len(self.starts) - self.max_samples)]

@@ -1,4 +1,4 @@
-"""Finding the user's line: the innermost frame that is not torch, gradsync or the standard library.
+"""Finding the user's line: the innermost frame of the user's own files (else of an installed package).
 
 A diagnosis is only useful if it points at the line the user wrote ("train.py:42"), not at
 torch/distributed/distributed_c10d.py. Collectives are recorded on hot paths, so the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import site
 import sys
 import sysconfig
 import threading
@@ -16,29 +17,42 @@ import types
 
 import torch
 
-_LIBRARY_DIRS = tuple(
-    os.path.realpath(path) + os.sep
-    for path in (
-        os.path.dirname(torch.__file__),
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # gradsync's own folder
-        sysconfig.get_paths()["stdlib"],
-        sysconfig.get_paths()["platstdlib"],
-    )
-)
-_is_user_code: dict[types.CodeType, bool] = {}
+def _folders(*paths: str) -> tuple[str, ...]:
+    return tuple(os.path.realpath(path) + os.sep for path in paths)
+
+
+_GRADSYNC_AND_TORCH = _folders(os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_STDLIB = _folders(sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
+# Installed packages (Lightning, transformers, torchmetrics...): the user's line is preferred, and
+# one of theirs is taken only when no frame of the user's own files is on the stack.
+# Checked before the standard library: a virtual environment's site-packages lies inside its lib/pythonX.Y.
+_INSTALLED = _folders(*{sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages(), site.getusersitepackages()})
+OWN, INSTALLED, NEVER = 0, 1, 2  # whose file a frame runs: the user's, an installed package's, torch/gradsync/stdlib
+_file_kinds: dict[types.CodeType, int] = {}
+
+
+def file_kind(filename: str) -> int:
+    """OWN for files the user wrote, INSTALLED for other installed packages, NEVER for torch,
+    gradsync, the standard library and frozen modules (never the answer to "which line")."""
+    if filename.startswith("<"):
+        return NEVER
+    path = os.path.realpath(filename)
+    if path.startswith(_GRADSYNC_AND_TORCH):
+        return NEVER
+    if path.startswith(_INSTALLED):
+        return INSTALLED
+    return NEVER if path.startswith(_STDLIB) else OWN
 
 
 def is_user_file(filename: str) -> bool:
-    """True for files the user wrote: not torch, gradsync, the standard library or a frozen module."""
-    if filename.startswith("<"):
-        return False
-    return not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+    """True for files the user wrote: not torch, gradsync, the standard library or an installed package."""
+    return file_kind(filename) == OWN
 
 
-def _user_code(code: types.CodeType) -> bool:
-    verdict = _is_user_code.get(code)
+def _kind(code: types.CodeType) -> int:
+    verdict = _file_kinds.get(code)
     if verdict is None:
-        verdict = _is_user_code[code] = is_user_file(code.co_filename)
+        verdict = _file_kinds[code] = file_kind(code.co_filename)
     return verdict
 
 
@@ -58,12 +72,17 @@ def _short_path(filename: str, working_dir: str) -> str:
 
 
 def user_frame(frame: types.FrameType | None) -> types.FrameType | None:
-    """The innermost user frame at or above `frame`, or None."""
+    """The innermost frame of the user's own files at or above `frame`; failing that, the
+    innermost frame of an installed package; else None."""
+    installed = None
     while frame is not None:
-        if _user_code(frame.f_code):
+        kind = _kind(frame.f_code)
+        if kind == OWN:
             return frame
+        if kind == INSTALLED and installed is None:
+            installed = frame
         frame = frame.f_back
-    return None
+    return installed
 
 
 _locations: dict[tuple[types.CodeType, int], str] = {}
@@ -105,7 +124,11 @@ def stack_summary(frame: types.FrameType | None, limit: int = 40) -> list[str]:
 
 def innermost_user_location(stack: list[tuple[str, int]]) -> str | None:
     """From (filename, line) pairs listed outermost first (a traceback), the user's innermost line."""
+    installed = None
     for filename, line in reversed(stack):
-        if is_user_file(filename):
+        kind = file_kind(filename)
+        if kind == OWN:
             return f"{short_path(filename)}:{line}"
-    return None
+        if kind == INSTALLED and installed is None:
+            installed = f"{short_path(filename)}:{line}"
+    return installed

@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -33,7 +34,7 @@ from gradsync.run import faults, publish
 from gradsync.run.analysis import stopped_by_signal
 from gradsync.run.monitor import Monitor
 from gradsync.run.options import RunOptions
-from gradsync.rundir import RunDir, fresh
+from gradsync.rundir import RunDir, fresh, layout
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +108,12 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"gradsync run: {error}", file=sys.stderr)
         return 2
-    archived = RunDir(options.run_dir).archive_previous_launch()
+    folder = RunDir(options.run_dir)
+    archived = None
+    if _another_node_writes(folder, options.snapshot_interval_s):
+        print(f"gradsync run: another node's launch is writing to {options.run_dir} (a shared run folder); sharing it", file=sys.stderr)
+    else:
+        archived = folder.archive_previous_launch()
     if archived is not None:
         print(f"gradsync run: {options.run_dir} held an earlier launch's records; moved them to {archived}", file=sys.stderr)
     _wrap_worker_command(args, options.save())
@@ -351,6 +357,30 @@ def _shutdown_grace_s(args: argparse.Namespace) -> int:
     """
     explicit = getattr(args, "shutdown_timeout", None)
     return explicit if explicit is not None else int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
+
+
+def _another_node_writes(folder: RunDir, interval_s: float) -> bool:
+    """Whether the run folder's worker records belong to a live launch (another node of this job,
+    on a shared file system) rather than an earlier one: its snapshots are still being rewritten.
+    Moving those aside would take a running job's records away from it."""
+
+    def newest() -> float:
+        attempt = folder.latest_attempt()
+        if attempt is None:
+            return 0.0
+        times = [0.0]
+        for path in folder.ranks_with(attempt, layout.SNAPSHOT).values():
+            try:
+                times.append(path.stat().st_mtime)
+            except OSError:
+                pass
+        return max(times)
+
+    before = newest()
+    if time.time() - before > 3 * interval_s + 1:
+        return False  # quiet for longer than a live rank ever is: an earlier launch
+    time.sleep(2 * interval_s + 0.5)
+    return newest() > before
 
 
 def _wrap_worker_command(args: argparse.Namespace, options_path: Path) -> None:

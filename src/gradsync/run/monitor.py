@@ -99,16 +99,23 @@ class Monitor(threading.Thread):
         self.tracker(attempt).observe(snapshots)
         self._warn_on_drift(snapshots)
         now = time.time()
-        idle = {rank: now - self._last_active(snapshots[rank], exits.get(rank)) for rank in snapshots}
-        alive = [rank for rank in snapshots if rank not in exits and pid_alive(snapshots[rank]["pid"])]
+        ours = _worker_pids()
+        idle = {rank: now - self._last_active(snapshots[rank], exits.get(rank), ours, now) for rank in snapshots}
+        alive = [rank for rank in snapshots if rank not in exits and self._alive(snapshots[rank], ours, now)]
         if alive and min(idle.values()) >= self.options.stall_timeout_s:
-            self._on_stall(attempt, snapshots, exits, alive, now)
+            self._on_stall(attempt, snapshots, exits, alive, now, ours)
 
-    @staticmethod
-    def _last_active(snapshot: dict[str, Any], exit_record: dict[str, Any] | None) -> float:
+    def _alive(self, snapshot: dict[str, Any], ours: set[int], now: float) -> bool:
+        """A rank this launcher started is alive while its process is; one of another node sharing
+        the run folder (its PID means nothing here) while its snapshot keeps being rewritten."""
+        if snapshot["pid"] in ours:
+            return pid_alive(snapshot["pid"])
+        return now - snapshot["time"] < 3 * self.options.snapshot_interval_s + 1
+
+    def _last_active(self, snapshot: dict[str, Any], exit_record: dict[str, Any] | None, ours: set[int], now: float) -> float:
         if exit_record is not None:
             return exit_record["exit"]["time"]
-        if not pid_alive(snapshot["pid"]):
+        if not self._alive(snapshot, ours, now):
             return snapshot["time"]
         return snapshot["last_progress"]
 
@@ -130,7 +137,7 @@ class Monitor(threading.Thread):
                     )
                     return
 
-    def _on_stall(self, attempt: int, snapshots, exits, alive: list[int], now: float) -> None:
+    def _on_stall(self, attempt: int, snapshots, exits, alive: list[int], now: float, ours: set[int]) -> None:
         views = build_views(snapshots, exits, failures={}, stopped=set(), fired=self._faults(attempt))
         for rank in alive:
             views[rank].alive = True
@@ -146,7 +153,9 @@ class Monitor(threading.Thread):
         diagnosis["attempt"] = attempt
         self.stall_diagnoses[attempt] = diagnosis
         self.report(diagnosis, self.run_dir)
-        pids = [snapshots[rank]["pid"] for rank in alive]
+        # Only this launcher's own workers: a PID from another node's snapshot names some other
+        # process here. Each node's launcher stops its own ranks.
+        pids = [snapshots[rank]["pid"] for rank in alive if snapshots[rank]["pid"] in ours]
         self.stopped_pids.update(pids)
         _stop(pids)
 
@@ -273,6 +282,11 @@ def _stop(pids: list[int]) -> None:
             process.kill()  # psutil checks the pid still names the same process
         except psutil.Error:
             pass
+
+
+def _worker_pids() -> set[int]:
+    """The processes this launcher started (the agent's workers and theirs)."""
+    return {process.pid for process in _descendants(os.getpid())}
 
 
 def _descendants(pid: int) -> list[psutil.Process]:

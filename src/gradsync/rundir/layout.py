@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,7 +145,8 @@ class RunDir:
             archive = archive.with_name(f"{stamp}-{n}")
         archive.mkdir(parents=True)
         for path in records:
-            path.rename(archive / path.name)
+            with contextlib.suppress(FileNotFoundError):  # another node's launcher moved it first
+                path.rename(archive / path.name)
         return archive
 
 
