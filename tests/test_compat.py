@@ -6,7 +6,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat
-from gradsync.errors import ConfigError, GradsyncError
+from gradsync.errors import ConfigError
 from gradsync.run.collectives import CollectiveRecorder, install
 from tests.harness import launch
 
@@ -94,11 +94,32 @@ def test_a_missing_module_or_class_is_a_missing_attribute_not_an_import_error():
     assert compat.PrivateApi(_OWNER, "kept", "f", "u", "w").get() is StandIn.kept
 
 
-def test_an_instance_without_what_init_used_to_set_is_refused():
-    apis = (_api("state", on_instance=True, required=True, without="run it with torchrun"),)
-    compat.require_instance(StandIn(), apis)
-    with pytest.raises(GradsyncError, match=r"has no StandIn\.state, which gradsync wraps state: run it with torchrun\.$"):
-        compat.require_instance(StandIn(set_in_init=False), apis)
+def test_an_instance_without_what_init_used_to_set_is_told_with_what_it_costs():
+    apis = (_api("state", on_instance=True, without="the state is guessed"),)
+    assert compat.lacking_on(StandIn(), apis) is None
+    assert compat.lacking_on(StandIn(set_in_init=False), apis).endswith("without StandIn.state, the state is guessed")
+
+
+def _watch_a_ddp_model_lacking_private_attributes():
+    from gradsync.run.collectives import DDPWatch
+
+    dist.init_process_group("gloo")
+    try:
+        model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1)))
+        for api in compat.DDP_INSTANCE:
+            delattr(model, api.name)
+        watch = DDPWatch(model)
+        return {"order": watch.reducer_order, "signature": watch.gradient_signature, "group": watch.process_group,
+                "note": compat.lacking_on(model, compat.DDP_INSTANCE)}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_recorder_degrades_on_a_ddp_model_lacking_private_attributes():
+    (result,) = launch(_watch_a_ddp_model_lacking_private_attributes, 1)
+    assert result["order"] == ["0.weight", "0.bias", "1.weight", "1.bias"], "the module's parameters stand in"
+    assert (result["signature"], result["group"]) == ("float32[19]", None)
+    assert "DistributedDataParallel._module_parameters" in result["note"]
 
 
 def test_the_recorder_leaves_out_a_ddp_step_this_torch_lacks(monkeypatch):

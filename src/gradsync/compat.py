@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from gradsync.errors import ConfigError, GradsyncError
+from gradsync.errors import ConfigError
 
 # The torch releases the test suite ran on (requirements-dev.txt pins the CI environment).
 TESTED_TORCH = "2.13.0"
@@ -93,17 +93,30 @@ DDP_JOIN_SHADOW = PrivateApi(
     "under Join, a finished rank's shadow reductions go unrecorded and its collectives may be reported "
     "as diverging from the other ranks'",
 )
-DDP_INSTANCE = tuple(
-    PrivateApi(_DDP, name, RUN, use, f"run the script with torchrun (no diagnosis), or {_TORCH_TESTED}",
-               required=True, on_instance=True)
-    for name, use in (
-        ("_module_parameters", "gradsync run reads to name the parameters DDP reduces and size each reduction"),
-        ("modules_buffers", "gradsync run reads to describe DDP's buffer broadcasts"),
-        ("require_backward_grad_sync", "gradsync run reads to tell a synchronising forward from one under no_sync()"),
-        ("process_group", "gradsync run reads to record DDP's collectives in their group"),
-        ("find_unused_parameters", "gradsync run reads to watch for parameters that never get a gradient"),
-    )
+# Read on each DDP model gradsync run records; without one it falls back to what the public API
+# gives (the module's own parameters and buffers, the default group), with a warning.
+DDP_PARAMETERS = PrivateApi(
+    _DDP, "_module_parameters", RUN, "gradsync run reads to name the parameters DDP reduces and size each reduction",
+    "the module's parameters stand in for DDP's list (the same unless some are shared or ignored)", on_instance=True,
 )
+DDP_BUFFERS = PrivateApi(
+    _DDP, "modules_buffers", RUN, "gradsync run reads to describe DDP's buffer broadcasts",
+    "the module's buffers are counted instead", on_instance=True,
+)
+DDP_SYNCS_GRADIENTS = PrivateApi(
+    _DDP, "require_backward_grad_sync", RUN, "gradsync run reads to tell a synchronising forward from one under no_sync()",
+    "every forward with gradients is taken to synchronise, so passes under no_sync() are recorded as reductions",
+    on_instance=True,
+)
+DDP_PROCESS_GROUP = PrivateApi(
+    _DDP, "process_group", RUN, "gradsync run reads to record DDP's collectives in their group",
+    "DDP's collectives are recorded on the default group", on_instance=True,
+)
+DDP_FIND_UNUSED = PrivateApi(
+    _DDP, "find_unused_parameters", RUN, "gradsync run reads to watch for parameters that never get a gradient",
+    "parameters that never get a gradient are not named", on_instance=True,
+)
+DDP_INSTANCE = (DDP_PARAMETERS, DDP_BUFFERS, DDP_SYNCS_GRADIENTS, DDP_PROCESS_GROUP, DDP_FIND_UNUSED)
 DATALOADER_ITERATOR = PrivateApi(
     "torch.utils.data.dataloader", "_BaseDataLoaderIter", DOCTOR_STEPS,
     "--doctor-steps wraps to tell which DataLoader feeds training",
@@ -172,11 +185,14 @@ def check_run(*, doctor_steps: bool, profile_steps: bool, restarts: bool) -> lis
     return check(*faces)
 
 
-def require_instance(instance: Any, apis: tuple[PrivateApi, ...]) -> None:
-    """GradsyncError when `instance`, just built, lacks an attribute of `apis` that torch sets in __init__."""
+def lacking_on(instance: Any, apis: tuple[PrivateApi, ...]) -> str | None:
+    """What `instance`, just built, lacks of the attributes of `apis` that torch sets in __init__,
+    with what each absence costs; None when it has them all."""
     lacking = [api for api in apis if not api.available(instance)]
-    if lacking:
-        raise GradsyncError(_line(lacking) + ".")
+    if not lacking:
+        return None
+    costs = "; ".join(f"without {api.where}, {api.without}" for api in lacking)
+    return f"torch {torch.__version__} lacks what gradsync run reads on DDP models, so it records less: {costs}"
 
 
 def _line(lacking: list[PrivateApi]) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 import time
 import zlib
@@ -107,6 +108,7 @@ class CollectiveRecorder:
         self.ddp_models: list[DDPWatch] = []
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
+        self._warned: set[str] = set()
         # Async collectives waiting for their futures: the training thread appends while the snapshot
         # thread may be settling, so a deque (atomic ends) and one settler at a time.
         self.issued: deque[tuple[Record, Any]] = deque()
@@ -192,6 +194,12 @@ class CollectiveRecorder:
         """
         record.state = "issued"
         self.issued.append((record, future))
+
+    def warn_once(self, message: str | None) -> None:
+        """Say once per process what the recording lacks (on this rank's stderr)."""
+        if message and message not in self._warned:
+            self._warned.add(message)
+            print(f"gradsync run: warning: {message}.", file=sys.stderr, flush=True)
 
     def settle(self) -> None:
         """Finish the issued collectives whose futures completed (training thread and snapshot thread)."""
@@ -365,10 +373,13 @@ class DDPWatch:
         for name, parameter in ddp.module.named_parameters():
             self.names.setdefault(id(parameter), name)
         # DDP's own error messages give parameter indices in this order.
-        self.reducer_order = [self.names.get(id(p), "?") for p in ddp._module_parameters if p.requires_grad]
+        # DDP's own parameter list where this torch has it, else the module's in the same order.
+        parameters = compat.DDP_PARAMETERS.get(None, ddp) or list(dict.fromkeys(ddp.module.parameters()))
+        self.process_group = compat.DDP_PROCESS_GROUP.get(None, ddp)  # None: the default group
+        self.reducer_order = [self.names.get(id(p), "?") for p in parameters if p.requires_grad]
         # What one backward pass reduces, compared across ranks like a collective's shape.
         elements: dict[str, int] = {}
-        for p in ddp._module_parameters:
+        for p in parameters:
             if p.requires_grad:
                 dtype = str(p.dtype).removeprefix("torch.")
                 elements[dtype] = elements.get(dtype, 0) + p.numel()
@@ -381,15 +392,15 @@ class DDPWatch:
         self.checked_passes = 0  # synchronised passes watched for usage
         self.incomplete_passes = 0  # of those, passes in which some parameter got no gradient
         self.pending_checks: list[tuple[torch.Tensor, int, list[str], str | None]] = []
-        self.watches_usage = ddp.find_unused_parameters
+        self.watches_usage = compat.DDP_FIND_UNUSED.get(False, ddp)
         self._usage_hooks = []
         if self.watches_usage:
             # DDP silently reduces zeros for parameters that get no gradient; count who really gets
             # one for a while, then stop watching (the hooks cost a call per parameter per pass).
             self._usage_hooks = [
-                p.register_post_accumulate_grad_hook(self._mark_used) for p in ddp._module_parameters if p.requires_grad
+                p.register_post_accumulate_grad_hook(self._mark_used) for p in parameters if p.requires_grad
             ]
-            self.watched = [id(p) for p in ddp._module_parameters if p.requires_grad]
+            self.watched = [id(p) for p in parameters if p.requires_grad]
 
     def _mark_used(self, parameter: torch.Tensor) -> None:
         self.used.add(id(parameter))
@@ -503,7 +514,7 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
                 kind="DDP construction (parameter check and broadcast)",
             )
             recorder.run_blocking(record, lambda: original(self, *args, **kwargs))
-            compat.require_instance(self, compat.DDP_INSTANCE)
+            recorder.warn_once(compat.lacking_on(self, compat.DDP_INSTANCE))
             self._gradsync_watch = DDPWatch(self)
             recorder.ddp_models.append(self._gradsync_watch)
 
@@ -513,7 +524,8 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
         @functools.wraps(original)
         def register_comm_hook(self, state, hook):
             self._gradsync_watch.reduction = "buckets"
-            return original(self, state, _bucket_recording_hook(recorder, self._gradsync_watch, self.process_group, hook))
+            watch = self._gradsync_watch
+            return original(self, state, _bucket_recording_hook(recorder, watch, watch.process_group, hook))
 
         return register_comm_hook
 
@@ -531,14 +543,14 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
             watch = self._gradsync_watch
             if watch.reduction is None:
                 if record_buckets:
-                    DistributedDataParallel.register_comm_hook(self, self.process_group, _default_allreduce_hook)
+                    DistributedDataParallel.register_comm_hook(self, watch.process_group, _default_allreduce_hook)
                 else:
                     watch.reduction = "passes"
             # DDP syncs buffers under no_grad; what must agree is the mode the forward was called in.
             watch.forward_grad_mode = "grad" if torch.is_grad_enabled() else "no_grad"
             output = original(self, *args, **kwargs)
             # The condition under which DDP's forward prepares its reducer for a backward pass.
-            if watch.reduction == "passes" and torch.is_grad_enabled() and self.require_backward_grad_sync:
+            if watch.reduction == "passes" and torch.is_grad_enabled() and compat.DDP_SYNCS_GRADIENTS.get(True, self):
                 recorder.pending_reductions[id(self)] = self
             return output
 
@@ -556,7 +568,7 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
             record = recorder.enter(
                 "broadcast",
                 self.process_group,
-                f"{len(self.modules_buffers)} buffers",
+                f"{len(compat.DDP_BUFFERS.get(None, self) or list(self.module.buffers()))} buffers",
                 kind=f"DDP buffer broadcast ({mode}, {grad})",
             )
             return recorder.run_blocking(record, lambda: original(self, authoritative_rank))
@@ -603,7 +615,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
         site = caller_location()
         recorder.check_losses(tensors, site)
         records = [
-            recorder.enter("all_reduce", ddp.process_group, ddp._gradsync_watch.gradient_signature, GRADIENT_PASS_KIND, site)
+            recorder.enter("all_reduce", ddp._gradsync_watch.process_group, ddp._gradsync_watch.gradient_signature, GRADIENT_PASS_KIND, site)
             for ddp in models
         ]
         try:
