@@ -369,3 +369,18 @@ def test_a_rank_late_to_its_subgroups_collectives_is_a_straggler_too():
     tracker.observe(snapshots)
     (finding,) = tracker.findings()
     assert finding.ranks == [2], "late on the subgroup it shares with rank 1; rank 0 is not in it"
+
+
+def test_a_rank_blocked_in_an_unrecorded_collective_is_not_said_to_be_outside_collectives():
+    stuck = view(0, [record(1)], alive=True, location="save.py:36")
+    stuck.snapshot["stack"] = [
+        "save.py:36 in main", ".venv/lib/python3.11/site-packages/torch/distributed/tensor/_api.py:571 in full_tensor",
+        ".venv/lib/python3.11/site-packages/torch/distributed/_functional_collectives.py:142 in wait_tensor",
+        ".venv/lib/python3.11/site-packages/torch/_ops.py:1279 in __call__",
+    ]
+    views = {0: stuck, 1: view(1, [record(1), record(2, op="barrier", signature="", site="save.py:38", state="entered", entered=90.0)], alive=True)}
+    diagnosis = diagnose(views, trigger="stall", now=200.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "collective_mismatch" and finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": "save.py:36", "1": "save.py:38"}
+    assert diagnosis["ranks"]["0"] == "waiting in an unrecorded collective (_functional_collectives.py, wait_tensor) at save.py:36"

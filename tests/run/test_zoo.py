@@ -31,6 +31,7 @@ HEALTHY = [
     "healthy_gradsync",
     "healthy_spawn",
     "healthy_compiled",
+    "healthy_fsdp2_tp",
 ]
 # Scripts launched with another --nproc-per-node than 2.
 NPROC = {"healthy_spawn": 1}
@@ -58,6 +59,7 @@ BROKEN = [
     "extra_scalar_all_reduce",
     "skipped_send",
     "subgroup_vs_default",
+    "full_tensor_on_rank0",
 ]
 
 
@@ -263,6 +265,12 @@ def test_a_skipped_send_is_two_ranks_waiting_for_each_other_not_a_hang(zoo):
 
 def test_ranks_blocked_in_different_groups_are_named_with_their_lines(zoo):
     _assert_error(zoo["subgroup_vs_default"], "collective_mismatch", [0, 1], {0: "subgroup", 1: "monitored_barrier"})
+
+
+def test_a_rank0_only_full_tensor_is_named_though_dtensor_collectives_are_not_recorded(zoo):
+    run = zoo["full_tensor_on_rank0"]
+    finding = _assert_error(run, "collective_mismatch", [0, 1], {0: "full_tensor", 1: "barrier"})
+    assert "unrecorded collective" in finding["message"], run.explain()
 
 
 def test_crash_after_the_script_finished_is_a_teardown_failure(zoo):

@@ -649,6 +649,20 @@ def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> F
             SUGGEST_SAME_COLLECTIVES,
             locations=locations,
         )
+    unrecorded = {r: wait for r, v in running.items() if (wait := unrecorded_wait(v)) is not None}
+    if unrecorded and waiting:
+        inside = "; ".join(f"rank {r} waits in {wait} at {running[r].location or '?'}" for r, wait in sorted(unrecorded.items()))
+        return Finding(
+            "collective_mismatch",
+            "error",
+            sorted({*unrecorded, *waiting}),
+            f"The ranks wait in different collectives: {inside} (one gradsync does not record: DTensor, "
+            f"functional or compiled collectives); {waits}. Neither can finish without the other.",
+            "Make every rank of the group reach the same collectives: a DTensor's full_tensor() or "
+            "redistribute() is a collective too, so it cannot sit in a rank-dependent branch "
+            "(gather on every rank, then let rank 0 save). " + SUGGEST_SAME_COLLECTIVES,
+            locations=locations,
+        )
     if running and waiting:
         stuck = "; ".join(f"rank {r} at {v.location or '?'}" for r, v in sorted(running.items()))
         return Finding(
@@ -869,7 +883,25 @@ def _rank_line(
         return f"waiting in {describe(waiting)} at {waiting.get('site') or '?'}{since}"
     if view.snapshot is None:
         return "never reported (it died before the recorder started, or runs on another host)"
+    wait = unrecorded_wait(view)
+    if wait is not None:
+        return f"waiting in {wait} at {view.location or '?'}"
     return f"running outside collectives at {view.location or '?'}"
+
+
+# Where, on a stack, a rank blocks in a collective the recorder does not see.
+_UNRECORDED_WAIT = re.compile(r"torch/distributed/(_functional_collectives\.py|distributed_c10d\.py|tensor/)\S* in (\w+)")
+
+
+def unrecorded_wait(view: RankView) -> str | None:
+    """'an unrecorded collective (_functional_collectives.py, wait_tensor)' when the rank's last
+    stack is blocked inside torch.distributed's collective code although no record is open: a
+    DTensor, functional or compiled collective."""
+    for frame in reversed((view.snapshot or {}).get("stack") or []):
+        found = _UNRECORDED_WAIT.search(frame)
+        if found:
+            return f"an unrecorded collective ({found.group(1).rstrip('/')}, {found.group(2)})"
+    return None
 
 
 def _where(view: RankView) -> str:
