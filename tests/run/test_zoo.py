@@ -32,6 +32,7 @@ HEALTHY = [
     "healthy_spawn",
     "healthy_compiled",
     "healthy_fsdp2_tp",
+    "healthy_p2p_and_functional",
 ]
 # Scripts launched with another --nproc-per-node than 2.
 NPROC = {"healthy_spawn": 1}

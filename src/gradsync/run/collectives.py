@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat, events
@@ -317,6 +318,9 @@ _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "irecv": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "src"), None),
 }
 _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
+# torch tells a P2POp's direction by comparing its function with its own module's isend/irecv
+# (`op.op is isend`): the user's `dist.isend` must be the very same object there too.
+_COMPARED_BY_IDENTITY = frozenset({"isend", "irecv"})
 
 
 def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) -> Callable:
@@ -654,7 +658,11 @@ def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Calla
         if original is None:
             continue
         originals.append((dist, op, original))
-        setattr(dist, op, _wrap_collective(recorder, op, original))
+        wrapped = _wrap_collective(recorder, op, original)
+        setattr(dist, op, wrapped)
+        if op in _COMPARED_BY_IDENTITY and getattr(distributed_c10d, op, None) is original:
+            originals.append((distributed_c10d, op, original))
+            setattr(distributed_c10d, op, wrapped)
     for name, phase in (("init_process_group", "running"), ("destroy_process_group", "teardown")):
         original = getattr(dist, name)
         originals.append((dist, name, original))
