@@ -72,6 +72,7 @@ class ZooRun:
     diagnosis: dict
     seconds: float
     run_dir: Path
+    stdout: str = ""
 
     def line(self, tag: str) -> str:
         """'tests/run/zoo/NAME.py:LINE' of the line marked `# zoo: tag`."""
@@ -105,7 +106,28 @@ def _run(name: str, root: Path) -> ZooRun:
     )
     diagnosis_path = run_dir / "diagnosis.json"
     diagnosis = json.loads(diagnosis_path.read_text()) if diagnosis_path.exists() else {"findings": [], "missing": True}
-    return ZooRun(name, done.returncode, done.stdout + done.stderr, diagnosis, time.monotonic() - start, run_dir)
+    return ZooRun(name, done.returncode, done.stdout + done.stderr, diagnosis, time.monotonic() - start, run_dir, done.stdout)
+
+
+# Healthy scripts that print, run under plain torchrun too: what they print must be the same.
+SAME_AS_TORCHRUN = ["healthy_objects", "healthy_fsdp2_tp", "healthy_p2p_and_functional"]
+
+
+def _plain_torchrun(name: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC.get(name, 2)),
+        f"tests/run/zoo/{name}.py",
+    ]
+    return subprocess.run(
+        command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=150,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+
+
+@pytest.fixture(scope="session")
+def under_torchrun() -> dict[str, subprocess.CompletedProcess]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(SAME_AS_TORCHRUN, pool.map(_plain_torchrun, SAME_AS_TORCHRUN)))
 
 
 @pytest.fixture(scope="session")
@@ -124,6 +146,24 @@ def test_healthy_scripts_get_no_findings(zoo, name):
     ranks = NPROC.get(name, 2)
     assert f"gradsync run: ok: {ranks} rank{'s' if ranks > 1 else ''} finished" in run.output
     assert "FAILED" not in run.output and "warning:" not in run.output, run.explain()
+
+
+def _script_lines(stdout: str) -> list[str]:
+    """What the script printed: gradsync's own lines (and their indented continuations) left out."""
+    lines, ours = [], False
+    for line in stdout.splitlines():
+        ours = line.startswith("gradsync run:") or (ours and line.startswith("  "))
+        if not ours:
+            lines.append(line)
+    return sorted(lines)
+
+
+@pytest.mark.parametrize("name", SAME_AS_TORCHRUN)
+def test_a_healthy_script_prints_and_ends_as_under_plain_torchrun(zoo, under_torchrun, name):
+    plain, run = under_torchrun[name], zoo[name]
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert run.returncode == plain.returncode, run.explain()
+    assert _script_lines(run.stdout) == _script_lines(plain.stdout) != [], run.explain()
 
 
 def _assert_error(run: ZooRun, category: str, ranks: list[int], locations: dict[int, str] | None = None) -> dict:
