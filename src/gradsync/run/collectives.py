@@ -110,6 +110,7 @@ class CollectiveRecorder:
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
         self._warned: set[str] = set()
+        self.calling = threading.local()  # .active inside a recorded call on this thread
         # Async collectives waiting for their futures: the training thread appends while the snapshot
         # thread may be settling, so a deque (atomic ends) and one settler at a time.
         self.issued: deque[tuple[Record, Any]] = deque()
@@ -326,12 +327,7 @@ _COMPARED_BY_IDENTITY = frozenset({"isend", "irecv"})
 def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) -> Callable:
     group_position, signature_of, async_position = _SIGNATURES[op]
 
-    @functools.wraps(original)
-    def recorded(*args, **kwargs):
-        if torch.compiler.is_compiling():
-            # Dynamo traces into Python wrappers; handed the original, it recognises the
-            # collective and puts it in the graph (fullgraph works, and no graph break).
-            return original(*args, **kwargs)
+    def call(args: tuple, kwargs: dict) -> Any:
         record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs))
         is_async = op in _ALWAYS_ASYNC or (
             async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
@@ -351,6 +347,22 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
         except (RuntimeError, AttributeError):
             record.state = "issued"  # Gloo's send/recv give no future: they stay 'issued'
         return work
+
+    @functools.wraps(original)
+    def recorded(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            # Dynamo traces into Python wrappers; handed the original, it recognises the
+            # collective and puts it in the graph (fullgraph works, and no graph break).
+            return original(*args, **kwargs)
+        calling = recorder.calling
+        if getattr(calling, "active", False):
+            # A collective torch makes inside the user's (its send is isend(...).wait()): one record.
+            return original(*args, **kwargs)
+        calling.active = True
+        try:
+            return call(args, kwargs)
+        finally:
+            calling.active = False
 
     recorded.__gradsync_original__ = original
     return recorded

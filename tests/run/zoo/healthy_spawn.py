@@ -42,7 +42,7 @@ def train(rank: int, world: int, rendezvous: str, seconds: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=6.5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         mp.spawn(train, args=(2, os.path.join(folder, "rendezvous"), args.seconds), nprocs=2, join=True)  # zoo: join
