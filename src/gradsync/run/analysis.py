@@ -357,6 +357,16 @@ def _crash_cause(view: RankView, divergence: Divergence | None, views: dict[int,
     return killed and not (divergence is not None and _failed_in_collective(view, divergence))
 
 
+def _members(view: RankView, group: str, views: dict[int, RankView]) -> list[int]:
+    """The ranks of `group` as `view`'s rank knows them (every rank when its snapshot does not say)."""
+    return ((view.snapshot or {}).get("groups", {}).get(group) or {}).get("ranks") or list(views)
+
+
+def _reached(view: RankView, group: str) -> int:
+    """The highest sequence number the rank's records show on `group` (-1: none)."""
+    return max((r["seq"] for r in view.records if r["group"] == group and r["seq"] is not None), default=-1)
+
+
 def _peer_elsewhere(view: RankView, views: dict[int, RankView]) -> bool:
     """Did this rank's exception come out of a collective that a peer never reached, or that a
     peer had already failed out of? Then the peer, not this rank, is where to look."""
@@ -365,12 +375,12 @@ def _peer_elsewhere(view: RankView, views: dict[int, RankView]) -> bool:
     if not where or where.get("seq") is None:
         return False
     group, seq = where["group"], where["seq"]
-    members = ((view.snapshot or {}).get("groups", {}).get(group) or {}).get("ranks") or list(views)
+    members = _members(view, group, views)
     for rank in members:
         other = views.get(rank)
         if other is None or other is view:
             continue
-        reached = max((r["seq"] for r in other.records if r["group"] == group and r["seq"] is not None), default=-1)
+        reached = _reached(other, group)
         failed_before = other.exit is not None and not other.finished and _failure_time(other) < _failure_time(view)
         if reached < seq or failed_before:
             return True
@@ -729,12 +739,12 @@ def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, 
         if record.get("seq") is None:
             continue
         group = record["group"]
-        members = ((view.snapshot or {}).get("groups", {}).get(group) or {}).get("ranks") or list(views)
+        members = _members(view, group, views)
         for peer in members:
             other = views.get(peer)
             if other is None or peer == rank or other.finished:
                 continue
-            reached = max((r["seq"] for r in other.records if r["group"] == group and r["seq"] is not None), default=-1)
+            reached = _reached(other, group)
             if reached < record["seq"] and (peer in waiting or other.exit is not None):
                 pairs.append((rank, peer))
     return pairs
