@@ -122,7 +122,7 @@ def in_process_worker(args: argparse.Namespace) -> None:
         if not recorded:
             return statistics.median(timed_steps(*models[name], x, y, args.steps_per_block))
         uninstall = install(recorder, record_buckets=name == "buckets")
-        writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
+        writer = SnapshotWriter(recorder, options, identity, flight_on=False)
         writer.start()
         median = statistics.median(timed_steps(*models[name], x, y, args.steps_per_block))
         writer.stopped.set()

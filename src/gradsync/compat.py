@@ -138,6 +138,18 @@ AGENT_INITIALIZE = PrivateApi(
     "gradsync run wraps to see a restart begin",
     "an attempt the agent restarts is not diagnosed on its own, only the last one is",
 )
+# Flight Recorder, read by gradsync run's workers (gradsync.run.flight). NCCL's dumpers exist in CUDA builds only.
+_FLIGHT_WITHOUT = (
+    "collectives that bypass torch.distributed's Python functions (DTensor, functional, compiled) are "
+    "judged from the ranks' stacks, and on NCCL a collective's completion is not known"
+)
+FR_PICKLE = PrivateApi("torch._C._distributed_c10d", "_dump_fr_trace", RUN,
+                       "gradsync run reads (and saves for torch's fr_trace) Gloo's Flight Recorder with", _FLIGHT_WITHOUT)
+FR_NCCL_PICKLE = PrivateApi("torch._C._distributed_c10d", "_dump_nccl_trace", RUN,
+                            "gradsync run reads (and saves for torch's fr_trace) NCCL's Flight Recorder with", None)
+C10D_WORLD = PrivateApi("torch.distributed.distributed_c10d", "_world", RUN,
+                        "gradsync run reads to know the members of each process group Flight Recorder names",
+                        "the members of groups gradsync's recorder never saw are taken to be every rank")
 PROFILER_ENABLED = PrivateApi(
     "torch.autograd", "_profiler_enabled", TRAINER,
     "the trainer's step phases call to skip their profiler ranges when nothing records",
@@ -155,6 +167,7 @@ POWERSGD_STATE = tuple(
 PRIVATE_APIS: tuple[PrivateApi, ...] = (
     DDP_BUILTIN_HOOK, DDP_SYNC_BUFFERS, DDP_JOIN_SHADOW, *DDP_INSTANCE, DATALOADER_ITERATOR,
     OPTIMIZER_STEP_PATCH, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *POWERSGD_STATE,
+    FR_PICKLE, C10D_WORLD,  # not NCCL's dumpers: a CPU build lacks them by design
 )
 
 

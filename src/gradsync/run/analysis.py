@@ -10,12 +10,14 @@ sequences differ explains hangs and mismatch errors; without either, the ranks' 
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from gradsync.run.faults import FaultSpec
+from gradsync.run.flight import join_sites
 from gradsync.rundir.records import POINT_TO_POINT, Finding
 
 # Errors a rank gets because another rank left, crashed or misbehaved, not because of its own code.
@@ -56,7 +58,9 @@ class RankView:
         return (self.snapshot or {}).get("location")
 
     def waiting_on(self) -> dict[str, Any] | None:
-        """The collective this rank is blocked in, if any."""
+        """The collective this rank is blocked in, if any: an open record of gradsync's recorder,
+        else the first collective Flight Recorder saw the backend leave unfinished (one the
+        recorder never sees, or on NCCL one whose Python call returned long ago)."""
         recent = self.records[-16:]
         for record in recent:
             if record["state"] == "entered":
@@ -64,7 +68,40 @@ class RankView:
         for record in recent:
             if record["state"] in ("issued", "failed") and record["seq"] is not None:
                 return record
+        return self.unfinished_in_backend()
+
+    @functools.cached_property
+    def flight(self) -> list[dict[str, Any]] | None:
+        """The rank's Flight Recorder entries (oldest first) with their lines, None without a dump.
+
+        Lines come from the recorded calls that span the entries; the newest entry, when the
+        dump is current and the backend has not finished it, is where the rank blocks: its
+        line is the rank's own (a DTensor's or functional collective has no record)."""
+        dump = (self.snapshot or {}).get("flight")
+        if not dump:
+            return None
+        entries = join_sites(dump.get("entries") or [], self.records)
+        if entries and entries[-1]["state"] == "entered" and not entries[-1].get("site") and self._flight_current():
+            entries[-1] = {**entries[-1], "site": self.location}
+        return entries
+
+    def _flight_current(self) -> bool:
+        """Whether the dump was taken after the rank's last progress, so its unfinished entries
+        still say where it waits."""
+        dump = (self.snapshot or {}).get("flight") or {}
+        return dump.get("time", 0.0) >= (self.snapshot or {}).get("last_progress", 0.0)
+
+    def unfinished_in_backend(self) -> dict[str, Any] | None:
+        """The oldest collective Flight Recorder shows unfinished, when its dump is current."""
+        if not self.flight or not self._flight_current():
+            return None
+        for entry in self.flight:
+            if entry["state"] == "entered" and entry["seq"] is not None:
+                return {**entry, "site": entry.get("site") or self.location}
         return None
+
+    def flight_groups(self) -> dict[str, list[int]]:
+        return ((self.snapshot or {}).get("flight") or {}).get("groups") or {}
 
     def exception(self) -> dict[str, Any] | None:
         return self.exit if self.exit and self.exit.get("status") == "exception" else None
@@ -133,22 +170,51 @@ def find_divergence(views: dict[int, RankView]) -> Divergence | None:
             for rank, view in views.items()
             if group in (view.snapshot or {}).get("groups", {})
         }
-        if len(by_rank) < 2:
-            continue
-        seqs = sorted({seq for records in by_rank.values() for seq in records})
-        for seq in seqs:
-            present = {rank: records[seq] for rank, records in by_rank.items() if seq in records}
-            if len(present) >= 2 and len({_key(r) for r in present.values()}) > 1:
-                found.append(_first_unpaired_line(Divergence(group, seq, present), by_rank))
-                break
-        else:
-            early = _checkpoint_divergence(views, group)
-            if early is not None:
-                found.append(early)
+        divergence = _first_difference(group, by_rank, _key)
+        if divergence is None and len(by_rank) >= 2:
+            divergence = _checkpoint_divergence(views, group)
+        if divergence is not None:
+            found.append(divergence)
     return min(found, key=lambda d: d.seq) if found else None
 
 
-def _first_unpaired_line(divergence: Divergence, by_rank: dict[int, dict[int, dict[str, Any]]]) -> Divergence:
+def find_backend_divergence(views: dict[int, RankView]) -> Divergence | None:
+    """The earliest operation at which two ranks' Flight Recorder entries disagree in op or
+    tensors: what reached the process groups, collectives gradsync does not record included.
+    Compared without the kind, which comes from joining entries to records by time."""
+    found: list[Divergence] = []
+    with_dump = {rank: view.flight for rank, view in views.items() if view.flight}
+    for group in sorted({e["group"] for entries in with_dump.values() for e in entries}):
+        by_rank = {
+            rank: {e["seq"]: e for e in entries if e["group"] == group and e["seq"] is not None}
+            for rank, entries in with_dump.items()
+        }
+        divergence = _first_difference(group, {r: e for r, e in by_rank.items() if e}, _backend_key)
+        if divergence is not None:
+            found.append(divergence)
+    return min(found, key=lambda d: d.seq) if found else None
+
+
+# Ops whose input tensors are the same shape on every rank of a healthy job; the others (scatter,
+# gather, all_to_all with per-rank splits) differ by design, so only their op is compared.
+_SAME_INPUT_EVERYWHERE = frozenset({"all_reduce", "allreduce", "broadcast", "reduce", "all_gather", "allgather", "_allgather_base", "all_gather_into_tensor", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "barrier"})
+
+
+def _backend_key(entry: dict[str, Any]) -> tuple:
+    return (entry["op"], entry["signature"] if entry["op"] in _SAME_INPUT_EVERYWHERE else "")
+
+
+def _first_difference(group: str, by_rank: dict[int, dict[int, dict[str, Any]]], key: Any) -> Divergence | None:
+    if len(by_rank) < 2:
+        return None
+    for seq in sorted({seq for records in by_rank.values() for seq in records}):
+        present = {rank: records[seq] for rank, records in by_rank.items() if seq in records}
+        if len(present) >= 2 and len({key(r) for r in present.values()}) > 1:
+            return _first_unpaired_line(Divergence(group, seq, present), by_rank, key)
+    return None
+
+
+def _first_unpaired_line(divergence: Divergence, by_rank: dict[int, dict[int, dict[str, Any]]], key: Any = _key) -> Divergence:
     """Where the trouble began: an extra collective with the same op and tensors as the one its
     peers call next pairs with it silently; every later collective is then met by the peers' one
     before, until one no longer matches. The extra one shows as a collective, before the
@@ -162,7 +228,7 @@ def _first_unpaired_line(divergence: Divergence, by_rank: dict[int, dict[int, di
     sites = {rank: {r.get("site") for r in by_rank[rank].values()} for rank in ranks}
     for seq in range(divergence.seq - 1, min(min(by_rank[r]) for r in ranks) - 1, -1):
         present = {rank: by_rank[rank].get(seq) for rank in ranks}
-        if any(r is None or not r.get("site") for r in present.values()) or len({_key(r) for r in present.values()}) > 1:
+        if any(r is None or not r.get("site") for r in present.values()) or len({key(r) for r in present.values()}) > 1:
             break
         own = {rank for rank, r in present.items() if not any(r["site"] in sites[o] for o in ranks if o != rank)}
         if own and len(own) < len(ranks) and len({r["site"] for r in present.values()}) > 1:
@@ -240,6 +306,10 @@ def diagnose(
     findings: list[Finding] = []
     lines: dict[int, str] = {}
     divergence = find_divergence(views)
+    if divergence is None and trigger != "exit":
+        # What reached the process groups, for a job that failed or hung (one that ended is judged
+        # from the recorded calls alone: a false alarm there would fail a healthy job).
+        divergence = find_backend_divergence(views)
 
     injected = _fired_fault(views, trigger)
     crashes = [injected] if injected else [v for v in views.values() if _crash_cause(v, divergence, views)]
@@ -358,12 +428,21 @@ def _crash_cause(view: RankView, divergence: Divergence | None, views: dict[int,
 
 
 def _members(view: RankView, group: str, views: dict[int, RankView]) -> list[int]:
-    """The ranks of `group` as `view`'s rank knows them (every rank when its snapshot does not say)."""
-    return ((view.snapshot or {}).get("groups", {}).get(group) or {}).get("ranks") or list(views)
+    """The ranks of `group` as `view`'s rank knows them (every rank when neither its snapshot nor
+    its Flight Recorder dump says)."""
+    recorded = ((view.snapshot or {}).get("groups", {}).get(group) or {}).get("ranks")
+    return recorded or view.flight_groups().get(group) or list(views)
 
 
-def _reached(view: RankView, group: str) -> int:
-    """The highest sequence number the rank's records show on `group` (-1: none)."""
+def _reached(view: RankView, group: str, source: dict[str, Any] | None = None) -> int | None:
+    """The highest sequence number the rank shows on `group` (-1: none), counted as `source` counts:
+    gradsync's records number Python calls, Flight Recorder the backend's operations (one DDP
+    backward pass is one record but one entry per bucket). None when the rank left no Flight
+    Recorder dump to compare a Flight Recorder entry with."""
+    if source is not None and source.get("source") == "flight":
+        if view.flight is None:
+            return None
+        return max((e["seq"] for e in view.flight if e["group"] == group and e["seq"] is not None), default=-1)
     return max((r["seq"] for r in view.records if r["group"] == group and r["seq"] is not None), default=-1)
 
 
@@ -557,7 +636,21 @@ def _unused_from_ddp_error(view: RankView, exception: dict[str, Any]) -> list[st
     return [order[i] if i < len(order) else f"#{i}" for i in indices]
 
 
+_FROM_BACKEND = (
+    " (Seen by PyTorch's Flight Recorder, which records every operation that reaches a process group, "
+    "and numbers them as the group does: a collective gradsync's recorder does not see, such as a "
+    "DTensor's, functional or compiled one, is among them.)"
+)
+
+
 def _divergence_finding(divergence: Divergence, views: dict[int, RankView], trigger: str) -> Finding:
+    finding = _divergence_finding_of_records(divergence, views, trigger)
+    if any(r.get("source") == "flight" for r in divergence.records.values()):
+        finding.message += _FROM_BACKEND
+    return finding
+
+
+def _divergence_finding_of_records(divergence: Divergence, views: dict[int, RankView], trigger: str) -> Finding:
     group = "the default group" if divergence.group == "default" else divergence.group
     if divergence.before_window:
         return Finding(
@@ -744,8 +837,8 @@ def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, 
             other = views.get(peer)
             if other is None or peer == rank or other.finished:
                 continue
-            reached = _reached(other, group)
-            if reached < record["seq"] and (peer in waiting or other.exit is not None):
+            reached = _reached(other, group, record)
+            if reached is not None and reached < record["seq"] and (peer in waiting or other.exit is not None):
                 pairs.append((rank, peer))
     return pairs
 

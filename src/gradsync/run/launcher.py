@@ -83,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
         "step-time breakdown (forward, backward, exposed communication, optimizer, data) in RUN_DIR/profile",
     )
     extra.add_argument(
+        "--flight-recorder",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="keep PyTorch's Flight Recorder on in every worker with N entries (default 2000; 0: off): it sees "
+        "every collective that reaches a process group (DTensor, functional, compiled ones too) and, on NCCL, "
+        "which ones completed; dumps land in RUN_DIR/workers/attemptN/flight, readable by torch's fr_trace",
+    )
+    extra.add_argument(
         "--show-backend-logs",
         action="store_true",
         help="also print the backend libraries' own log lines (Gloo, NCCL with NCCL_DEBUG, c10 warnings, the "
@@ -187,6 +196,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         record_buckets=args.record_buckets,
         profile_steps=args.profile_steps,
         show_backend_logs=args.show_backend_logs,
+        flight_recorder_entries=args.flight_recorder,
     )
     check_target(args.training_script, as_module=args.module)
     return options

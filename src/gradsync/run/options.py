@@ -35,6 +35,9 @@ class RunOptions:
     checked. The script check always records buckets: it is short and wants the detail.
     `profile_steps`: "A:B" profiles optimizer steps A..B of every rank with torch.profiler
     (RUN_DIR/profile/, see gradsync.profiling); steps are counted by the optimizers' step calls.
+    `flight_recorder_entries`: the size of PyTorch's Flight Recorder buffer turned on in every
+    worker (TORCH_FR_BUFFER_SIZE for Gloo and NCCL; a value set in the environment
+    wins), dumped when a rank is quiet for half the stall timeout and when it exits; 0: off.
     `show_backend_logs`: also print the backend libraries' own log lines (Gloo, NCCL, c10, the
     profiler) on the console; they always go to each rank's log (see gradsync.run.output).
     """
@@ -49,6 +52,7 @@ class RunOptions:
     record_buckets: bool = False
     profile_steps: str | None = None
     show_backend_logs: bool = False
+    flight_recorder_entries: int = 2000
 
     def __post_init__(self) -> None:
         if not self.stall_timeout_s >= 1:
@@ -60,6 +64,11 @@ class RunOptions:
             raise ConfigError(f"ring_size={self.ring_size}: keep at least 16 collectives per rank.")
         if not 0 < self.straggler_ratio < 10:
             raise ConfigError(f"straggler_ratio={self.straggler_ratio}: use a share of the step, e.g. 0.2.")
+        if isinstance(self.flight_recorder_entries, bool) or not isinstance(self.flight_recorder_entries, int) or self.flight_recorder_entries < 0:
+            raise ConfigError(
+                f"--flight-recorder {self.flight_recorder_entries}: give the number of entries to keep per rank "
+                "(e.g. 2000), or 0 to turn PyTorch's Flight Recorder off."
+            )
         if self.profile_steps is not None:
             parse_profile_steps(self.profile_steps)
         steps = self.doctor_steps

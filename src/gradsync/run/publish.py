@@ -46,6 +46,8 @@ def render(diagnosis: dict[str, Any], path: Path | None = None) -> str:
         lines.append(_wrapped(f"fix: {first['suggestion']}", "  "))
         for other in errors[1:]:
             lines.append(_wrapped(f"also {other['category']} (ranks {other['ranks']}): {other['message']}", "  "))
+    elif diagnosis.get("status") == "failed":  # no worker got far enough to be diagnosed
+        lines.append(_wrapped(f"gradsync run: FAILED: {diagnosis.get('note') or 'the workers failed'}", ""))
     else:
         ranks = diagnosis.get("ranks", {})
         verdict = f"ok: {len(ranks)} rank{'s' if len(ranks) != 1 else ''} finished"

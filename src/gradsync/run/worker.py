@@ -34,7 +34,7 @@ from gradsync.distributed import end_process
 from gradsync.metrics.system import SystemSampler
 from gradsync.netif import backend_interface
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
-from gradsync.run import faults, injector
+from gradsync.run import faults, flight, injector
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.options import RunOptions
 from gradsync.run.output import WorkerOutput
@@ -105,22 +105,32 @@ class SnapshotWriter(threading.Thread):
     A rank makes progress when it enters or leaves a collective, when its main thread's stack
     changes between two looks (a long evaluation loop does; a thread blocked in the backend, a
     deadlock or a sleep does not), or when its other threads or its children work (`Activity`).
+
+    A rank quiet for half the stall timeout also dumps its Flight Recorder (every half timeout
+    while quiet), so that the launcher finds each stalled rank's dump when it diagnoses: a rank
+    blocked in the backend cannot be asked, and the dump's cost (up to ~0.3 s for 2,000
+    entries) is then paid by a rank that waits anyway.
     """
 
-    def __init__(self, recorder: CollectiveRecorder, run_dir: Path, identity: dict[str, Any], interval_s: float):
+    def __init__(self, recorder: CollectiveRecorder, options: RunOptions, identity: dict[str, Any], flight_on: bool):
         super().__init__(name="gradsync-snapshot", daemon=True)
         self.recorder = recorder
         self.identity = identity
-        self.interval_s = interval_s
-        run = RunDir(run_dir)
+        self.interval_s = options.snapshot_interval_s
+        self.quiet_dump_s = options.stall_timeout_s / 2 if flight_on else None
+        self._dumped = 0.0
+        self._dumping = threading.Lock()  # the exit's dump may meet a quiet-time one of this thread
+        run = RunDir(options.run_dir)
         self.path = run.snapshot(identity["attempt"], identity["rank"])
         self.exit_path = run.exit_record(identity["attempt"], identity["rank"])
+        self.flight_path = run.flight(identity["attempt"], identity["rank"])
+        self.flight_raw = run.flight_raw(identity["attempt"])
         self.stopped = threading.Event()
         self._last_stack: list[str] = []
         self._activity = Activity()
         # What the machine under this rank does, one reading per snapshot (~0.1 ms each), for
         # `gradsync report` on scripts that do not use gradsync's trainer.
-        self.system = SystemSampler(interval_s, backend_interface())
+        self.system = SystemSampler(self.interval_s, backend_interface())
         self.system_log = run.system(identity["attempt"], identity["rank"])
 
     def run(self) -> None:
@@ -129,10 +139,24 @@ class SnapshotWriter(threading.Thread):
             try:
                 write_json(self.path, self.state())
                 self._log_system()
+                self._dump_when_quiet()
             except OSError:
                 pass  # a full or vanished disk must not kill training; the launcher sees stale state
             if self.stopped.wait(self.interval_s):
                 return
+
+    def _dump_when_quiet(self) -> None:
+        if self.quiet_dump_s is None:
+            return
+        now = time.time()
+        if now - self.recorder.last_progress >= self.quiet_dump_s and now - self._dumped >= self.quiet_dump_s:
+            self._dumped = now
+            self.dump_flight()
+
+    def dump_flight(self) -> None:
+        if self.quiet_dump_s is not None:
+            with self._dumping:
+                flight.dump(self.flight_path, self.flight_raw, self.identity["rank"])
 
     def _log_system(self) -> None:
         try:
@@ -172,6 +196,12 @@ class SnapshotWriter(threading.Thread):
         self.stopped.set()
         state = self.state()
         state["exit"] = outcome
+        try:
+            # After the state (the dump then covers everything the rank did) and before the exit
+            # record (the launcher reads a rank's files once it has ended).
+            self.dump_flight()
+        except OSError:
+            pass
         write_json(self.exit_path, state)
 
 
@@ -250,7 +280,8 @@ def main(argv: list[str] | None = None) -> None:
     rank, attempt = identity["rank"], identity["attempt"]
     injector.arm(faults.parse_faults(options.faults), rank, attempt, run.fault(attempt, rank))
     recorder.phase = "running"
-    writer = SnapshotWriter(recorder, options.run_dir, identity, options.snapshot_interval_s)
+    flight_on = flight.enable(options.flight_recorder_entries)  # before the script creates a process group
+    writer = SnapshotWriter(recorder, options, identity, flight_on)
     check = None
     if options.doctor_steps is not None:
         check = _install_script_check(recorder, writer, options, identity)

@@ -12,6 +12,7 @@ group (which may be the stuck thing).
         rankR.json, .exit.json       snapshot, how it ended          analysis, gradsync report
         rankR.ring, rankR.log        collectives, its output
         system-rankR.jsonl           machine readings
+        flight-rankR.json, flight/   Flight Recorder: compact, and torch's own dump (fr_trace)
         fault-rankR.json             an injected fault that fired
         script-check-rankR.json      what --doctor-steps saw
         diagnosis.json             the monitor: that attempt's diagnosis

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradsync.rundir.layout import EXIT_RECORD, SNAPSHOT, RunDir
+from gradsync.rundir.layout import EXIT_RECORD, FLIGHT, SNAPSHOT, RunDir
 from gradsync.rundir.records import RECORD_FIELDS
 
 
@@ -182,11 +182,14 @@ def read_attempt(run: RunDir, attempt: int) -> tuple[dict[int, dict], dict[int, 
     """Every rank's latest snapshot and exit record of one attempt, keyed by global rank.
 
     Each gets the rank's recorded collectives from its ring file under "records", and their
-    count under "collectives".
+    count under "collectives"; and its latest Flight Recorder dump, if it left one, under "flight".
     """
     exits = read_by_rank(run, attempt, EXIT_RECORD)
     snapshots = read_by_rank(run, attempt, SNAPSHOT)
+    flights = read_by_rank(run, attempt, FLIGHT)
     for rank, data in (*snapshots.items(), *exits.items()):
         data["records"] = read_ring(run.ring(attempt, rank))
         data["collectives"] = data["records"][-1]["index"] + 1 if data["records"] else 0
+        if rank in flights:
+            data["flight"] = flights[rank]
     return snapshots, exits

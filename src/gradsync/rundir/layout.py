@@ -17,6 +17,7 @@ LOG = "rank{}.log"
 SYSTEM = "system-rank{}.jsonl"
 FAULT = "fault-rank{}.json"
 SCRIPT_CHECK = "script-check-rank{}.json"
+FLIGHT = "flight-rank{}.json"
 PROFILE_TRACE = "rank{}.trace.json"
 PROFILE_BREAKDOWN = "rank{}.breakdown.json"
 
@@ -114,6 +115,14 @@ class RunDir:
     def script_check(self, attempt: int, rank: int) -> Path:
         """What a rank saw of its own run under --doctor-steps."""
         return self.attempt(attempt) / SCRIPT_CHECK.format(rank)
+
+    def flight(self, attempt: int, rank: int) -> Path:
+        """The rank's Flight Recorder entries, compact, when it was quiet for a while or exited (FlightDump)."""
+        return self.attempt(attempt) / FLIGHT.format(rank)
+
+    def flight_raw(self, attempt: int) -> Path:
+        """torch's own Flight Recorder dumps, one `rank_R` per rank, for torch's fr_trace analyser."""
+        return self.attempt(attempt) / "flight"
 
     def attempt_diagnosis(self, attempt: int) -> Path:
         """Each attempt's own diagnosis; `diagnosis` is the latest one."""

@@ -37,6 +37,17 @@ class RingRecord(TypedDict):
     error: str | None
 
 
+class FlightDump(TypedDict):
+    """A rank's Flight Recorder entries (RunDir.flight), newest last, in the ring records' shape:
+    group, seq (None for point-to-point), op, signature, state ("finished", or "entered" while the
+    backend has not completed it), entered (creation time), plus backend_state (Flight Recorder's
+    own word: scheduled/started/completed). `groups`: group -> global ranks."""
+
+    time: float
+    entries: list[dict[str, Any]]
+    groups: dict[str, list[int]]
+
+
 class Identity(TypedDict):
     """Who a worker is, from torchrun's environment."""
 
