@@ -1,16 +1,20 @@
 """What `gradsync run` costs over plain torchrun on a healthy DDP job, measured side by side.
 
-Two measurements, both ratios of median step times (2 processes, Gloo):
+Three measurements (2 processes, Gloo):
 
-1. whole launches: the same training script is launched by `torchrun` and by `gradsync run`,
-   alternating (ABBA order) for several rounds so that drift hits both alike. This includes
-   everything (recorder, snapshot thread, the launcher's monitor) but between-launch noise on a
-   small machine is several percent.
+1. whole launches: the same training script is launched by `torchrun`, by `gradsync run` and by
+   `gradsync run --flight-recorder 0`, in rotating order for several rounds so that drift hits
+   all alike. This includes everything (recorder, Flight Recorder, snapshot thread, the
+   launcher's monitor) but between-launch noise on a small machine is several percent.
 2. in one job: the same processes alternate short blocks of steps with the recorder off, on
    (ring file and snapshot thread included) and on under `--record-buckets`. Each back-to-back
    round gives one ratio per recorded block; the median of many rounds, with a confidence
    interval, pins down the recorder's own cost far better than whole launches (see
    `in_process_worker` for how model-to-model differences are cancelled).
+3. Flight Recorder per collective: it is on or off for a whole process (torch reads its buffer
+   size once), so one process per arm, alternating: the time of a small all_reduce on a
+   one-rank Gloo group with and without it, and what that adds to a 20 ms step that makes
+   STEP_COLLECTIVES collectives.
 
 Run with `make bench-run-overhead` or `python benchmarks/run_overhead.py [--rounds 4]`.
 """
@@ -152,6 +156,42 @@ def in_process_worker(args: argparse.Namespace) -> None:
     end_process(0)  # not destroy_process_group() with DDP models alive: see gradsync.distributed
 
 
+STEP_COLLECTIVES = 8  # a DDP step's bucket all-reduces plus a few of the script's own (metrics, checks)
+
+
+def flight_recorder_worker(args: argparse.Namespace) -> None:
+    """Median seconds per small all_reduce on a one-rank group (Flight Recorder on or off by the
+    environment this process was started with)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    tensor = torch.ones(1)
+    medians = []
+    for _ in range(args.fr_blocks):
+        start = time.perf_counter()
+        for _ in range(args.fr_calls):
+            dist.all_reduce(tensor)
+        medians.append((time.perf_counter() - start) / args.fr_calls)
+    Path(args.result).write_text(json.dumps({"per_call_s": statistics.median(medians)}))
+    dist.destroy_process_group()
+
+
+def flight_recorder_cost(args: argparse.Namespace, scratch: Path) -> tuple[float, float]:
+    """(seconds per collective off, seconds added per collective by Flight Recorder), medians over
+    alternating processes."""
+    per_call: dict[str, list[float]] = {"off": [], "on": []}
+    for round_ in range(args.fr_rounds):
+        for arm in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
+            result = scratch / f"fr_{arm}.json"
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_FR_BUFFER_SIZE": "2000" if arm == "on" else "0"}
+            subprocess.run([sys.executable, __file__, "--flight-recorder-worker", "--result", str(result), "--fr-calls",
+                            str(args.fr_calls), "--fr-blocks", str(args.fr_blocks)], check=True, env=env)
+            per_call[arm].append(json.loads(result.read_text())["per_call_s"])
+    off = statistics.median(per_call["off"])
+    return off, statistics.median(per_call["on"]) - off
+
+
 def median_with_interval(values: list[float]) -> tuple[float, float, float]:
     """The median and a distribution-free ~95% confidence interval for it (binomial order statistics)."""
     ordered = sorted(values)
@@ -183,6 +223,10 @@ def main() -> None:
     parser.add_argument("--steps-per-block", type=int, default=20)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--fr-rounds", type=int, default=6, help="alternating process pairs for the Flight Recorder cost")
+    parser.add_argument("--fr-calls", type=int, default=2000)
+    parser.add_argument("--fr-blocks", type=int, default=5)
+    parser.add_argument("--flight-recorder-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--in-process-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -193,22 +237,27 @@ def main() -> None:
     if args.in_process_worker:
         in_process_worker(args)
         return
+    if args.flight_recorder_worker:
+        flight_recorder_worker(args)
+        return
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as scratch:
         gradsync_run = [sys.executable, "-m", "gradsync", "run", "--run-dir", str(Path(scratch) / "run")]
-        plain_times, watched_times = [], []
+        launchers = {"torchrun": torchrun, "gradsync run": gradsync_run, "gradsync run, Flight Recorder off": [*gradsync_run, "--flight-recorder", "0"]}
+        times: dict[str, list[float]] = {name: [] for name in launchers}
+        names = list(launchers)
         for round_ in range(args.rounds):
-            order = ("plain", "watched") if round_ % 2 == 0 else ("watched", "plain")
-            got = {name: launch(torchrun if name == "plain" else gradsync_run, args, Path(scratch) / f"{name}.json") for name in order}
-            plain_times.append(got["plain"])
-            watched_times.append(got["watched"])
-            print(f"launch round {round_ + 1}: torchrun {got['plain'] * 1e3:.2f} ms/step, gradsync run "
-                  f"{got['watched'] * 1e3:.2f} ms/step, ratio {got['watched'] / got['plain']:.3f}", flush=True)
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                times[name].append(launch(launchers[name], args, Path(scratch) / "launch.json"))
+            print(f"launch round {round_ + 1}: " + ", ".join(f"{name} {times[name][-1] * 1e3:.2f} ms/step" for name in names), flush=True)
         if args.rounds:
-            launches = statistics.median(watched_times) / statistics.median(plain_times)
-            print(f"whole launches: gradsync run / torchrun = {launches:.3f} (median of {args.rounds} launches each, "
-                  f"{args.steps} steps)")
+            plain = statistics.median(times["torchrun"])
+            print(f"whole launches (median of {args.rounds} launches each, {args.steps} steps), step time / torchrun's:")
+            for name in names[1:]:
+                print(f"  {name}: {statistics.median(times[name]) / plain:.3f}")
+        off, added = flight_recorder_cost(args, Path(scratch))
         result = Path(scratch) / "in_process.json"
         subprocess.run(
             [*torchrun, "--standalone", "--nproc-per-node", "2", __file__, "--in-process-worker", "--result", str(result),
@@ -223,6 +272,9 @@ def main() -> None:
         median, low, high = median_with_interval(ratios)
         label = "recorder (default) / off" if name == "recorded" else "recorder --record-buckets / off"
         print(f"  {label} = {median:.3f} (95% interval {low:.3f}-{high:.3f})")
+    print(f"Flight Recorder: {added * 1e6:+.1f} us per collective ({off * 1e6:.1f} us without it, median of "
+          f"{args.fr_rounds} processes each); at {STEP_COLLECTIVES} collectives per 20 ms step: "
+          f"{STEP_COLLECTIVES * added / 0.020 * 100:+.2f}% of the step")
 
 
 if __name__ == "__main__":
