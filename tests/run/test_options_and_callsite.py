@@ -20,6 +20,8 @@ def test_options_round_trip_and_validation(tmp_path):
         RunOptions(run_dir=tmp_path, stall_timeout_s=0.5)
     with pytest.raises(ConfigError, match="--profile-steps '3': give FIRST:LAST"):
         RunOptions(run_dir=tmp_path, profile_steps="3")
+    with pytest.raises(ConfigError, match="--flight-recorder -1: .* or 0 to turn"):
+        RunOptions(run_dir=tmp_path, flight_recorder_entries=-1)
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(ConfigError, match="not a gradsync run options file"):
         RunOptions.load(tmp_path / "bad.json")
