@@ -293,3 +293,23 @@ def test_settling_on_the_snapshot_thread_loses_no_collective_the_training_thread
     settler.join()
     recorder.settle()
     assert [r.index for r in records if r.state != "finished"] == []
+
+
+def _batched_exchange(rank, recorder):
+    # A ring exchange through batch_isend_irecv: Gloo's send/recv works give no future.
+    peer = 1 - rank
+    ops = [dist.P2POp(dist.isend, torch.ones(2), peer), dist.P2POp(dist.irecv, torch.zeros(2), peer)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    recorder.settle()
+
+
+def record_batched_exchange():
+    return _recorded(_batched_exchange)
+
+
+def test_point_to_point_works_without_a_future_are_finished_once_completed():
+    for result in launch(record_batched_exchange, 2):
+        p2p = [r for r in result["records"] if r["op"] in ("isend", "irecv")]
+        assert [r["op"] for r in p2p] == ["isend", "irecv"]
+        assert [r["state"] for r in p2p] == ["finished", "finished"], "a completed isend must not look waited in"

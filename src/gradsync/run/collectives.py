@@ -324,6 +324,25 @@ _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 _COMPARED_BY_IDENTITY = frozenset({"isend", "irecv"})
 
 
+class _Completion:
+    """A work's completion asked as a future's is (`done`, `wait`), for works that give no future
+    (Gloo's send/recv): without it a finished isend would stay 'issued', and its rank seem to wait
+    in it for good. Done once the script's own wait on it returned; never waited on here, since
+    a second wait on a Gloo send or receive blocks for good (each completion is consumed once),
+    so its errors reach the record through the script's wait, not this one."""
+
+    __slots__ = ("work",)
+
+    def __init__(self, work: Any):
+        self.work = work
+
+    def done(self) -> bool:
+        return self.work.is_completed()
+
+    def wait(self) -> None:
+        pass
+
+
 def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) -> Callable:
     group_position, signature_of, async_position = _SIGNATURES[op]
 
@@ -343,9 +362,10 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
             recorder.finish(record)
             return work
         try:
-            recorder.finish_when_done(record, work.get_future())
+            future = work.get_future()
         except (RuntimeError, AttributeError):
-            record.state = "issued"  # Gloo's send/recv give no future: they stay 'issued'
+            future = _Completion(work)  # Gloo's send/recv give no future
+        recorder.finish_when_done(record, future)
         return work
 
     @functools.wraps(original)
