@@ -257,6 +257,11 @@ class CollectiveRecorder:
 
     # -- views for the snapshot thread ------------------------------------------------------
 
+    def in_blocking_collective(self) -> bool:
+        """Whether the newest collective was entered and has not returned (a blocking call waits)."""
+        last = self.ring[-1] if self.ring else None
+        return last is not None and last.state == "entered"
+
     def recent(self, limit: int) -> list[dict[str, Any]]:
         return [record.as_dict() for record in list(self.ring)[-limit:]]
 
@@ -292,6 +297,21 @@ def _root(args: tuple, kwargs: dict, position: int, name: str) -> str:
     return f" {name}={value}" if value is not None else ""
 
 
+def _peer(args: tuple, kwargs: dict, name: str) -> str:
+    """' dst=R' / ' src=R' of a point-to-point op, R the peer's global rank, whether the caller gave
+    `dst` or the group rank `group_dst` (torch's own send and batch_isend_irecv give the latter)."""
+    value = _arg(args, kwargs, 1, name)
+    if value is None and kwargs.get(f"group_{name}") is not None:
+        value = kwargs[f"group_{name}"]
+        group = _arg(args, kwargs, 2, "group")
+        if group is not None and group is not dist.GroupMember.WORLD:
+            try:
+                value = dist.get_global_rank(group, value)
+            except (RuntimeError, ValueError):
+                pass
+    return f" {name}={value}" if value is not None else ""
+
+
 # op name -> (position of the group argument, function giving the agreed signature, async position)
 _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "all_reduce": (2, lambda a, k: f"{_tensor_text(_arg(a, k, 0, 'tensor'))} op={_reduce_op_text(_arg(a, k, 1, 'op', dist.ReduceOp.SUM))}", 3),
@@ -313,10 +333,10 @@ _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "broadcast_object_list": (2, lambda a, k: _root(a, k, 1, "src").strip(), None),
     "gather_object": (3, lambda a, k: _root(a, k, 2, "dst").strip(), None),
     "scatter_object_list": (3, lambda a, k: _root(a, k, 2, "src").strip(), None),
-    "send": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "dst"), None),
-    "recv": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "src"), None),
-    "isend": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "dst"), None),
-    "irecv": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _root(a, k, 1, "src"), None),
+    "send": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _peer(a, k, "dst"), None),
+    "recv": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _peer(a, k, "src"), None),
+    "isend": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _peer(a, k, "dst"), None),
+    "irecv": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _peer(a, k, "src"), None),
 }
 _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
 # torch tells a P2POp's direction by comparing its function with its own module's isend/irecv

@@ -173,8 +173,12 @@ class SnapshotWriter(threading.Thread):
         stack = stack_summary(frame)
         now = time.time()
         # Even inside a collective call: a blocked backend wait leaves the Python stack still,
-        # while Python work around it (DDP's construction imports modules) moves it.
-        if self._activity.busy() or stack != self._last_stack:
+        # while Python work around it (DDP's construction imports modules) moves it. The rank's
+        # other threads and children count only while the main thread is not blocked in a
+        # collective: what a collective waits for is the other ranks, never this rank's helpers
+        # (a busy prefetcher would otherwise hide the hang for as long as it runs).
+        busy = self._activity.busy()
+        if (busy and not self._blocked_in_collective(stack)) or stack != self._last_stack:
             recorder.last_progress = now
         self._last_stack = stack
         return {
@@ -191,6 +195,11 @@ class SnapshotWriter(threading.Thread):
             "unused_parameters": recorder.unused_parameters(),
             "ddp_parameters": [watch.reducer_order for watch in recorder.ddp_models],
         }
+
+    def _blocked_in_collective(self, stack: list[str]) -> bool:
+        """Recorded as waiting in a collective, or stopped inside torch.distributed's code (a
+        DTensor, functional or compiled collective the recorder does not see)."""
+        return self.recorder.in_blocking_collective() or bool(stack and "torch/distributed/" in stack[-1])
 
     def finish(self, outcome: dict[str, Any]) -> None:
         self.stopped.set()
