@@ -384,3 +384,16 @@ def test_a_rank_blocked_in_an_unrecorded_collective_is_not_said_to_be_outside_co
     assert finding["category"] == "collective_mismatch" and finding["ranks"] == [0, 1]
     assert finding["locations"] == {"0": "save.py:36", "1": "save.py:38"}
     assert diagnosis["ranks"]["0"] == "waiting in an unrecorded collective (_functional_collectives.py, wait_tensor) at save.py:36"
+
+
+def test_in_a_large_job_ranks_in_the_same_place_are_said_once():
+    # 64 ranks wait in the same barrier for rank 0, which sleeps outside collectives.
+    views = {0: view(0, [record(1)], alive=True, location="train.py:7")}
+    views.update({r: view(r, [record(1), record(2, op="barrier", signature="", site="train.py:9", state="entered")], alive=True)
+                  for r in range(1, 64)})
+    for v in views.values():
+        v.snapshot["groups"]["default"]["ranks"] = list(range(64))
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [0]
+    assert "rank 1 waits in barrier #2 at train.py:9 (likewise ranks 2-63)" in finding["message"], finding["message"]
+    assert len(finding["message"]) < 600

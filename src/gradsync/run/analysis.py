@@ -10,7 +10,9 @@ sequences differ explains hangs and mismatch errors; without either, the ranks' 
 
 from __future__ import annotations
 
+import bisect
 import functools
+import heapq
 import re
 import statistics
 from dataclasses import dataclass
@@ -100,6 +102,16 @@ class RankView:
                 return {**entry, "site": entry.get("site") or self.location}
         return None
 
+    @functools.cached_property
+    def reached(self) -> dict[str, int]:
+        """group -> the highest sequence number the rank's records show on it (one pass, kept)."""
+        return _highest_seqs(self.records)
+
+    @functools.cached_property
+    def flight_reached(self) -> dict[str, int]:
+        """group -> the highest sequence number the rank's Flight Recorder entries show on it."""
+        return _highest_seqs(self.flight or [])
+
     def flight_groups(self) -> dict[str, list[int]]:
         return ((self.snapshot or {}).get("flight") or {}).get("groups") or {}
 
@@ -109,6 +121,15 @@ class RankView:
     @property
     def finished(self) -> bool:
         return bool(self.exit) and self.exit.get("status") == "finished"
+
+
+def _highest_seqs(records: list[dict[str, Any]]) -> dict[str, int]:
+    highest: dict[str, int] = {}
+    for record in records:
+        seq = record["seq"]
+        if seq is not None and seq > highest.get(record["group"], -1):
+            highest[record["group"]] = seq
+    return highest
 
 
 def describe(record: dict[str, Any]) -> str:
@@ -163,16 +184,20 @@ def _key(record: dict[str, Any]) -> tuple:
 def find_divergence(views: dict[int, RankView]) -> Divergence | None:
     """The earliest collective, over all groups, at which two ranks' records disagree."""
     found: list[Divergence] = []
-    groups = {g for v in views.values() for g in (v.snapshot or {}).get("groups", {})}
-    for group in sorted(groups):
-        by_rank = {
-            rank: {r["seq"]: r for r in view.records if r["group"] == group and r["seq"] is not None}
-            for rank, view in views.items()
-            if group in (view.snapshot or {}).get("groups", {})
-        }
+    # group -> rank -> seq -> record, for the ranks whose snapshot names the group: one pass over
+    # each rank's records (not one per group, of which a large job has hundreds).
+    by_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
+    for rank, view in views.items():
+        tables = {group: by_group.setdefault(group, {}).setdefault(rank, {}) for group in (view.snapshot or {}).get("groups", {})}
+        for record in view.records:
+            table = tables.get(record["group"])
+            if table is not None and record["seq"] is not None:
+                table[record["seq"]] = record
+    for group in sorted(by_group):
+        by_rank = by_group[group]
         divergence = _first_difference(group, by_rank, _key)
         if divergence is None and len(by_rank) >= 2:
-            divergence = _checkpoint_divergence(views, group)
+            divergence = _checkpoint_divergence(views, group, by_rank)
         if divergence is not None:
             found.append(divergence)
     return min(found, key=lambda d: d.seq) if found else None
@@ -183,13 +208,14 @@ def find_backend_divergence(views: dict[int, RankView]) -> Divergence | None:
     tensors: what reached the process groups, collectives gradsync does not record included.
     Compared without the kind, which comes from joining entries to records by time."""
     found: list[Divergence] = []
-    with_dump = {rank: view.flight for rank, view in views.items() if view.flight}
-    for group in sorted({e["group"] for entries in with_dump.values() for e in entries}):
-        by_rank = {
-            rank: {e["seq"]: e for e in entries if e["group"] == group and e["seq"] is not None}
-            for rank, entries in with_dump.items()
-        }
-        divergence = _first_difference(group, {r: e for r, e in by_rank.items() if e}, _backend_key)
+    # group -> rank -> seq -> entry, in one pass over each rank's entries (not one per group)
+    by_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
+    for rank, view in views.items():
+        for entry in view.flight or ():
+            if entry["seq"] is not None:
+                by_group.setdefault(entry["group"], {}).setdefault(rank, {})[entry["seq"]] = entry
+    for group in sorted(by_group):
+        divergence = _first_difference(group, by_group[group], _backend_key)
         if divergence is not None:
             found.append(divergence)
     return min(found, key=lambda d: d.seq) if found else None
@@ -236,11 +262,12 @@ def _first_unpaired_line(divergence: Divergence, by_rank: dict[int, dict[int, di
     return divergence
 
 
-def _checkpoint_divergence(views: dict[int, RankView], group: str) -> Divergence | None:
-    """Ranks whose recorded windows agree may still have diverged earlier: compare CRC checkpoints."""
+def _checkpoint_divergence(views: dict[int, RankView], group: str, ranks: Iterable[int] | None = None) -> Divergence | None:
+    """Ranks whose recorded windows agree may still have diverged earlier: compare CRC checkpoints
+    (of `ranks`, the group's members, when known: every rank otherwise)."""
     checkpoints: dict[int, dict[int, int]] = {}
-    for rank, view in views.items():
-        state = (view.snapshot or {}).get("groups", {}).get(group)
+    for rank in views if ranks is None else ranks:
+        state = (views[rank].snapshot or {}).get("groups", {}).get(group)
         if state:
             checkpoints[rank] = {seq: crc for seq, crc in state["checkpoints"]}
     common = sorted(set.intersection(*(set(c) for c in checkpoints.values()))) if len(checkpoints) > 1 else []
@@ -253,9 +280,14 @@ def _checkpoint_divergence(views: dict[int, RankView], group: str) -> Divergence
 def _ranks_alone_at_their_line(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> list[int]:
     """The ranks whose line at this collective no other rank ever called a collective from (the
     extra one), else every rank involved."""
+    sites = {rank: {r.get("site") for r in view.records} for rank, view in views.items()}
+    callers: dict[str | None, int] = {}  # line -> how many ranks ever called a collective there
+    for seen in sites.values():
+        for site in seen:
+            callers[site] = callers.get(site, 0) + 1
     alone = [
         rank for rank, record in records.items()
-        if not any(record.get("site") == r.get("site") for other, view in views.items() if other != rank for r in view.records)
+        if callers.get(record.get("site"), 0) == (record.get("site") in sites.get(rank, ()))
     ]
     return sorted(alone) if 0 < len(alone) < len(records) else sorted(records)
 
@@ -312,7 +344,8 @@ def diagnose(
         divergence = find_backend_divergence(views)
 
     injected = _fired_fault(views, trigger)
-    crashes = [injected] if injected else [v for v in views.values() if _crash_cause(v, divergence, views)]
+    positions: dict[tuple, Any] = {}  # shared by the ranks' _peer_elsewhere questions
+    crashes = [injected] if injected else [v for v in views.values() if _crash_cause(v, divergence, views, positions)]
     # torchrun's agent stops the remaining workers with SIGTERM once one has failed, possibly
     # before their last snapshot is newer than the failure: SIGTERM is a cause only alone, and
     # not when a rank failed waiting for it (then where it was, is the answer: see _position_finding).
@@ -409,7 +442,9 @@ def _failure_time(view: RankView) -> float:
     return (view.snapshot or {}).get("time", float("inf"))
 
 
-def _crash_cause(view: RankView, divergence: Divergence | None, views: dict[int, RankView]) -> bool:
+def _crash_cause(
+    view: RankView, divergence: Divergence | None, views: dict[int, RankView], positions: dict[tuple, Any] | None = None
+) -> bool:
     """Did this rank fail by itself (not because a peer left or the collectives mismatched)?"""
     if view.stopped_by_gradsync:
         return False
@@ -419,7 +454,7 @@ def _crash_cause(view: RankView, divergence: Divergence | None, views: dict[int,
             return False
         if divergence is not None and (is_mismatch_symptom(exception) or _failed_in_collective(view, divergence)):
             return False
-        return not _peer_elsewhere(view, views)
+        return not _peer_elsewhere(view, views, positions)
     if view.exit and view.exit.get("status") == "exit_code":
         return True
     killed = view.exit is None and view.exitcode is not None and view.exitcode < 0 and view.signal is not None
@@ -442,28 +477,38 @@ def _reached(view: RankView, group: str, source: dict[str, Any] | None = None) -
     if source is not None and source.get("source") == "flight":
         if view.flight is None:
             return None
-        return max((e["seq"] for e in view.flight if e["group"] == group and e["seq"] is not None), default=-1)
-    return max((r["seq"] for r in view.records if r["group"] == group and r["seq"] is not None), default=-1)
+        return view.flight_reached.get(group, -1)
+    return view.reached.get(group, -1)
 
 
-def _peer_elsewhere(view: RankView, views: dict[int, RankView]) -> bool:
+def _peer_elsewhere(view: RankView, views: dict[int, RankView], positions: dict[tuple, Any] | None = None) -> bool:
     """Did this rank's exception come out of a collective that a peer never reached, or that a
-    peer had already failed out of? Then the peer, not this rank, is where to look."""
+    peer had already failed out of? Then the peer, not this rank, is where to look.
+
+    `positions` keeps, per group, what every rank that failed in it asks again: the two members
+    furthest behind and the two that failed first (the first of them that is not the asking rank
+    answers for all its peers)."""
     exception = view.exception() or {}
     where = exception.get("collective")
     if not where or where.get("seq") is None:
         return False
     group, seq = where["group"], where["seq"]
     members = _members(view, group, views)
-    for rank in members:
-        other = views.get(rank)
-        if other is None or other is view:
-            continue
-        reached = _reached(other, group)
-        failed_before = other.exit is not None and not other.finished and _failure_time(other) < _failure_time(view)
-        if reached < seq or failed_before:
-            return True
-    return False
+    key = (group, tuple(members))
+    found = None if positions is None else positions.get(key)
+    if found is None:
+        others = [(rank, views[rank]) for rank in dict.fromkeys(members) if rank in views]
+        behind = heapq.nsmallest(2, ((_reached(other, group), rank) for rank, other in others))
+        failed = heapq.nsmallest(
+            2, ((_failure_time(other), rank) for rank, other in others if other.exit is not None and not other.finished)
+        )
+        found = (behind, failed)
+        if positions is not None:
+            positions[key] = found
+    behind, failed = found
+    reached = next((value for value, rank in behind if views[rank] is not view), None)
+    failed_at = next((value for value, rank in failed if views[rank] is not view), None)
+    return (reached is not None and reached < seq) or (failed_at is not None and failed_at < _failure_time(view))
 
 
 def _failure_signature(view: RankView) -> tuple:
@@ -625,6 +670,37 @@ def _rank_list(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
+LISTED_RANKS = 8  # beyond this many, ranks in the same position are said once
+
+
+def _listing(parts: list[tuple[int, str]]) -> str:
+    """'; '-joined "rank R ..." texts; in a large job, ranks whose text is the same but for the
+    rank are said once ("rank 1 waits in barrier #5 at train.py:9 (likewise ranks 2-1023)"), so a
+    message stays readable at a thousand ranks."""
+    if len(parts) <= LISTED_RANKS:
+        return "; ".join(text for _, text in parts)
+    alike: dict[str, list[tuple[int, str]]] = {}
+    for rank, text in parts:
+        alike.setdefault(text.replace(f"rank {rank}", "rank", 1), []).append((rank, text))
+    said = []
+    for same in alike.values():
+        text, others = same[0][1], [rank for rank, _ in same[1:]]
+        said.append(text + (f" (likewise {_rank_ranges(others)})" if others else ""))
+    return "; ".join(said)
+
+
+def _rank_ranges(ranks: list[int]) -> str:
+    """'ranks 2-5, 9, 11-1023' for sorted ranks."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
+
+
 def _unused_from_ddp_error(view: RankView, exception: dict[str, Any]) -> list[str] | None:
     if not _UNUSED_HINT.search(exception["message"]):
         return None
@@ -667,10 +743,10 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
     for rank, view in views.items():
         locations.setdefault(str(rank), view.location or _last_site(view) or "?")
     ranks = _odd_ones_out(records)
-    sides = "; ".join(f"rank {rank}: {describe(record)} at {record.get('site') or '?'}" for rank, record in sorted(records.items()))
+    sides = _listing([(rank, f"rank {rank}: {describe(record)} at {record.get('site') or '?'}") for rank, record in sorted(records.items())])
     if divergence.surfaced_at is not None:
         later = divergence.surfaced_at
-        later_sides = "; ".join(f"rank {rank}: {describe(r)} at {r.get('site') or '?'}" for rank, r in sorted(later.records.items()))
+        later_sides = _listing([(rank, f"rank {rank}: {describe(r)} at {r.get('site') or '?'}") for rank, r in sorted(later.records.items())])
         extra = _ranks_alone_at_their_line(records, views)
         return Finding(
             "collective_mismatch",
@@ -738,7 +814,7 @@ def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> F
         if (v.alive or (v.signal == "SIGTERM" and v.exit is None)) and r not in waiting and r not in finished
     }
     locations = {str(r): _where(v) for r, v in sorted(views.items())}
-    waits = "; ".join(f"rank {r} waits in {describe(v.waiting_on())} at {v.waiting_on().get('site') or '?'}" for r, v in sorted(waiting.items()))
+    waits = _listing([(r, f"rank {r} waits in {describe(v.waiting_on())} at {v.waiting_on().get('site') or '?'}") for r, v in sorted(waiting.items())])
     if finished and (waiting or trigger == "failure"):
         counts = ", ".join(f"rank {r}: {(v.snapshot or {}).get('collectives', '?')}" for r, v in sorted(views.items()))
         return Finding(
@@ -754,7 +830,7 @@ def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> F
         )
     unrecorded = {r: wait for r, v in running.items() if (wait := unrecorded_wait(v)) is not None}
     if unrecorded and waiting:
-        inside = "; ".join(f"rank {r} waits in {wait} at {running[r].location or '?'}" for r, wait in sorted(unrecorded.items()))
+        inside = _listing([(r, f"rank {r} waits in {wait} at {running[r].location or '?'}") for r, wait in sorted(unrecorded.items())])
         return Finding(
             "collective_mismatch",
             "error",
@@ -767,7 +843,7 @@ def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> F
             locations=locations,
         )
     if running and waiting:
-        stuck = "; ".join(f"rank {r} at {v.location or '?'}" for r, v in sorted(running.items()))
+        stuck = _listing([(r, f"rank {r} at {v.location or '?'}") for r, v in sorted(running.items())])
         return Finding(
             "rank_stuck",
             "error",
@@ -783,11 +859,11 @@ def _position_finding(views: dict[int, RankView], now: float, trigger: str) -> F
     elsewhere = _waiting_for_ranks_elsewhere(waiting, views)
     if elsewhere:
         blocked = sorted({r for pair in elsewhere for r in pair})
-        lines = "; ".join(
-            f"rank {r} waits in {describe(views[r].waiting_on())} at {views[r].waiting_on().get('site') or '?'} for rank {peer}, "
-            f"{'which waits in ' + describe(views[peer].waiting_on()) if views[peer].waiting_on() else 'which is at ' + (views[peer].location or '?')}"
+        lines = _listing([
+            (r, f"rank {r} waits in {describe(views[r].waiting_on())} at {views[r].waiting_on().get('site') or '?'} for rank {peer}, "
+                f"{'which waits in ' + describe(views[peer].waiting_on()) if views[peer].waiting_on() else 'which is at ' + (views[peer].location or '?')}")
             for r, peer in sorted(elsewhere)
-        )
+        ])
         return Finding(
             "collective_mismatch",
             "error",
@@ -816,6 +892,9 @@ def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, 
     point-to-point message, a peer not waiting in the matching one; for a collective, a member of
     its group that has not reached it. Positions, not time: who waits for whom."""
     pairs = []
+    # Per group (as the waiting rank knows its members, counted as its record counts): the peers
+    # that can hold it up, furthest behind first, so the ones behind a collective are a prefix.
+    holding: dict[tuple, tuple[list[int], list[tuple[int, int, int]]]] = {}
     for rank, view in sorted(waiting.items()):
         record = view.waiting_on()
         if record["op"] in POINT_TO_POINT:
@@ -833,13 +912,21 @@ def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, 
             continue
         group = record["group"]
         members = _members(view, group, views)
-        for peer in members:
-            other = views.get(peer)
-            if other is None or peer == rank or other.finished:
-                continue
-            reached = _reached(other, group, record)
-            if reached is not None and reached < record["seq"] and (peer in waiting or other.exit is not None):
-                pairs.append((rank, peer))
+        key = (group, record.get("source") == "flight", tuple(members))
+        if key not in holding:
+            candidates = []
+            for position, peer in enumerate(members):
+                other = views.get(peer)
+                if other is None or other.finished or not (peer in waiting or other.exit is not None):
+                    continue
+                reached = _reached(other, group, record)
+                if reached is not None:
+                    candidates.append((reached, position, peer))
+            candidates.sort()
+            holding[key] = ([reached for reached, _, _ in candidates], candidates)
+        levels, candidates = holding[key]
+        behind = candidates[: bisect.bisect_left(levels, record["seq"])]
+        pairs += [(rank, peer) for _, _, peer in sorted(behind, key=lambda c: c[1]) if peer != rank]
     return pairs
 
 
