@@ -222,3 +222,17 @@ def test_turned_off_it_leaves_no_dump(tmp_path, entries):
     assert done.returncode == 0, done.stderr
     attempt = tmp_path / "run" / "workers" / "attempt0"
     assert not list(attempt.glob("flight*")) and (attempt / "rank0.exit.json").exists()
+
+
+def test_a_rank_that_destroyed_its_group_before_exiting_leaves_a_dump_torchs_analyser_reads(tmp_path):
+    (tmp_path / "train.py").write_text("import time, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                                       "dist.all_reduce(torch.ones(1))\ntime.sleep(1.5)\ndist.destroy_process_group()\n")
+    done = subprocess.run(
+        [PY, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "2", "--run-dir", "run", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    raw = tmp_path / "run" / "workers" / "attempt0" / "flight"
+    analyser = subprocess.run([PY, "-m", "torch.distributed.flight_recorder.fr_trace", str(raw), "-p", "rank_"],
+                              capture_output=True, text=True, timeout=120)
+    assert analyser.returncode == 0, analyser.stderr

@@ -67,10 +67,13 @@ def _dumpers() -> list[Any]:
     return [dumper for dumper in (compat.FR_NCCL_PICKLE.get(), compat.FR_PICKLE.get()) if dumper is not None]
 
 
-def dump(compact_path: Path, raw_folder: Path, rank: int) -> bool:
+def dump(compact_path: Path, raw_folder: Path, rank: int, known_groups: list[tuple[str, str, list[int]]]) -> bool:
     """Write this process's Flight Recorder entries: compact JSON at `compact_path`, torch's pickle
-    as `raw_folder/rank_<rank>`. False when there is nothing to write."""
-    groups = process_groups()
+    as `raw_folder/rank_<rank>`. False when there is nothing to write.
+
+    `known_groups`: the process groups last seen alive (`process_groups`), used once the script
+    has destroyed them: the entries outlive the groups, and torch's analyser needs the groups."""
+    groups = process_groups() or known_groups
     entries: list[dict[str, Any]] = []
     status: dict[str, Any] = {}
     raw: dict[str, Any] | None = None

@@ -120,6 +120,7 @@ class SnapshotWriter(threading.Thread):
         self.quiet_dump_s = options.stall_timeout_s / 2 if flight_on else None
         self._dumped = 0.0
         self._dumping = threading.Lock()  # the exit's dump may meet a quiet-time one of this thread
+        self._groups: list[tuple[str, str, list[int]]] = []  # the process groups last seen alive
         run = RunDir(options.run_dir)
         self.path = run.snapshot(identity["attempt"], identity["rank"])
         self.exit_path = run.exit_record(identity["attempt"], identity["rank"])
@@ -148,6 +149,7 @@ class SnapshotWriter(threading.Thread):
     def _dump_when_quiet(self) -> None:
         if self.quiet_dump_s is None:
             return
+        self._groups = flight.process_groups() or self._groups
         now = time.time()
         if now - self.recorder.last_progress >= self.quiet_dump_s and now - self._dumped >= self.quiet_dump_s:
             self._dumped = now
@@ -156,7 +158,7 @@ class SnapshotWriter(threading.Thread):
     def dump_flight(self) -> None:
         if self.quiet_dump_s is not None:
             with self._dumping:
-                flight.dump(self.flight_path, self.flight_raw, self.identity["rank"])
+                flight.dump(self.flight_path, self.flight_raw, self.identity["rank"], self._groups)
 
     def _log_system(self) -> None:
         try:
