@@ -32,6 +32,7 @@ from gradsync.commandline import one_line_errors
 from gradsync.errors import ConfigError
 from gradsync.run import faults, publish
 from gradsync.run.analysis import stopped_by_signal
+from gradsync.run.jobwide import rendezvous_store
 from gradsync.run.monitor import Monitor
 from gradsync.run.options import RunOptions
 from gradsync.rundir import RunDir, fresh, layout
@@ -136,7 +137,8 @@ def main(argv: list[str]) -> int:
         # in 6 here; pytorch/pytorch#135712). A store per attempt avoids it (a value the user set wins).
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
-    monitor = Monitor(options, publish.publish)
+    # Taken before torch's run() rewrites the rendezvous options (--standalone becomes c10d on localhost).
+    monitor = Monitor(options, publish.publish, rendezvous_store(args))
     monitor.start()
     failures = {}
     stopped_by = None

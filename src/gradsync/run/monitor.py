@@ -6,7 +6,10 @@ stops the workers so torchrun's agent ends (or restarts) the job. It also follow
 collective checkpoints while the job is healthy, to warn about drift as soon as it shows.
 When the agent restarts the workers (--max-restarts), the failed attempt is diagnosed before the
 next one starts and its diagnosis stays in that attempt's folder; the final diagnosis tells
-what the earlier attempts went through.
+what the earlier attempts went through. On several nodes without a shared run folder, each
+monitor publishes its ranks' state through the rendezvous store and reads the other nodes' when
+its own ranks look stuck or end (gradsync.run.jobwide), so stall detection and the diagnosis are
+job-wide; it still stops only its own ranks.
 """
 
 from __future__ import annotations
@@ -23,11 +26,16 @@ import psutil
 
 from gradsync.run import faults
 from gradsync.run.analysis import RankView, StragglerTracker, diagnose, earlier_attempts_finding, unfired_fault_findings
+from gradsync.run.jobwide import JobBoard, StoreAddress
 from gradsync.run.options import RunOptions
 from gradsync.doctor.script_findings import script_check_findings
 from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping a stalled job
+# Polls a node waits, after finding a stall that involves other nodes' ranks, before stopping its
+# own: the other nodes find it within a poll and a read, and diagnose it from the same state
+# rather than from the errors a stop causes.
+SETTLE_POLLS = 3
 
 
 def pid_alive(pid: int) -> bool:
@@ -51,7 +59,8 @@ class Monitor(threading.Thread):
     when restarts remain; the next attempt's files are watched afresh.
     """
 
-    def __init__(self, options: RunOptions, report: Callable[[dict[str, Any], Path], None]):
+    def __init__(self, options: RunOptions, report: Callable[[dict[str, Any], Path], None], store: StoreAddress | None = None):
+        """`store`: the rendezvous store of a multi-node job, for the job-wide view (None: this node's ranks only)."""
         super().__init__(name="gradsync-monitor", daemon=True)
         self.options = options
         self.report = report
@@ -66,6 +75,9 @@ class Monitor(threading.Thread):
         self.stopped_pids: set[int] = set()
         self.trackers: dict[int, StragglerTracker] = {}
         self.drift_warned = False
+        self.board = JobBoard(store, options.snapshot_interval_s) if store is not None else None
+        self.own_pids: set[int] = set()  # the workers this launcher was seen to run, exited ones included
+        self.exits_seen: dict[int, int] = {}  # attempt -> this node's exit records at the last poll
 
     def run(self) -> None:
         while not self.stopped.wait(self.poll_s):
@@ -91,7 +103,11 @@ class Monitor(threading.Thread):
             return
         self.attempt = attempt
         snapshots, exits = read_attempt(self.folder, attempt)
-        if not snapshots or attempt in self.stall_diagnoses:
+        if not snapshots:
+            return
+        ours = _worker_pids()
+        self._publish(attempt, snapshots, exits, ours)  # after a stall too: the others learn what was stopped
+        if attempt in self.stall_diagnoses:
             return
         expected = max(s.get("local_world_size", 1) for s in snapshots.values())
         if len(snapshots) < expected:
@@ -99,18 +115,72 @@ class Monitor(threading.Thread):
         self.tracker(attempt).observe(snapshots)
         self._warn_on_drift(snapshots)
         now = time.time()
-        ours = _worker_pids()
-        idle = {rank: now - self._last_active(snapshots[rank], exits.get(rank), ours, now) for rank in snapshots}
-        alive = [rank for rank in snapshots if rank not in exits and self._alive(snapshots[rank], ours, now)]
-        if alive and min(idle.values()) >= self.options.stall_timeout_s:
+        idle, alive = self._activity(snapshots, exits, ours, now)
+        max_age_s = self._remote_age(attempt, idle, exits)
+        if max_age_s is not None:
+            # Whether the job is stuck: a rank on another node that progresses says no, and one
+            # is enough to know it.
+            until = (lambda s: self._progressing(s, now)) if idle >= self.options.stall_timeout_s else None
+            snapshots, exits = self._job_wide(attempt, snapshots, exits, max_age_s, until=until)
+            idle, alive = self._activity(snapshots, exits, ours, now)
+        if alive and idle >= self.options.stall_timeout_s:
             self._on_stall(attempt, snapshots, exits, alive, now, ours)
 
+    def _activity(self, snapshots, exits, ours: set[int], now: float) -> tuple[float, list[int]]:
+        """How long the most recently active rank has been idle, and the ranks still running."""
+        idle = min(now - self._last_active(snapshots[rank], exits.get(rank), ours, now) for rank in snapshots)
+        alive = [rank for rank in snapshots if rank not in exits and self._alive(snapshots[rank], ours, now)]
+        return idle, alive
+
+    def _remote_age(self, attempt: int, idle: float, exits: dict[int, dict[str, Any]]) -> float | None:
+        """How fresh the other nodes' ranks must be for this poll; None: not needed now.
+
+        Once this node's ranks have been idle for the stall timeout, whether the job is stuck is
+        the other nodes' ranks' to say: fresh at every poll. From half the timeout, now and then,
+        so that something is known if the store goes. When one of this node's ranks just ended,
+        at once: the attempt may be ending, and node 0's store with it.
+        """
+        if self.board is None:
+            return None
+        ended = len(exits) > self.exits_seen.get(attempt, 0)
+        self.exits_seen[attempt] = len(exits)
+        timeout = self.options.stall_timeout_s
+        if ended or idle >= timeout:
+            return self.poll_s
+        return timeout / 4 if idle >= timeout / 2 else None
+
+    def _progressing(self, state: dict[str, Any], now: float) -> bool:
+        """Whether a rank's state alone rules a stall out: running, and progressing within the timeout."""
+        return "exit" not in state and now - state.get("last_progress", 0.0) < self.options.stall_timeout_s and self._alive(state, set(), now)
+
+    def _publish(self, attempt: int, snapshots, exits, ours: set[int]) -> None:
+        """Put the state of the ranks this launcher runs on the job board. In a shared run folder
+        the other nodes' ranks are there too: they are theirs to publish."""
+        if self.board is None:
+            return
+        self.own_pids.update(s["pid"] for s in snapshots.values() if s.get("pid") in ours)
+        own = {rank: exits.get(rank) or s for rank, s in snapshots.items() if s.get("pid") in self.own_pids}
+        stopped = {rank for rank, s in own.items() if s.get("pid") in self.stopped_pids}
+        self.board.publish(attempt, own, stopped)
+
+    def _job_wide(self, attempt: int, snapshots, exits, max_age_s: float, not_before: float = 0.0,
+                  until: Callable[[dict[str, Any]], bool] | None = None) -> tuple[dict, dict]:
+        """The attempt's snapshots and exit records with the other nodes' ranks added (see
+        JobBoard.read for `max_age_s`, `not_before` and `until`); this node's own files win."""
+        assert self.board is not None
+        local = set(snapshots) | set(exits)
+        remote = self.board.read(attempt, _world_size({**snapshots, **exits}), local, max_age_s, not_before, until)
+        remote = {rank: state for rank, state in remote.items() if rank not in snapshots and rank not in exits}
+        return {**remote, **snapshots}, {**{r: s for r, s in remote.items() if "exit" in s}, **exits}
+
     def _alive(self, snapshot: dict[str, Any], ours: set[int], now: float) -> bool:
-        """A rank this launcher started is alive while its process is; one of another node sharing
-        the run folder (its PID means nothing here) while its snapshot keeps being rewritten."""
-        if snapshot["pid"] in ours:
+        """A rank this launcher started is alive while its process is; one of another node (its PID
+        means nothing here) while its snapshot keeps being rewritten: in a shared run folder, or
+        through the job board, which adds up to two intervals (publishing, reading)."""
+        if snapshot["pid"] in ours and not snapshot.get("remote"):
             return pid_alive(snapshot["pid"])
-        return now - snapshot["time"] < 3 * self.options.snapshot_interval_s + 1
+        lag = 2 * self.options.snapshot_interval_s if snapshot.get("remote") else 0.0
+        return now - snapshot["time"] < 3 * self.options.snapshot_interval_s + 1 + lag
 
     def _last_active(self, snapshot: dict[str, Any], exit_record: dict[str, Any] | None, ours: set[int], now: float) -> float:
         if exit_record is not None:
@@ -152,10 +222,15 @@ class Monitor(threading.Thread):
         diagnosis["stall_timeout_s"] = self.options.stall_timeout_s
         diagnosis["attempt"] = attempt
         self.stall_diagnoses[attempt] = diagnosis
-        self.report(diagnosis, self.run_dir)
+        try:
+            self.report(diagnosis, self.run_dir)
+        except OSError:  # a closed console (`| head`) must not leave the stuck workers running
+            pass
+        if any(s.get("remote") for s in snapshots.values()):
+            self.stopped.wait(SETTLE_POLLS * self.poll_s)
         # Only this launcher's own workers: a PID from another node's snapshot names some other
         # process here. Each node's launcher stops its own ranks.
-        pids = [snapshots[rank]["pid"] for rank in alive if snapshots[rank]["pid"] in ours]
+        pids = [snapshots[rank]["pid"] for rank in alive if snapshots[rank]["pid"] in ours and not snapshots[rank].get("remote")]
         self.stopped_pids.update(pids)
         _stop(pids)
 
@@ -197,6 +272,17 @@ class Monitor(threading.Thread):
     def _diagnose(self, attempt: int, failures: dict[int, Any]) -> dict[str, Any]:
         """One attempt's diagnosis after its workers ended (`failures`: what the agent saw of them)."""
         snapshots, exits = read_attempt(self.folder, attempt)
+        local = snapshots
+        if self.board is not None and (snapshots or exits):
+            self._publish(attempt, snapshots, exits, _worker_pids())
+            # The store may be gone by now (node 0's agent ends with its workers): then the others'
+            # ranks as last read, if that read saw this attempt end here. An older one (say, from
+            # start-up, while this node waited for the others) would show them where they no
+            # longer were.
+            now = time.time()
+            ended = min([(e.get("exit") or {}).get("time", now) for e in exits.values()]
+                        + [s.get("time", now) for r, s in snapshots.items() if r not in exits])
+            snapshots, exits = self._job_wide(attempt, snapshots, exits, 0.0, ended - self.options.snapshot_interval_s)
         if not snapshots and not exits:
             diagnosis = {
                 "status": "failed" if failures else "ok",
@@ -208,7 +294,7 @@ class Monitor(threading.Thread):
         else:
             views = build_views(snapshots, exits, failures, self.stopped_pids, self._faults(attempt))
             tracker = self.tracker(attempt)
-            tracker.observe(snapshots)
+            tracker.observe(local)  # as while the job ran: this node's ranks
             diagnosis = diagnose(
                 views,
                 trigger="failure" if failures else "exit",
@@ -248,10 +334,18 @@ def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int], f
             exit=(exit_record or {}).get("exit"),
             exitcode=exitcode,
             signal=failure.signal_name() if exitcode is not None and exitcode < 0 else None,
-            stopped_by_gradsync=snapshot is not None and snapshot.get("pid") in stopped,
+            stopped_by_gradsync=snapshot is not None and _stopped(snapshot, stopped),
             injected=fired.get(rank),
         )
     return views
+
+
+def _stopped(snapshot: dict[str, Any], stopped_pids: set[int]) -> bool:
+    """Whether gradsync stopped the rank: this launcher (its PID is one it stopped) or, for a rank
+    of another node, that node's launcher (as it published)."""
+    if snapshot.get("remote"):
+        return bool(snapshot.get("stopped_by_gradsync"))
+    return snapshot.get("pid") in stopped_pids
 
 
 def _stop(pids: list[int]) -> None:

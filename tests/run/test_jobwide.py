@@ -1,0 +1,260 @@
+"""The job-wide view (gradsync.run.jobwide): each node's launcher publishes its ranks' compact state
+through the rendezvous store and reads the other nodes' ranks, so every node's verdict names them.
+
+Unit tests talk to a real TCPStore on localhost; the last test runs `gradsync run` on two simulated
+hosts without a shared run folder (needs root: skipped otherwise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import string
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+from torch.distributed import TCPStore
+
+from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
+from gradsync.distributed import free_port
+from gradsync.run.jobwide import MAX_RANK_BYTES, JobBoard, StoreAddress, compact_state, expand_state, rendezvous_store
+from gradsync.run.launcher import build_parser
+from gradsync.run.monitor import Monitor
+from gradsync.run.options import RunOptions
+from gradsync.rundir import RunDir, write_json
+from tests.harness import REPO_ROOT
+
+
+@pytest.fixture
+def store():
+    """A rendezvous store as node 0's agent serves it, and its address."""
+    server = TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5), wait_for_workers=False, multi_tenant=True)
+    yield server, StoreAddress("127.0.0.1", server.port, "job-1")
+    del server
+
+
+def _record(index: int, op: str = "all_reduce", site: str = "train.py:38", state: str = "finished") -> dict:
+    return {"index": index, "group": "default", "seq": index + 1, "op": op, "signature": "float32[577]", "kind": "",
+            "site": site, "state": state, "entered": 100.0 + index, "finished": None, "crc": index, "error": None}
+
+
+def _snapshot(rank: int, now: float, last_progress: float, pid: int | None = None, records: int = 7) -> dict:
+    return {
+        "rank": rank, "local_rank": 0, "world_size": 2, "local_world_size": 1, "attempt": 0, "host": f"host{rank}",
+        "pid": pid or os.getpid(), "started": now - 60, "target": "train.py", "time": now, "phase": "running",
+        "last_progress": last_progress, "groups": {"default": {"ranks": [0, 1], "seq": records, "crc": 1, "checkpoints": []}},
+        "stack": ["train.py:49 in <module>", "train.py:38 in main"], "location": "train.py:38", "backward_passes": 5,
+        "first_nonfinite": None, "nonfinite_passes": 0, "unused_parameters": [], "ddp_parameters": [["0.weight"]],
+        "records": [_record(i) for i in range(records)], "collectives": records,
+    }
+
+
+# -- publishing and reading -----------------------------------------------------------------------
+
+
+def test_a_node_reads_what_another_node_published(store):
+    _, address = store
+    node0, node1 = JobBoard(address, interval_s=60), JobBoard(address, interval_s=60)
+    now = time.time()
+    snapshot = _snapshot(0, now, now)
+    snapshot["groups"]["data parallel"] = {"ranks": list(range(0, 4096, 8)), "seq": 3, "crc": 2, "checkpoints": [[2, 5]]}
+    node0.publish(0, {0: snapshot}, stopped=set())
+    seen = node1.read(0, world_size=2, local={1}, max_age_s=0)
+    assert list(seen) == [0]
+    assert seen[0]["remote"] and not seen[0]["stopped_by_gradsync"]
+    assert seen[0]["records"] == snapshot["records"] and seen[0]["location"] == "train.py:38"
+    assert seen[0]["groups"]["data parallel"]["ranks"] == list(range(0, 4096, 8)), "a long member list comes back whole"
+    assert node1.read(1, world_size=2, local={1}, max_age_s=0) == {}, "attempts are kept apart"
+
+    # Within the interval an ordinary change waits; a stop or an exit is published at once.
+    node0.publish(0, {0: {**snapshot, "location": "train.py:40"}}, stopped=set())
+    assert node1.read(0, world_size=2, local={1}, max_age_s=0)[0]["location"] == "train.py:38"
+    node0.publish(0, {0: snapshot}, stopped={0})
+    assert node1.read(0, world_size=2, local={1}, max_age_s=0)[0]["stopped_by_gradsync"]
+    ended = {**snapshot, "exit": {"status": "exception", "time": now, "type": "ValueError", "message": "bad"}}
+    node0.publish(0, {0: ended}, stopped={0})
+    assert node1.read(0, world_size=2, local={1}, max_age_s=0)[0]["exit"]["type"] == "ValueError"
+
+
+def test_a_store_that_goes_away_leaves_what_was_read_last():
+    server = TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=5), wait_for_workers=False)
+    address = StoreAddress("127.0.0.1", server.port, "job-1")
+    node0, node1 = JobBoard(address, interval_s=0.1), JobBoard(address, interval_s=0.1)
+    node0.publish(0, {0: _snapshot(0, time.time(), time.time())}, stopped=set())
+    assert list(node1.read(0, world_size=2, local={1}, max_age_s=0)) == [0]
+    read_at = time.time()
+    del server  # node 0's agent ended with its job
+    started = time.monotonic()
+    assert list(node1.read(0, world_size=2, local={1}, max_age_s=0)) == [0], "what was read last"
+    assert node1.read(0, world_size=2, local={1}, max_age_s=0, not_before=read_at + 1) == {}, "unless it is too old"
+    node0.publish(0, {0: _snapshot(0, time.time(), time.time())}, stopped={0})
+    assert time.monotonic() - started < 1.5
+
+
+def test_an_unreachable_store_neither_blocks_nor_raises():
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()
+    silent = socket.socket()  # accepts connections, never answers (a stopped process)
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        for port in (dead_port, silent.getsockname()[1]):
+            board = JobBoard(StoreAddress("127.0.0.1", port, "job-1"), interval_s=0.1)
+            started = time.monotonic()
+            board.publish(0, {0: _snapshot(0, time.time(), time.time())}, stopped=set())
+            assert board.read(0, world_size=2, local={0}, max_age_s=0) == {}
+            assert time.monotonic() - started < 1.5
+            started = time.monotonic()
+            board.read(0, world_size=2, local={0}, max_age_s=0)
+            assert time.monotonic() - started < 0.05, "no retry before RETRY_AFTER_S"
+    finally:
+        silent.close()
+
+
+# -- what one rank publishes ----------------------------------------------------------------------
+
+
+def _words(count: int, length: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choices(string.ascii_letters, k=length)) for _ in range(count)]
+
+
+def test_what_a_rank_publishes_is_bounded():
+    now = time.time()
+    huge = _snapshot(0, now, now, records=0)
+    names = _words(20000, 40, seed=1)
+    huge.update({
+        "records": [{**_record(i), "signature": name * 10, "site": f"train.py:{i}"} for i, name in enumerate(names[:256])],
+        "stack": [f"{name}.py:{i} in f" for i, name in enumerate(names[:1000])],
+        "groups": {
+            f"group {g}": {"ranks": sorted(random.Random(g).sample(range(100000), 4096)), "seq": g, "crc": g,
+                           "checkpoints": [[s, s * 7919] for s in range(256)]}
+            for g in range(200)
+        },
+        "flight": {"time": now, "entries": [{**_record(i), "backend_state": name} for i, name in enumerate(names[:2000])],
+                   "groups": {f"group {g}": list(range(g, 100000, 200)) for g in range(200)}},
+        "unused_parameters": names,
+        "ddp_parameters": [names],
+        "exit": {"status": "exception", "time": now, "type": "RuntimeError", "message": "x" * 4000,
+                 "traceback": "".join(_words(3000, 40, seed=2)) + "the last line", "location": "train.py:38"},
+    })
+    data = compact_state(huge)
+    assert len(data) <= MAX_RANK_BYTES
+    state = expand_state(data)
+    assert state["rank"] == 0 and state["location"] == "train.py:38" and state["exit"]["type"] == "RuntimeError"
+    assert state["exit"]["traceback"].endswith("the last line"), "a traceback keeps its end"
+    assert state["records"] and state["records"][-1]["index"] == 255, "the newest records are kept"
+    assert state["stack"][-1] == huge["stack"][-1], "and the innermost frames"
+    assert not state["flight"]["entries"] or state["flight"]["entries"][-1]["index"] == 1999
+
+    # A state past every trim (thousands of unknown keys) still says who the rank is and how it ended.
+    odd = {**_snapshot(1, now, now), **{key: key for key in _words(20000, 30, seed=3)},
+           "exit": {"status": "exit_code", "code": 3, "time": now}}
+    state = expand_state(compact_state(odd))
+    assert len(compact_state(odd)) <= MAX_RANK_BYTES
+    assert (state["rank"], state["location"], state["exit"]["code"]) == (1, "train.py:38", 3)
+
+
+# -- where the store is ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["--standalone", "--nproc-per-node", "2"],
+    ["--nproc-per-node", "2"],
+    ["--nnodes", "1:1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29400"],
+    ["--nnodes", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "head:2379"],
+])
+def test_the_board_is_off_for_one_node_and_without_a_tcp_store(argv):
+    assert rendezvous_store(build_parser().parse_args([*argv, "train.py"])) is None
+
+
+@pytest.mark.parametrize("argv, address", [
+    (["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29600"],
+     StoreAddress("10.0.0.1", 29600, "none")),
+    (["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1"], StoreAddress("10.0.0.1", 29500, "none")),
+    (["--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29401", "--rdzv-id", "job7"],
+     StoreAddress("head", 29401, "job7")),
+    (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head"], StoreAddress("head", 29400, "none")),
+])
+def test_the_board_uses_the_store_the_agents_share(argv, address):
+    assert rendezvous_store(build_parser().parse_args([*argv, "train.py"])) == address
+
+
+# -- the monitor with the board -------------------------------------------------------------------
+
+
+def test_a_stall_is_job_wide_and_only_this_nodes_ranks_are_stopped(tmp_path, store):
+    """Rank 0's files are here; rank 1 is on another node, whose PID happens to name a process this
+    test started. Rank 1 progressing means no stall; once it stands still too, the stall's
+    diagnosis names both ranks, and the process with rank 1's PID is left alone."""
+    _, address = store
+    namesake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        now = time.time()
+        write_json(RunDir(tmp_path).snapshot(0, 0), _snapshot(0, now, now - 30, records=7))
+        other_node = JobBoard(address, interval_s=0)
+        reports = []
+        monitor = Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), lambda d, _: reports.append(d), store=address)
+
+        other_node.publish(0, {1: _snapshot(1, now, now, pid=namesake.pid, records=6)}, stopped=set())
+        monitor.poll()
+        assert reports == [], "a rank on another node progresses: no stall"
+
+        time.sleep(monitor.poll_s + 0.1)  # what was read of rank 1 is then too old for a verdict
+        stuck = _snapshot(1, time.time(), now - 30, pid=namesake.pid, records=6)
+        stuck["records"][-1]["state"] = "entered"
+        other_node.publish(0, {1: stuck}, stopped=set())
+        monitor.poll()
+        assert [d["trigger"] for d in reports] == ["stall"]
+        assert set(reports[0]["ranks"]) == {"0", "1"}
+        assert monitor.stopped_pids == set()
+        assert psutil.Process(namesake.pid).status() != psutil.STATUS_ZOMBIE and namesake.poll() is None
+    finally:
+        namesake.kill()
+        namesake.wait()
+
+
+# -- two hosts, no shared folder -----------------------------------------------------------------
+
+ZOO_SCRIPT = REPO_ROOT / "tests/run/zoo/barrier_inside_rank0.py"
+
+
+def _line(marker: str) -> str:
+    number = next(i for i, line in enumerate(ZOO_SCRIPT.read_text().splitlines(), 1) if line.rstrip().endswith(f"# zoo: {marker}"))
+    return f"tests/run/zoo/barrier_inside_rank0.py:{number}"
+
+
+@pytest.mark.timeout(120)
+def test_two_hosts_each_name_the_other_hosts_rank(needs_cluster, tmp_path):
+    """A barrier only rank 0 calls: each host's launcher sees one rank, yet both diagnose the
+    collective mismatch with both ranks' lines, as one host running both ranks does."""
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with SimulatedCluster(ClusterSpec(hosts=2)) as cluster:
+        launchers = []
+        for host in range(2):
+            argv = [sys.executable, "-m", "gradsync", "run", *cluster.torchrun_args(host, nproc_per_node=1, master_port=port),
+                    "--stall-timeout", "5", "--run-dir", str(tmp_path / f"host{host}"), str(ZOO_SCRIPT.relative_to(REPO_ROOT))]
+            with open(tmp_path / f"host{host}.log", "w") as log:
+                launchers.append(cluster.run(host, argv, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT))
+        codes = [launcher.wait(timeout=90) for launcher in launchers]
+    logs = "".join(path.read_text() for path in sorted(tmp_path.glob("host*.log")))
+    assert codes == [1, 1], logs
+    expected = {"0": _line("barrier"), "1": _line("backward")}
+    for host in range(2):
+        diagnosis = json.loads((tmp_path / f"host{host}" / "diagnosis.json").read_text())
+        first = diagnosis["findings"][0]
+        assert (diagnosis["trigger"], first["category"]) == ("stall", "collective_mismatch"), logs
+        assert first["locations"] == expected
+        assert set(diagnosis["ranks"]) == {"0", "1"}
+        assert expected["0"] in diagnosis["ranks"]["0"] and expected["1"] in diagnosis["ranks"]["1"]
+    assert "Traceback" not in logs and "c10d] recv" not in logs
+    assert not list(Path(tmp_path / "host0").glob("workers/attempt0/rank1*")), "no shared folder: each host has its own rank"
