@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test compat bench-overhead bench-run-overhead bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit clean
+.PHONY: demo test compat bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit bench-side-by-side clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ bench-overhead: $(STAMP)
 bench-run-overhead: $(STAMP)
 	$(BIN)/python benchmarks/run_overhead.py
 
+# How long `gradsync run`'s diagnosis takes on 1,024 ranks' synthetic records; fails over 5 s or on a wrong diagnosis.
+bench-analysis-scale: $(STAMP)
+	$(BIN)/python benchmarks/analysis_scale.py
+
 bench-system-sampler: $(STAMP)
 	$(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/system_sampler_overhead.py
 
@@ -48,6 +52,11 @@ bench-compression-accuracy: $(STAMP)
 bench-resnet-300mbit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 300mbit \
 		--configs fp32,fp16,powersgd,int8,auto --steps 16 --warmup 3 --output-dir gradsync_runs/bench-resnet18-300mbit
+
+# The zoo's stall cases under gradsync run, fr_trace on the same run's Flight Recorder dumps and
+# TORCH_DISTRIBUTED_DEBUG=DETAIL, side by side (one case at a time; ~20 min on 2 cores).
+bench-side-by-side: $(STAMP)
+	$(BIN)/python benchmarks/side_by_side.py --output gradsync_runs/side-by-side/table.md
 
 clean:
 	rm -rf $(VENV) .venv-compat gradsync_runs .pytest_cache
