@@ -1,7 +1,7 @@
 """The job-wide view (gradsync.run.jobwide): each node's launcher publishes its ranks' compact state
 through the rendezvous store and reads the other nodes' ranks, so every node's verdict names them.
 
-Unit tests talk to a real TCPStore on localhost; the last test runs `gradsync run` on two simulated
+Unit tests talk to a real TCPStore on localhost; the last tests run `gradsync run` on two simulated
 hosts without a shared run folder (needs root: skipped otherwise)."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import string
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -25,7 +27,7 @@ from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
 from gradsync.distributed import free_port
 from gradsync.run.jobwide import MAX_RANK_BYTES, JobBoard, StoreAddress, compact_state, expand_state, rendezvous_store
 from gradsync.run.launcher import build_parser
-from gradsync.run.monitor import Monitor
+from gradsync.run.monitor import END_WAIT_S, Monitor
 from gradsync.run.options import RunOptions
 from gradsync.rundir import RunDir, write_json
 from tests.harness import REPO_ROOT
@@ -222,39 +224,108 @@ def test_a_stall_is_job_wide_and_only_this_nodes_ranks_are_stopped(tmp_path, sto
         namesake.wait()
 
 
+class _Failure:
+    """What torchrun's agent returns for a failed worker (a ProcessFailure)."""
+
+    def __init__(self, pid: int, exitcode: int):
+        self.pid, self.exitcode = pid, exitcode
+
+    def signal_name(self) -> str:
+        return signal.Signals(-self.exitcode).name
+
+
+def test_how_an_agent_saw_a_rank_end_reaches_the_other_node(tmp_path, store):
+    """Rank 1 (node 1) is killed by SIGKILL: it leaves no exit record, only its agent knows the
+    signal. Both agents hand what they saw to their monitors; each publishes it and waits for the
+    other's, and node 0's diagnosis then reads rank 1's end as node 1's does."""
+    _, address = store
+    now = time.time()
+    folders = [RunDir(tmp_path / "host0"), RunDir(tmp_path / "host1")]
+    write_json(folders[0].snapshot(0, 0), _snapshot(0, now, now - 1, pid=1000))
+    write_json(folders[0].exit_record(0, 0), {**_snapshot(0, now, now - 1, pid=1000), "exit": {
+        "status": "exception", "time": now, "type": "RuntimeError", "message": "Connection reset by peer",
+        "location": "train.py:38"}})
+    write_json(folders[1].snapshot(0, 1), _snapshot(1, now - 0.5, now - 1, pid=1001))
+    monitors = [Monitor(RunOptions(run_dir=folder.root, stall_timeout_s=5), lambda d, _: None, store=address)
+                for folder in folders]
+    failures = [{0: _Failure(1000, 1)}, {1: _Failure(1001, -9)}]
+    started = time.monotonic()
+    hooks = [threading.Thread(target=monitor.agent_ended, args=(failed,)) for monitor, failed in zip(monitors, failures)]
+    for hook in hooks:
+        hook.start()
+    for hook in hooks:
+        hook.join()
+    assert time.monotonic() - started < END_WAIT_S, "neither waited for the other longer than needed"
+    assert monitors[0].board.all_done(0, world_size=2)
+    seen = JobBoard(address, interval_s=1).read(0, world_size=2, local=set(), max_age_s=0)
+    assert seen[1]["agent_exit"] == {"exitcode": -9, "signal": "SIGKILL"} and seen[0]["agent_exit"]["exitcode"] == 1
+    for monitor, failed in zip(monitors, failures):
+        diagnosis = monitor.final(failed)
+        first = diagnosis["findings"][0]
+        assert (first["category"], first["ranks"]) == ("rank_crashed", [1])
+        assert diagnosis["ranks"]["1"].startswith("killed by SIGKILL")
+
+
 # -- two hosts, no shared folder -----------------------------------------------------------------
 
-ZOO_SCRIPT = REPO_ROOT / "tests/run/zoo/barrier_inside_rank0.py"
+ZOO = REPO_ROOT / "tests/run/zoo"
 
 
-def _line(marker: str) -> str:
-    number = next(i for i, line in enumerate(ZOO_SCRIPT.read_text().splitlines(), 1) if line.rstrip().endswith(f"# zoo: {marker}"))
-    return f"tests/run/zoo/barrier_inside_rank0.py:{number}"
+def _line(script: str, marker: str) -> str:
+    text = (ZOO / script).read_text()
+    number = next(i for i, line in enumerate(text.splitlines(), 1) if line.rstrip().endswith(f"# zoo: {marker}"))
+    return f"tests/run/zoo/{script}:{number}"
 
 
-@pytest.mark.timeout(120)
-def test_two_hosts_each_name_the_other_hosts_rank(needs_cluster, tmp_path):
-    """A barrier only rank 0 calls: each host's launcher sees one rank, yet both diagnose the
-    collective mismatch with both ranks' lines, as one host running both ranks does."""
+def _on_two_hosts(tmp_path: Path, script: str) -> tuple[list[int], str, list[dict]]:
+    """`gradsync run` of a zoo script on two simulated hosts, one rank each, each with its own run
+    folder: the launchers' exit codes, their output and each host's diagnosis."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with SimulatedCluster(ClusterSpec(hosts=2)) as cluster:
         launchers = []
         for host in range(2):
             argv = [sys.executable, "-m", "gradsync", "run", *cluster.torchrun_args(host, nproc_per_node=1, master_port=port),
-                    "--stall-timeout", "5", "--run-dir", str(tmp_path / f"host{host}"), str(ZOO_SCRIPT.relative_to(REPO_ROOT))]
+                    "--stall-timeout", "5", "--run-dir", str(tmp_path / f"host{host}"), f"tests/run/zoo/{script}"]
             with open(tmp_path / f"host{host}.log", "w") as log:
                 launchers.append(cluster.run(host, argv, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT))
         codes = [launcher.wait(timeout=90) for launcher in launchers]
     logs = "".join(path.read_text() for path in sorted(tmp_path.glob("host*.log")))
+    assert not list(Path(tmp_path / "host0").glob("workers/attempt0/rank1*")), "no shared folder: each host has its own rank"
+    diagnoses = [json.loads((tmp_path / f"host{host}" / "diagnosis.json").read_text()) for host in range(2)]
+    return codes, logs, diagnoses
+
+
+@pytest.mark.timeout(120)
+def test_two_hosts_each_name_the_other_hosts_rank(needs_cluster, tmp_path):
+    """A barrier only rank 0 calls: each host's launcher sees one rank, yet both diagnose the
+    collective mismatch with both ranks' lines, as one host running both ranks does."""
+    codes, logs, diagnoses = _on_two_hosts(tmp_path, "barrier_inside_rank0.py")
     assert codes == [1, 1], logs
-    expected = {"0": _line("barrier"), "1": _line("backward")}
-    for host in range(2):
-        diagnosis = json.loads((tmp_path / f"host{host}" / "diagnosis.json").read_text())
+    expected = {"0": _line("barrier_inside_rank0.py", "barrier"), "1": _line("barrier_inside_rank0.py", "backward")}
+    for diagnosis in diagnoses:
         first = diagnosis["findings"][0]
         assert (diagnosis["trigger"], first["category"]) == ("stall", "collective_mismatch"), logs
         assert first["locations"] == expected
         assert set(diagnosis["ranks"]) == {"0", "1"}
         assert expected["0"] in diagnosis["ranks"]["0"] and expected["1"] in diagnosis["ranks"]["1"]
     assert "Traceback" not in logs and "c10d] recv" not in logs
-    assert not list(Path(tmp_path / "host0").glob("workers/attempt0/rank1*")), "no shared folder: each host has its own rank"
+
+
+@pytest.mark.timeout(120)
+def test_two_hosts_both_name_the_rank_killed_on_one_of_them(needs_cluster, tmp_path):
+    """Rank 1, alone on host 1, is killed by SIGKILL: it leaves no exit record, and only host 1's
+    agent sees its exit code. That agent publishes it at once, before node 0's store goes, so host
+    0 diagnoses the crash as host 1 does (and as one host running both ranks does), not a hang."""
+    codes, logs, diagnoses = _on_two_hosts(tmp_path, "killed_worker.py")
+    assert codes == [1, 1], logs
+    killed_at = _line("killed_worker.py", "backward")  # the last collective rank 1 entered
+    for host, diagnosis in enumerate(diagnoses):
+        first = diagnosis["findings"][0]
+        assert (diagnosis["status"], diagnosis["trigger"], first["category"], first["ranks"]) == (
+            "failed", "failure", "rank_crashed", [1]), f"host {host}: {logs}"
+        assert "killed by SIGKILL (exit code -9)" in first["message"]
+        assert first["locations"] == {"1": killed_at}
+        assert diagnosis["ranks"]["1"] == f"killed by SIGKILL; last seen at {killed_at}"
+        assert "failed as a consequence" in diagnosis["ranks"]["0"]
+    assert "Traceback" not in logs and "could not tell the other nodes" not in logs

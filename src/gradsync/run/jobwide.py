@@ -16,7 +16,10 @@ snapshot interval (an exit record or a stop at once); it reads the other ranks o
 diagnosis may be coming (its own ranks idle for a while, one of them just ended, the attempt
 over), and to tell whether the job is stuck it stops at the first rank that progresses. The store
 may go away at any time (node 0's agent ends with its job): the board never raises, never waits
-more than about a second, retries later, and keeps what it last read.
+more than about a second, retries later, and keeps what it last read. So that the last states
+reach every node, each node's agent, once it finds its workers ended, publishes how they ended
+(the exit code and signal it saw: "agent_exit"), reads the others' ends and says so (`done`);
+node 0's agent waits a few seconds at most for every node to have said so before its store goes.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ _TRIMS = (
 _ESSENTIALS = (
     "rank", "local_rank", "world_size", "local_world_size", "attempt", "host", "pid", "started", "target",
     "time", "phase", "last_progress", "location", "backward_passes", "nonfinite_passes", "collectives",
+    "agent_exit",
 )
 # What the monitor reads of every rank's state, for its stall rule.
 _REQUIRED = ("rank", "pid", "time", "last_progress")
@@ -92,7 +96,7 @@ def rendezvous_store(args: argparse.Namespace) -> StoreAddress | None:
 
 class _Published(NamedTuple):
     data: bytes
-    ending: tuple[bool, bool]  # whether it had exited, whether this node had stopped it
+    ending: tuple[bool, bool, bool]  # whether it had exited, whether this node had stopped it, whether its agent saw it end
     when: float  # time.monotonic()
 
 
@@ -138,8 +142,8 @@ class JobBoard:
     def publish(self, attempt: int, states: Mapping[int, dict[str, Any]], stopped: set[int]) -> None:
         """Publish the states (rank -> exit record, else snapshot) of this node's ranks that
         changed; `stopped`: the ranks this node's launcher stopped. A rank is republished at most
-        once per interval, unless it just exited or was stopped (others must learn that before
-        the store may go)."""
+        once per interval, unless it just exited, was stopped or its agent saw it end (others
+        must learn that before the store may go)."""
         with self._lock, _quiet_c10d():
             self._publish(attempt, states, stopped)
 
@@ -147,7 +151,7 @@ class JobBoard:
         now = time.monotonic()
         keys, values, changed = [], [], []  # changed: (rank, ending)
         for rank, state in states.items():
-            ending = ("exit" in state, rank in stopped)
+            ending = ("exit" in state, rank in stopped, "agent_exit" in state)
             last = self._published.get((attempt, rank))
             if last is not None and now - last.when < self.interval_s and ending == last.ending:
                 continue
@@ -222,6 +226,37 @@ class JobBoard:
         except Exception:  # the store went away or did not answer in time
             self._disconnect()
 
+    # -- the end of an attempt --
+
+    def done(self, attempt: int, ranks: int) -> None:
+        """Say that this node, with `ranks` ranks, has published its ranks' ends and read the others'."""
+        with self._lock, _quiet_c10d():
+            store = self._connected()
+            if store is None:
+                return
+            try:
+                store.add(self._done_key(attempt), ranks)
+            except Exception:
+                self._disconnect()
+
+    def all_done(self, attempt: int, world_size: int) -> bool:
+        """Whether the nodes of all `world_size` ranks said `done`; True when the store cannot be
+        reached (there is nothing left to wait for)."""
+        with self._lock, _quiet_c10d():
+            store = self._connected()
+            if store is None:
+                return True
+            try:
+                return store.add(self._done_key(attempt), 0) >= world_size
+            except Exception:
+                self._disconnect()
+                return True
+
+    @property
+    def reachable(self) -> bool:
+        """False while the store is known to be gone (until the next retry)."""
+        return time.monotonic() >= self._retry_at
+
     # -- the connection --
 
     def _key(self, attempt: int, rank: int) -> str:
@@ -231,6 +266,10 @@ class JobBoard:
         """The ranks that published in `attempt`, appended as "R," on each rank's first publish:
         a reader asks for those keys only (a get of a missing key would wait for it)."""
         return f"{self.prefix}/attempt{attempt}/ranks"
+
+    def _done_key(self, attempt: int) -> str:
+        """How many ranks' nodes have published their ends and read the others' (see `done`)."""
+        return f"{self.prefix}/attempt{attempt}/done"
 
     def _connected(self) -> TCPStore | None:
         """The store client, connected on first use; None while the store cannot be reached.

@@ -304,23 +304,35 @@ def _check_faults_can_fire(specs: tuple[faults.FaultSpec, ...], args: argparse.N
 
 @contextlib.contextmanager
 def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
-    """Let the monitor diagnose each attempt the agent restarts, after its workers stopped, before the next start.
+    """Let the monitor learn what the agent saw of each attempt's failures, as soon as it saw them,
+    and diagnose each attempt the agent restarts, after its workers stopped, before the next start.
 
     The agent keeps an attempt's failures (exit codes, signals) to itself and goes straight on to
-    the next attempt, so two of its steps are wrapped while the job runs: watching the workers
-    (which returns the failures) and starting a group (which a restart does after stopping it).
+    the next attempt or ends, so two of its steps are wrapped while the job runs: watching the
+    workers (which returns the failures: the monitor publishes them to the other nodes at once,
+    before node 0's agent ends and its store with it) and starting a group (which a restart does
+    after stopping it).
     """
-    if compat.missing(compat.RESTARTS):  # said at start (compat.check_run)
+    watch = compat.AGENT_MONITOR.available()  # without it: said at start (compat.check_run)
+    restarts = watch and not compat.missing(compat.RESTARTS)
+    if not watch:
         yield
         return
     agent = LocalElasticAgent
-    originals = {name: vars(agent).get(name) for name in ("_monitor_workers", "_initialize_workers")}
+    names = ("_monitor_workers", "_initialize_workers") if restarts else ("_monitor_workers",)
+    originals = {name: vars(agent).get(name) for name in names}
     monitor_workers, initialize_workers = agent._monitor_workers, agent._initialize_workers
     last_result = []
 
     def watching(self, worker_group):
         result = monitor_workers(self, worker_group)
         last_result[:] = [result]
+        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            try:
+                monitor.agent_ended(result.failures)
+            except Exception as error:  # the job-wide view must never take the agent down
+                print(f"gradsync run: could not tell the other nodes how this node's workers ended: {error!r}",
+                      file=sys.stderr)
         return result
 
     def starting(self, worker_group):
@@ -329,7 +341,9 @@ def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
         last_result.clear()
         return initialize_workers(self, worker_group)
 
-    agent._monitor_workers, agent._initialize_workers = watching, starting
+    agent._monitor_workers = watching
+    if restarts:
+        agent._initialize_workers = starting
     try:
         yield
     finally:

@@ -36,6 +36,11 @@ GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping a stalled job
 # own: the other nodes find it within a poll and a read, and diagnose it from the same state
 # rather than from the errors a stop causes.
 SETTLE_POLLS = 3
+# At most this long, once torchrun's agent found this node's workers failed, for the other nodes'
+# ranks to be seen ending and for every node to have read this one's (node 0's store goes when its
+# agent returns).
+END_WAIT_S = 3.0
+END_POLL_S = 0.1
 
 
 def pid_alive(pid: int) -> bool:
@@ -78,6 +83,7 @@ class Monitor(threading.Thread):
         self.board = JobBoard(store, options.snapshot_interval_s) if store is not None else None
         self.own_pids: set[int] = set()  # the workers this launcher was seen to run, exited ones included
         self.exits_seen: dict[int, int] = {}  # attempt -> this node's exit records at the last poll
+        self.agent_exits: dict[int, dict[int, dict[str, Any]]] = {}  # attempt -> rank -> how the agent saw it end
 
     def run(self) -> None:
         while not self.stopped.wait(self.poll_s):
@@ -153,15 +159,19 @@ class Monitor(threading.Thread):
         """Whether a rank's state alone rules a stall out: running, and progressing within the timeout."""
         return "exit" not in state and now - state.get("last_progress", 0.0) < self.options.stall_timeout_s and self._alive(state, set(), now)
 
-    def _publish(self, attempt: int, snapshots, exits, ours: set[int]) -> None:
-        """Put the state of the ranks this launcher runs on the job board. In a shared run folder
-        the other nodes' ranks are there too: they are theirs to publish."""
+    def _publish(self, attempt: int, snapshots, exits, ours: set[int]) -> set[int]:
+        """Put the state of the ranks this launcher runs on the job board, with how torchrun's
+        agent saw them end; returns those ranks. In a shared run folder the other nodes' ranks
+        are there too: they are theirs to publish."""
         if self.board is None:
-            return
+            return set()
         self.own_pids.update(s["pid"] for s in snapshots.values() if s.get("pid") in ours)
         own = {rank: exits.get(rank) or s for rank, s in snapshots.items() if s.get("pid") in self.own_pids}
+        ended = self.agent_exits.get(attempt, {})
+        own = {rank: {**state, "agent_exit": ended[rank]} if rank in ended else state for rank, state in own.items()}
         stopped = {rank for rank, s in own.items() if s.get("pid") in self.stopped_pids}
         self.board.publish(attempt, own, stopped)
+        return set(own)
 
     def _job_wide(self, attempt: int, snapshots, exits, max_age_s: float, not_before: float = 0.0,
                   until: Callable[[dict[str, Any]], bool] | None = None) -> tuple[dict, dict]:
@@ -179,6 +189,8 @@ class Monitor(threading.Thread):
         through the job board, which adds up to two intervals (publishing, reading)."""
         if snapshot["pid"] in ours and not snapshot.get("remote"):
             return pid_alive(snapshot["pid"])
+        if "agent_exit" in snapshot:  # its node's agent saw it end
+            return False
         lag = 2 * self.options.snapshot_interval_s if snapshot.get("remote") else 0.0
         return now - snapshot["time"] < 3 * self.options.snapshot_interval_s + 1 + lag
 
@@ -249,6 +261,40 @@ class Monitor(threading.Thread):
             file=sys.stderr,
             flush=True,
         )
+
+    def agent_ended(self, failures: dict[int, Any]) -> None:
+        """torchrun's agent found this node's workers failed (`failures`: global rank ->
+        ProcessFailure, as it returns them) and is about to end or restart the attempt: tell the
+        other nodes how these ranks ended, and learn how theirs did, while node 0's store is up.
+
+        The agent's exit code and signal of each failed rank go out with its state at once (a
+        rank killed by a signal leaves no exit record, so the other nodes know it only thus).
+        Then, for END_WAIT_S at most, the other nodes' ranks are read until each has ended, this
+        node says it has them (JobBoard.done), and it waits for every node to say so: node 0's
+        store goes when its agent returns, and the others read this node's ends from it.
+        """
+        if self.board is None:
+            return
+        attempt = self.folder.latest_attempt()
+        attempt = self.restarts if attempt is None else attempt
+        self.agent_exits.setdefault(attempt, {}).update({rank: _agent_exit(failure) for rank, failure in failures.items()})
+        self.own_pids.update(f.pid for f in failures.values() if isinstance(getattr(f, "pid", None), int))
+        snapshots, exits = read_attempt(self.folder, attempt)
+        if not snapshots and not exits:
+            return  # no rank of this node reported: nothing to say, and the job's size is not known
+        own = self._publish(attempt, snapshots, exits, _worker_pids())
+        local = set(snapshots) | set(exits)
+        world_size = _world_size({**snapshots, **exits})
+        others = set(range(world_size)) - local
+        deadline = time.monotonic() + END_WAIT_S
+        while self.board.reachable and time.monotonic() < deadline:
+            remote = self.board.read(attempt, world_size, local, max_age_s=0.0)
+            if set(remote) >= others and all("exit" in s or "agent_exit" in s for s in remote.values()):
+                break
+            time.sleep(END_POLL_S)
+        self.board.done(attempt, len(own))
+        while time.monotonic() < deadline and not self.board.all_done(attempt, world_size):
+            time.sleep(END_POLL_S)
 
     def final(self, failures: dict[int, Any]) -> dict[str, Any]:
         """The diagnosis of the job once torchrun's agent returned (`failures`: the last attempt's).
@@ -327,17 +373,36 @@ def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int], f
         exit_record = exits.get(rank)
         snapshot = exit_record or snapshots.get(rank)
         failure = failures.get(rank)
-        exitcode = getattr(failure, "exitcode", None)
+        if failure is None and snapshot is not None and snapshot.get("remote"):
+            ended = snapshot.get("agent_exit")  # what the rank's own node's agent saw
+            exitcode = ended.get("exitcode") if isinstance(ended, dict) else None
+            exitcode = exitcode if isinstance(exitcode, int) else None
+            signal_name = ended.get("signal") if exitcode is not None and exitcode < 0 else None
+        else:
+            exitcode = getattr(failure, "exitcode", None)
+            signal_name = failure.signal_name() if exitcode is not None and exitcode < 0 else None
         views[rank] = RankView(
             rank=rank,
             snapshot=snapshot,
             exit=(exit_record or {}).get("exit"),
             exitcode=exitcode,
-            signal=failure.signal_name() if exitcode is not None and exitcode < 0 else None,
+            signal=signal_name,
             stopped_by_gradsync=snapshot is not None and _stopped(snapshot, stopped),
             injected=fired.get(rank),
         )
     return views
+
+
+def _agent_exit(failure: Any) -> dict[str, Any]:
+    """How torchrun's agent saw a rank end (a ProcessFailure), as it is published."""
+    exitcode = getattr(failure, "exitcode", None)
+    signal_name = None
+    if isinstance(exitcode, int) and exitcode < 0:
+        try:
+            signal_name = failure.signal_name()
+        except Exception:
+            signal_name = None
+    return {"exitcode": exitcode if isinstance(exitcode, int) else None, "signal": signal_name}
 
 
 def _stopped(snapshot: dict[str, Any], stopped_pids: set[int]) -> bool:
