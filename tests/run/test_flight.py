@@ -8,9 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-import pytest
 
 from gradsync.run import flight
 from gradsync.run.analysis import RankView, diagnose
@@ -211,12 +209,11 @@ def test_a_hung_gloo_job_leaves_dumps_that_gradsync_and_torchs_analyser_both_rea
     assert "missing ranks: {1}" in analyser.stdout + analyser.stderr, analyser.stderr
 
 
-@pytest.mark.parametrize("entries", [0])
-def test_turned_off_it_leaves_no_dump(tmp_path, entries):
+def test_turned_off_it_leaves_no_dump(tmp_path):
     (tmp_path / "train.py").write_text("import torch.distributed as dist, torch\ndist.init_process_group('gloo')\n"
                                        "dist.all_reduce(torch.ones(1))\ndist.destroy_process_group()\n")
     done = subprocess.run(
-        [PY, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "1", "--flight-recorder", str(entries),
+        [PY, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "1", "--flight-recorder", "0",
          "--run-dir", "run", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
