@@ -75,3 +75,31 @@ def test_a_relaunch_keeps_the_records_another_node_is_writing(tmp_path):
     old = time.time() - 600
     os.utime(snapshot, (old, old))
     assert not _another_node_writes(run, interval_s=0.2)
+
+
+def test_a_console_that_cannot_be_written_still_stops_the_stalled_workers(tmp_path):
+    # `gradsync run ... | head` closes the console: printing the diagnosis fails, and the stuck
+    # workers must be stopped all the same (else they wait for the backend's 30-minute timeout).
+    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        run = RunDir(tmp_path)
+        now = time.time()
+        for rank, worker in enumerate(workers):
+            write_json(run.snapshot(0, rank), _snapshot(rank, worker.pid, now))
+
+        def report(diagnosis, _):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), report).poll()
+        assert [worker.wait(timeout=10) for worker in workers] == [-15, -15]
+    finally:
+        for worker in workers:
+            worker.kill()
+
+
+def test_workers_that_died_before_reporting_print_failed_not_ok():
+    from gradsync.run.publish import render
+
+    text = render({"status": "failed", "trigger": "failure", "findings": [], "ranks": {},
+                   "note": "no worker reported: they failed before the recorder started (see their output above)"})
+    assert text.startswith("gradsync run: FAILED: no worker reported"), text
