@@ -130,8 +130,9 @@ OPTIMIZER_STEP_PATCH = PrivateApi(
 )
 AGENT_MONITOR = PrivateApi(
     "torch.distributed.elastic.agent.server.local_elastic_agent:LocalElasticAgent", "_monitor_workers", RESTARTS,
-    "gradsync run wraps to see each attempt's failures",
-    "an attempt the agent restarts is not diagnosed on its own, only the last one is",
+    "gradsync run wraps to see each attempt's failures (and, on several nodes, to tell the others at once)",
+    "an attempt the agent restarts is not diagnosed on its own, only the last one is, and other nodes "
+    "learn a rank killed here only from its last state",
 )
 AGENT_INITIALIZE = PrivateApi(
     "torch.distributed.elastic.agent.server.local_elastic_agent:LocalElasticAgent", "_initialize_workers", RESTARTS,
