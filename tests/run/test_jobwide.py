@@ -29,7 +29,7 @@ from gradsync.run.jobwide import MAX_RANK_BYTES, JobBoard, StoreAddress, compact
 from gradsync.run.launcher import build_parser
 from gradsync.run.monitor import END_WAIT_S, Monitor
 from gradsync.run.options import RunOptions
-from gradsync.rundir import RunDir, write_json
+from gradsync.rundir import RunDir, read_attempt, write_json
 from tests.harness import REPO_ROOT
 
 
@@ -222,6 +222,22 @@ def test_a_stall_is_job_wide_and_only_this_nodes_ranks_are_stopped(tmp_path, sto
     finally:
         namesake.kill()
         namesake.wait()
+
+
+def test_a_rank_of_another_rendezvous_round_is_not_taken_for_a_peer(tmp_path, store):
+    """A node that comes back numbers its attempts from 0 again, where the board still holds the
+    other node's first attempt: a rank of another round (another workers' store) is not a peer."""
+    _, address = store
+    now = time.time()
+    write_json(RunDir(tmp_path).snapshot(0, 1), {**_snapshot(1, now, now), "round_store": "10.0.0.1:2002"})
+    old_round = {**_snapshot(0, now - 20, now - 40), "round_store": "10.0.0.1:2001"}
+    JobBoard(address, interval_s=0).publish(0, {0: {**old_round, "exit": {"status": "exception", "time": now - 20}}}, stopped=set())
+    monitor = Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), lambda d, _: None, store=address)
+    snapshots, exits = monitor._job_wide(0, *read_attempt(RunDir(tmp_path), 0), max_age_s=0)
+    assert set(snapshots) == {1} and exits == {}
+    JobBoard(address, interval_s=0).publish(0, {0: {**_snapshot(0, now, now), "round_store": "10.0.0.1:2002"}}, stopped=set())
+    snapshots, _ = monitor._job_wide(0, *read_attempt(RunDir(tmp_path), 0), max_age_s=0)
+    assert set(snapshots) == {0, 1}, "the same round's rank is"
 
 
 class _Failure:

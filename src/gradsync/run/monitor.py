@@ -180,7 +180,14 @@ class Monitor(threading.Thread):
         assert self.board is not None
         local = set(snapshots) | set(exits)
         remote = self.board.read(attempt, _world_size({**snapshots, **exits}), local, max_age_s, not_before, until)
-        remote = {rank: state for rank, state in remote.items() if rank not in snapshots and rank not in exits}
+        # Attempt numbers are each node's own: a node that comes back starts again at attempt 0,
+        # under which the others' keys still hold their first attempt's ranks. A rank belongs to
+        # this attempt when it shares the store of this node's ranks' rendezvous round.
+        rounds = {s.get("round_store") for s in (*snapshots.values(), *exits.values())} - {None}
+        remote = {
+            rank: state for rank, state in remote.items()
+            if rank not in snapshots and rank not in exits and (not rounds or state.get("round_store", next(iter(rounds))) in rounds)
+        }
         return {**remote, **snapshots}, {**{r: s for r, s in remote.items() if "exit" in s}, **exits}
 
     def _alive(self, snapshot: dict[str, Any], ours: set[int], now: float) -> bool:

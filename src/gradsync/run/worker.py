@@ -280,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
         "pid": os.getpid(),
         "started": time.time(),
         "target": target,
+        # The store this rendezvous round's workers share: the same on every node of one round, a
+        # new one each round when restarts are on (the launcher sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE).
+        "round_store": f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}",
     }
     run = RunDir(options.run_dir)
     inherit(run.root)  # a trainer in the script writes its metrics into the launcher's folder

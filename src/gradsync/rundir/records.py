@@ -60,6 +60,7 @@ class Identity(TypedDict):
     pid: int
     started: float
     target: str
+    round_store: str  # MASTER_ADDR:MASTER_PORT: which rendezvous round the rank belongs to
 
 
 class Snapshot(Identity):
