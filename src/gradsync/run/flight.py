@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from gradsync import compat
-from gradsync.rundir import write_json
+from gradsync.rundir import write_bytes, write_json
 
 # A torch that records Gloo reads the first for every backend (and calls the second deprecated);
 # older releases read only the second, for NCCL.
@@ -93,10 +93,7 @@ def dump(compact_path: Path, raw_folder: Path, rank: int, known_groups: list[tup
         return False
     members = {group_key(name, description): ranks for name, description, ranks in groups}
     write_json(compact_path, compact(entries, status, members, time.time()))
-    raw_folder.mkdir(parents=True, exist_ok=True)
-    temporary = raw_folder / f".rank_{rank}.{os.getpid()}.tmp"
-    temporary.write_bytes(pickle.dumps(_with_group_config(raw, groups)))
-    os.replace(temporary, raw_folder / f"rank_{rank}")
+    write_bytes(raw_folder / f"rank_{rank}", pickle.dumps(_with_group_config(raw, groups)))
     return True
 
 

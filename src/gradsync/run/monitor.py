@@ -183,10 +183,11 @@ class Monitor(threading.Thread):
         # Attempt numbers are each node's own: a node that comes back starts again at attempt 0,
         # under which the others' keys still hold their first attempt's ranks. A rank belongs to
         # this attempt when it shares the store of this node's ranks' rendezvous round.
+        # (A state that does not say its round, or a node whose ranks do not, is taken as is.)
         rounds = {s.get("round_store") for s in (*snapshots.values(), *exits.values())} - {None}
         remote = {
             rank: state for rank, state in remote.items()
-            if rank not in snapshots and rank not in exits and (not rounds or state.get("round_store", next(iter(rounds))) in rounds)
+            if rank not in snapshots and rank not in exits and (not rounds or state.get("round_store") in rounds | {None})
         }
         return {**remote, **snapshots}, {**{r: s for r, s in remote.items() if "exit" in s}, **exits}
 
@@ -380,14 +381,14 @@ def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int], f
         exit_record = exits.get(rank)
         snapshot = exit_record or snapshots.get(rank)
         failure = failures.get(rank)
-        if failure is None and snapshot is not None and snapshot.get("remote"):
-            ended = snapshot.get("agent_exit")  # what the rank's own node's agent saw
-            exitcode = ended.get("exitcode") if isinstance(ended, dict) else None
-            exitcode = exitcode if isinstance(exitcode, int) else None
-            signal_name = ended.get("signal") if exitcode is not None and exitcode < 0 else None
+        # What this node's agent saw, else, for another node's rank, what its agent saw and published.
+        if failure is not None:
+            ended = _agent_exit(failure)
         else:
-            exitcode = getattr(failure, "exitcode", None)
-            signal_name = failure.signal_name() if exitcode is not None and exitcode < 0 else None
+            ended = (snapshot or {}).get("agent_exit") if (snapshot or {}).get("remote") else None
+        ended = ended if isinstance(ended, dict) else {}
+        exitcode = ended.get("exitcode") if isinstance(ended.get("exitcode"), int) else None
+        signal_name = ended.get("signal") if exitcode is not None and exitcode < 0 else None
         views[rank] = RankView(
             rank=rank,
             snapshot=snapshot,

@@ -27,7 +27,7 @@ group (which may be the stuck thing).
 - `io`: atomic writers, and readers that skip damage and say what they skipped.
 """
 
-from gradsync.rundir.io import RingWriter, TolerantReader, read_attempt, read_by_rank, read_json, read_ring, write_json
+from gradsync.rundir.io import RingWriter, TolerantReader, read_attempt, read_by_rank, read_json, read_ring, write_bytes, write_json
 from gradsync.rundir.layout import RunDir, choose, fresh, inherit, inherited
 
 __all__ = [
@@ -42,5 +42,6 @@ __all__ = [
     "read_by_rank",
     "read_json",
     "read_ring",
+    "write_bytes",
     "write_json",
 ]

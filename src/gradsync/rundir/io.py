@@ -23,9 +23,15 @@ from gradsync.rundir.records import RECORD_FIELDS
 
 def write_json(path: Path, data: Any) -> None:
     """Atomically replace `path` with `data` as JSON."""
+    write_bytes(path, json.dumps(data, default=str).encode())
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Atomically replace `path` with `data` (its folder made if missing): a reader never sees
+    half a file, even from a writer killed mid-write."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, default=str))
+    temporary.write_bytes(data)
     os.replace(temporary, path)
 
 
