@@ -24,6 +24,7 @@ import contextlib
 import inspect
 import math
 import re
+import time
 from collections import defaultdict
 from contextlib import ExitStack
 from pathlib import Path
@@ -37,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradsync import compat, events
 from gradsync.accumulation import AccumulationPlan, Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
+from gradsync.bucket_layout import ReadyOrder, rebuilds_buckets, replay, replay_problem
 from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
 from gradsync.comm.compression import CompressionHook, make_hook
 from gradsync.config import TrainerConfig
@@ -122,6 +124,9 @@ class Trainer:
         self._scheduler: Any = None
         self._loader: DistributedLoader | None = None
         self._comm_timer: CommTimer | None = None
+        # The gradient-ready order DDP's lasting bucket layout comes from, kept for checkpoints
+        # (None: no checkpoints, or a DDP that never changes its layout).
+        self._ready_order: ReadyOrder | None = None
         self._compression: CompressionHook | AutoTuner | None = None
         self._comm_at_start: dict[str, float] = {}
         # Steps left to watch which parameters get no gradient (None: not watching).
@@ -349,6 +354,8 @@ class Trainer:
             self._compression.bind(model)  # checkpointed hook state is kept by parameter name
         self._comm_timer = CommTimer(self._clock, self._compression or options.comm_hook, options.comm_hook_state)
         self._comm_timer.register(ddp_model, process_group=None)
+        if self._config.checkpoint.enabled and rebuilds_buckets(options.find_unused_parameters, options.static_graph):
+            self._ready_order = ReadyOrder(model)
         return ddp_model
 
     @property
@@ -453,6 +460,7 @@ class Trainer:
             "rng": rng_state(),
             "compression": self._compression.state_dict() if self._compression is not None else None,
             "accumulation": self._accumulation.state_dict(),
+            "ddp_ready_order": self._ready_order.state_dict() if self._ready_order is not None else None,
             "metrics": self._metrics.state_dict(pending=self._finished),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
@@ -480,6 +488,7 @@ class Trainer:
             if self._compression is not None and loaded.own["compression"] is not None:
                 self._compression.load_state_dict(loaded.own["compression"])
             self._restore_accumulation(loaded.own.get("accumulation"))
+            self._restore_bucket_layout(loaded.own)
             self._finished = self._metrics.load_state_dict(loaded.own["metrics"])
         else:
             self._logger.warning(self._world_size_change_note(loaded))
@@ -497,6 +506,41 @@ class Trainer:
             )
             return
         self._accumulation.load_state_dict(saved)
+
+    def _restore_bucket_layout(self, own: dict[str, Any]) -> None:
+        """Put DDP in the bucket layout the checkpointed run reduced in (gradsync.bucket_layout),
+        so the first step after the resume adds gradients in the same order as that run did."""
+        if self._ready_order is None:
+            return
+        assert self._ddp_model is not None and self._comm_timer is not None and self._model is not None
+        saved = own.get("ddp_ready_order")
+        if "ddp_ready_order" not in own:
+            problem = "the checkpoint was written by a gradsync that did not record DDP's bucket order"
+        elif saved["names"] is None:
+            return  # the run had not reduced gradients yet: DDP was still in its first layout, as now
+        else:
+            problem = replay_problem(self._model, saved["names"])
+        # The replay is collective (DDP broadcasts rank 0's layout): every rank replays, or none.
+        if not agree_all(problem is None, group=self._dist.control_group) and problem is None:
+            problem = "another rank cannot replay it"
+        if problem is not None:
+            if self.world_size > 2 and self.is_main:
+                self._logger.warning(
+                    f"DDP's bucket layout is not restored ({problem}): the first step after this resume reduces in "
+                    "DDP's first layout, so with 3 or more ranks the parameters differ in the last bits from an "
+                    "uninterrupted run."
+                )
+            return
+        self._ready_order.load_state_dict(saved)
+        started = time.perf_counter()
+        followed = replay(self._ddp_model, self._ready_order, self._comm_timer.silent)
+        if not followed and self.is_main:
+            self._logger.warning(
+                "DDP's bucket layout was replayed, but its hooks ran in another order than recorded: the layout may "
+                "differ from the checkpointed run's, and with 3 or more ranks so may the last bits of the parameters."
+            )
+        elif followed:
+            self._logger.info(f"DDP's bucket layout restored as the checkpointed run had it ({1000 * (time.perf_counter() - started):.0f} ms)")
 
     def _world_size_change_note(self, loaded: Loaded) -> str:
         assert self._loader is not None
@@ -604,13 +648,14 @@ class Trainer:
         self._reductions_at_start = self._comm_timer.reductions if self._comm_timer else 0
         self._comm_at_start = self._comm_counters()
 
-    def _backward(self, loss: torch.Tensor, samples: int) -> None:
+    def _backward(self, loss: torch.Tensor, samples: int, synced: bool) -> None:
         window, record = self._window, self._record
         assert window is not None and record is not None
         weight = window.weight(samples)
         if self._comm_timer is not None:
             self._comm_timer.start_backward()
-        with phase("backward"):
+        watching = self._ready_order.watch() if synced and self._ready_order is not None else contextlib.nullcontext()
+        with phase("backward"), watching:
             self._precision.backward(loss if weight == 1.0 else loss * weight)
         if self._comm_timer is not None and (ready := self._comm_timer.last_ready()) is not None:
             end = self._clock.mark()
@@ -958,7 +1003,7 @@ class MicroStep:
                 + "."
             )
         self._end_forward()
-        self._trainer._backward(loss, self.samples)
+        self._trainer._backward(loss, self.samples, synced=self.is_boundary)
         self.backward_done = True
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -103,7 +103,7 @@ def test_time_based_saves_happen_at_the_same_step_on_every_rank(tmp_path):
 
 def train_deep(run_dir, checkpoint_dir, epochs, compression, save_after_epoch=None, resume=None, bucket_cap_mb=0.05):
     """Four layers in several small buckets, whose order and sizes DDP changes after the first
-    backward; a resumed run starts again from the first layout."""
+    backward."""
     import torch
     import torch.nn.functional as F
 
@@ -138,14 +138,26 @@ def train_deep(run_dir, checkpoint_dir, epochs, compression, save_after_epoch=No
 
 
 @pytest.mark.parametrize("compression", ["int8", "topk", "powersgd"])
-def test_compression_state_follows_parameters_into_the_first_bucket_layout(tmp_path, compression):
-    # Saved after DDP rebuilt its buckets (with int8's residuals and scales agreed for the next
-    # step, PowerSGD's error and factors), loaded into a run in DDP's first layout: before the
-    # state was kept per parameter, PowerSGD crashed on the resumed step (its error no longer fit
-    # the bucket) and the residuals of int8 and top-k landed on other parameters or were lost.
+def test_compressed_run_resumes_bitwise_on_three_ranks(tmp_path, compression):
+    # Saved after DDP rebuilt its buckets, with int8's residuals and scales agreed for the next
+    # step, top-k's residuals, PowerSGD's error and factors: the resumed run reduces in the same
+    # layout (gradsync.bucket_layout) and finds each piece of state on its parameters.
     checkpoints = str(tmp_path / "ckpt")
-    uninterrupted = launch(train_deep, 2, run_dir=str(tmp_path / "a"), checkpoint_dir=checkpoints, epochs=3,
+    uninterrupted = launch(train_deep, 3, run_dir=str(tmp_path / "a"), checkpoint_dir=checkpoints, epochs=3,
                            compression=compression, save_after_epoch=1)
-    resumed = launch(train_deep, 2, run_dir=str(tmp_path / "b"), checkpoint_dir=checkpoints, epochs=3,
+    resumed = launch(train_deep, 3, run_dir=str(tmp_path / "b"), checkpoint_dir=checkpoints, epochs=3,
                      compression=compression, resume="auto")
     assert resumed == uninterrupted
+
+
+@pytest.mark.parametrize("world_size,async_save", [(3, True), (4, False)], ids=["3-ranks-async", "4-ranks-sync"])
+def test_interrupted_run_resumes_bitwise_on_more_ranks(tmp_path, world_size, async_save):
+    # From three ranks on, the ring all-reduce's order of additions depends on DDP's bucket
+    # layout: without restoring it, the resumed run differs in the last bits (gradsync.bucket_layout).
+    reference = launch(train, world_size, checkpoint_dir=None)
+    checkpoints = tmp_path / "ckpt"
+    launch(train, world_size, checkpoint_dir=str(checkpoints), stop_after_step=5, async_save=async_save)
+    assert (checkpoints / "step-000000003" / "manifest.json").exists()
+    resumed = launch(train, world_size, checkpoint_dir=str(checkpoints), async_save=async_save)
+    assert [r["sha256"] for r in resumed] == [reference[0]["sha256"]] * world_size
+    assert resumed[0]["summary_steps"] == reference[0]["summary_steps"]

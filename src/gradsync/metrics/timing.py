@@ -9,8 +9,9 @@ communication hook to stamp those moments; it adds no synchronisation of its own
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterator, Union
 
 import torch
 import torch.distributed as dist
@@ -76,10 +77,16 @@ class CommTimer:
         self.bucket_bytes = 0  # gradient bytes handed to the reduction, before any compression
         self._first_ready: Mark | None = None
         self._last_ready: Mark | None = None
+        self._silent = False
 
     # Left unannotated on purpose: DDP validates a hook's annotations by identity, and this
     # module's postponed (string) annotations would fail that check.
     def hook(self, state, bucket):  # type: ignore[no-untyped-def]
+        if self._silent:
+            buffer = bucket.buffer()
+            unreduced = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+            unreduced.set_result(buffer)
+            return unreduced
         self._last_ready = self.clock.mark()
         if self._first_ready is None:
             self._first_ready = self._last_ready
@@ -89,6 +96,16 @@ class CommTimer:
         if bucket.is_last():
             self.reductions += 1
         return self.inner(state if self.inner_state is None else self.inner_state, bucket)
+
+    @contextlib.contextmanager
+    def silent(self) -> Iterator[None]:
+        """Inside, buckets come back unreduced, uncounted and unseen by the inner hook: for a
+        backward that only moves DDP's bookkeeping (gradsync.bucket_layout's replay)."""
+        self._silent = True
+        try:
+            yield
+        finally:
+            self._silent = False
 
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel, process_group: Any) -> None:
         ddp_model.register_comm_hook(process_group, self.hook)
