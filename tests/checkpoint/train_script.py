@@ -65,6 +65,7 @@ def train(
     step_delay_s: float = 0.0,
     hidden: int = 64,
     overwrite: bool = False,
+    ballast: str | None = None,
 ) -> dict:
     checkpoint = {"dir": checkpoint_dir, "every_steps": every_steps, "every_minutes": every_minutes, "resume": resume,
                   "async_save": async_save, "overwrite": overwrite} if checkpoint_dir else {}
@@ -75,6 +76,7 @@ def train(
         checkpoint=checkpoint,
         metrics={"log_every": 4, "progress": False, "tensorboard": False},
     )
+    warnings = _collect_warnings()  # after setup, which installs gradsync's own console handler first
     model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer, loader = trainer.prepare(model, optimizer, IndexedData(), batch_size=8)
@@ -89,6 +91,8 @@ def train(
                 step.backward(F.mse_loss(model(x), y))
             trainer.log(loss=0.0)
             counter.steps += step.stepped
+            if ballast and trainer.is_main and os.path.exists(ballast) and any("could not be written" in w for w in warnings):
+                os.unlink(ballast)  # once a save failed for want of space, the disk has room again
             if step_delay_s:
                 import time
 
@@ -99,9 +103,24 @@ def train(
             break
     result = {"sha256": parameters_sha256(trainer.unwrap(model)), "steps": trainer.optimizer_steps, "seen": seen,
               "summary_steps": trainer.summary()["steps"], "counter": counter.steps,
-              "saves": trainer.summary()["checkpoints_saved"]}
+              "saves": trainer.summary()["checkpoints_saved"], "warnings": warnings}
     trainer.close()
     return result
+
+
+def _collect_warnings() -> list[str]:
+    """gradsync's warnings from here on, for the test to read (the harness keeps only results)."""
+    import logging
+
+    collected: list[str] = []
+
+    class Collector(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                collected.append(record.getMessage())
+
+    logging.getLogger("gradsync").addHandler(Collector())
+    return collected
 
 
 def train_expecting_error(**options) -> dict:

@@ -34,11 +34,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from gradsync import events
+from gradsync.agreement import raise_if_any_rank_failed
 from gradsync.checkpoint import safe, store
 from gradsync.checkpoint.config import CheckpointConfig
 from gradsync.checkpoint.store import CheckpointError
+from gradsync.errors import GradsyncError
 
 EXIT_ON_SIGTERM = 128 + signal.SIGTERM
 
@@ -148,8 +151,7 @@ class Checkpointer:
         if self._pending is not None and pending_failed:
             self._abandon_pending()
         elif self._pending is not None and pending_done == self.world_size:
-            self._commit(self._pending.path, self._pending.manifest)
-            self._pending = None
+            self._commit_pending()
         every = self.config.every_steps
         if stop or time_due or (every is not None and step % every == 0):
             self.due_step = step
@@ -185,13 +187,9 @@ class Checkpointer:
         started = time.perf_counter()
         self._finish_pending()
         path = store.step_dir(self.root, step)
-        if self.rank == 0:
-            # A folder of the same step (a save that never committed, a step saved again) is
-            # replaced, never mixed with this one.
-            shutil.rmtree(path, ignore_errors=True)
-            path.mkdir(parents=True, exist_ok=True)
-        # DCP's writers look into the folder before its first collective: none may see the old one.
-        self._barrier()
+        # DCP's writers look into the folder before its first collective: none may see the old
+        # one, so this is agreed before anyone writes.
+        self._on_every_rank(step, path, lambda: self._fresh_folder(path))
         manifest = {
             "gradsync_version": store.gradsync_version(),
             "step": step,
@@ -213,15 +211,56 @@ class Checkpointer:
         if self.config.async_save and not wait:
             self._save_async(step, path, manifest, contents)
         else:
-            with safe.coordination(self.group) as participants:
-                dcp.save(contents, storage_writer=dcp.FileSystemWriter(path), **participants)
+            # DCP fails on every rank when one rank's write fails; the steps after it are each
+            # rank's own, so their failures are shared before anyone goes on (and that
+            # agreement is the barrier between writing and committing).
+            self._on_every_rank(step, path, lambda: self._write(contents, path))
             events.checkpoint_written(step)
-            store.write_rank_checksums(path, self.rank)
-            self._barrier()
-            self._commit(path, manifest)
-        self.saves += 1
+            self._on_every_rank(step, path, lambda: store.write_rank_checksums(path, self.rank))
+            self._on_every_rank(step, path, lambda: self._commit(path, manifest))
         self.save_seconds += time.perf_counter() - started
         self._last_save_time = time.monotonic()
+
+    def _fresh_folder(self, path: Path) -> None:
+        if self.rank == 0:
+            # A folder of the same step (a save that never committed, a step saved again) is
+            # replaced, never mixed with this one.
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, contents: dict[str, Any], path: Path) -> None:
+        with safe.coordination(self.group) as participants:
+            dcp.save(contents, storage_writer=dcp.FileSystemWriter(path), **participants)
+
+    def _on_every_rank(self, step: int, path: Path, part: Callable[[], None]) -> None:
+        """Run this rank's part of a save; if it failed on any rank, remove the
+        unfinished folder and raise on every rank, so none waits for the others in a collective."""
+        error: CheckpointError | None = None
+        try:
+            part()
+        except (OSError, CheckpointException) as failure:
+            if self.rank == 0:
+                store.remove_unfinished(path)  # first, so the free space reported is what is left
+            error = self._write_error(step, path, failure)
+        try:
+            if self.distributed:
+                raise_if_any_rank_failed(error, self.group)
+            elif error is not None:
+                raise error
+        except GradsyncError:
+            if self.rank == 0:
+                store.remove_unfinished(path)
+            raise
+
+    def _write_error(self, step: int, path: Path, failure: BaseException) -> CheckpointError:
+        """What a user needs when a save cannot be written: the folder, why, the free space."""
+        cause = _first_failure(failure)
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else f"{type(cause).__name__}: {cause}"
+        return CheckpointError(
+            f"the checkpoint of step {step} could not be written to {path}: {reason} ({store.space_report(self.root)}). "
+            "The unfinished folder is removed. Free space in checkpoint.dir, lower checkpoint.keep, or point "
+            "checkpoint.dir at a larger filesystem, then resume with checkpoint.resume='auto'."
+        )
 
     def _save_async(self, step: int, path: Path, manifest: dict[str, Any], contents: dict[str, Any]) -> None:
         with safe.coordination(self.async_group) as participants:
@@ -249,22 +288,33 @@ class Checkpointer:
         if failed:
             self._abandon_pending()
         else:
-            self._commit(self._pending.path, self._pending.manifest)
-        self._pending = None
+            self._commit_pending()
 
     def _abandon_pending(self) -> None:
+        """A background save failed on some rank: say why and where, drop it, and go on (the
+        next due save is made as usual)."""
         assert self._pending is not None
-        error = self._pending.error
-        self.warn(
-            f"the background save of step {self._pending.step} failed"
-            + (f" on this rank: {type(error).__name__}: {error}" if error else " on another rank")
-            + "; the previous checkpoint stays the newest."
-        )
-        self._pending = None
+        pending, self._pending = self._pending, None
+        if self.rank == 0:
+            store.remove_unfinished(pending.path)
+        if pending.error is not None:
+            why = str(self._write_error(pending.step, pending.path, pending.error))
+            self.warn(why.replace(" Free space", " Training goes on and the next save is made as planned. Free space", 1))
+        elif self.rank == 0:
+            self.warn(f"the background save of step {pending.step} to {pending.path} failed on another rank "
+                      f"(its log says why); the previous checkpoint stays the newest and training goes on.")
 
-    def _barrier(self) -> None:
-        if self.distributed:
-            dist.barrier(group=self.group)
+    def _commit_pending(self) -> None:
+        """Commit the background save every rank reported written. The manifest is rank 0's to
+        write; if that fails the save stays unfinished, and rank 0 says so."""
+        assert self._pending is not None
+        pending, self._pending = self._pending, None
+        try:
+            self._commit(pending.path, pending.manifest)
+        except OSError as failure:
+            store.remove_unfinished(pending.path)
+            why = str(self._write_error(pending.step, pending.path, failure))
+            self.warn(why.replace(" Free space", " Training goes on and the next save is made as planned. Free space", 1))
 
     def _commit(self, path: Path, manifest: dict[str, Any]) -> None:
         if self.rank == 0:
@@ -273,6 +323,7 @@ class Checkpointer:
             older = f" (deleted the older {', '.join(p.name for p in pruned)}: keep={self.config.keep})" if pruned else ""
             self.log(f"checkpoint of step {manifest['step']} committed: {path}{older}")
         self.last_saved_step = manifest["step"]
+        self.saves += 1
 
     def close(self) -> None:
         """Finish a background save and give SIGTERM back to its previous handler (collective)."""
@@ -412,6 +463,14 @@ class Checkpointer:
             shared=safe.decode(contents["shared"]),
             own=safe.decode(contents[f"rank{self.rank}"]) if same_world else None,
         )
+
+
+def _first_failure(failure: BaseException) -> BaseException:
+    """The error inside DCP's CheckpointException (it wraps each failing rank's, with frames)."""
+    if isinstance(failure, CheckpointException) and failure.failures:
+        first = next(iter(failure.failures.values()))
+        return first[0] if isinstance(first, tuple) else first
+    return failure
 
 
 def _skeleton(metadata: Any, prefix: str) -> dict[str, torch.Tensor]:

@@ -46,11 +46,15 @@ def step_dir(root: Path, step: int) -> Path:
 def write_durably(path: Path, text: str) -> None:
     """Replace `path` atomically and make the new contents survive a power cut."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk must not keep the half-written copy too
+        raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
@@ -159,6 +163,43 @@ def prune(root: Path, keep: int, newest_step: int) -> list[Path]:
         (path / MANIFEST).unlink(missing_ok=True)
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def remove_unfinished(directory: Path) -> None:
+    """Delete a save that failed before its commit (it would never be loaded), freeing its space."""
+    if not (directory / MANIFEST).exists():
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def checkpoint_bytes(directory: Path) -> int | None:
+    """The size of a committed checkpoint's files, from its manifest (None if it has none)."""
+    try:
+        return sum(entry["bytes"] for entry in read_manifest(directory)["files"].values())
+    except (CheckpointError, KeyError, TypeError):
+        return None
+
+
+def space_report(root: Path) -> str:
+    """Free space on the filesystem of `root`, and what the newest committed checkpoint in it
+    takes (the one a resume would use): the numbers someone with a full disk needs."""
+    try:
+        usage = shutil.disk_usage(root)
+        free = f"{_size(usage.free)} free of {_size(usage.total)} on the filesystem of {root}"
+    except OSError as error:
+        free = f"the free space of {root} cannot be read ({error.strerror or error})"
+    for _, path in checkpoint_dirs(root):
+        size = checkpoint_bytes(path)
+        if size is not None:
+            return f"{free}; the newest committed checkpoint, {path.name}, takes {_size(size)} and stays the one to resume from"
+    return f"{free}; no checkpoint is committed there yet"
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KB", "MB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GB"
 
 
 def gradsync_version() -> str:
