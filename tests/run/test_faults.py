@@ -32,6 +32,7 @@ HEALTHY = "tests/run/zoo/healthy_ddp.py"  # 16 synchronised backward passes per 
         ("kill:rank=1:step=5", FaultSpec("kill", 1, 5)),
         ("exit:rank=0:step=3:code=7", FaultSpec("exit", 0, 3, code=7)),
         ("hang:rank=1:step=4", FaultSpec("hang", 1, 4)),
+        ("stop:rank=0:step=2", FaultSpec("stop", 0, 2)),
         ("kill:rank=1:step=6:at=checkpoint", FaultSpec("kill", 1, 6, at="checkpoint")),
         ("kill:rank=1:step=5:attempt=1", FaultSpec("kill", 1, 5, attempt=1)),
         (" exit:code=3:step=2:rank=0 ", FaultSpec("exit", 0, 2, code=3)),
@@ -171,16 +172,20 @@ def test_exit_fault_exits_with_its_code_and_the_diagnosis_names_the_rank(tmp_pat
     assert "FAILED: rank_crashed (rank 0)" in output
 
 
-def test_hang_is_diagnosed_as_a_stall_and_the_stopped_workers_are_restarted(tmp_path):
+@pytest.mark.parametrize("action,outcome", [("hang", "hung"), ("stop", "was frozen (SIGSTOP)")])
+def test_a_hung_or_frozen_rank_is_diagnosed_as_a_stall_and_the_stopped_workers_are_restarted(tmp_path, action, outcome):
+    # A frozen (SIGSTOPped) process runs no thread at all, its snapshots included; the stall
+    # detector must still notice it, and SIGKILL stop it (SIGTERM waits until it continues).
     started = time.monotonic()
     code, output, final = _gradsync_run(
-        tmp_path, "--stall-timeout", "5", "--max-restarts", "1", "--inject-fault", "hang:rank=1:step=4"
+        tmp_path, "--stall-timeout", "5", "--max-restarts", "1", "--inject-fault", f"{action}:rank=1:step=4"
     )
     assert code == 0, output
     stall = _attempt_diagnosis(tmp_path, 0)
     (cause,) = [f for f in stall["findings"] if f["severity"] == "error"]
     assert (stall["trigger"], cause["category"], cause["ranks"], cause["step"]) == ("stall", "rank_stuck", [1], 4), stall
-    assert "injected by --inject-fault hang:rank=1:step=4" in cause["message"]
+    assert f"Rank 1 {outcome} at step 4" in cause["message"]
+    assert f"injected by --inject-fault {action}:rank=1:step=4" in cause["message"]
     assert final["status"] == "ok" and [a["status"] for a in final["attempts"]] == ["failed", "ok"], final
     assert time.monotonic() - started < 90, "the hang was stopped by the stall timeout, not Gloo's 30 minutes"
 

@@ -390,13 +390,17 @@ def diagnose(
     }
 
 
+# Injected faults that leave the rank alive and quiet: only a stall makes them the cause.
+STALLING_FAULTS = ("hang", "stop")
+
+
 def _fired_fault(views: dict[int, RankView], trigger: str) -> RankView | None:
     """The rank an injected fault took down: the known cause, whatever its peers went through.
 
     A hang only explains a stall: a job stopped for another reason is diagnosed as usual.
     """
     for view in sorted(views.values(), key=lambda v: v.rank):
-        if view.injected and (view.injected["action"] != "hang" or trigger == "stall"):
+        if view.injected and (view.injected["action"] not in STALLING_FAULTS or trigger == "stall"):
             return view
     return None
 
@@ -409,14 +413,15 @@ def _fault_place(fault: dict[str, Any]) -> str:
 
 def _fault_outcome(fault: dict[str, Any]) -> str:
     """'was killed (SIGKILL) at step 3' for the record of a fault that fired."""
-    outcome = {"kill": "was killed (SIGKILL)", "exit": f"exited with code {fault['code']}", "hang": "hung"}[fault["action"]]
+    outcome = {"kill": "was killed (SIGKILL)", "exit": f"exited with code {fault['code']}", "hang": "hung",
+               "stop": "was frozen (SIGSTOP)"}[fault["action"]]
     return f"{outcome} {_fault_place(fault)}"
 
 
 def _injected_finding(view: RankView, views: dict[int, RankView]) -> Finding:
     fault = view.injected
     others = ", ".join(f"rank {r}" for r in sorted(views) if r != view.rank)
-    hang = fault["action"] == "hang"
+    hang = fault["action"] in STALLING_FAULTS
     consequence = ""
     if others:
         consequence = (

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from gradsync.errors import ConfigError
 
-ACTIONS = ("kill", "hang", "exit")
+ACTIONS = ("kill", "hang", "stop", "exit")
 PLACES = ("step", "checkpoint")
 EXAMPLE = "kill:rank=1:step=5 (or exit:rank=0:step=3:code=7, hang:rank=1:step=4, kill:rank=1:step=6:at=checkpoint)"
-SYNTAX = "ACTION:rank=R:step=S[:attempt=A][:code=C][:at=step|checkpoint], ACTION one of kill, hang, exit"
+SYNTAX = "ACTION:rank=R:step=S[:attempt=A][:code=C][:at=step|checkpoint], ACTION one of kill, hang, stop, exit"
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class FaultSpec:
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
-            _refuse(f"unknown action {self.action!r}: use kill, hang or exit")
+            _refuse(f"unknown action {self.action!r}: use kill, hang, stop or exit")
         if self.rank < 0:
             _refuse(f"rank={self.rank}: ranks count from 0")
         if self.step < 1:
@@ -61,7 +61,7 @@ class FaultSpec:
 
     def describe(self) -> str:
         """'killing rank 1 at step 5, attempt 0': what firing does, for the line printed before it."""
-        what = {"kill": "killing", "hang": "hanging", "exit": "exiting"}[self.action] + f" rank {self.rank}"
+        what = {"kill": "killing", "hang": "hanging", "stop": "freezing (SIGSTOP)", "exit": "exiting"}[self.action] + f" rank {self.rank}"
         if self.action == "exit":
             what += f" with code {self.code}"
         where = f"at step {self.step}" if self.at == "step" else f"while writing the checkpoint of step {self.step}"
@@ -76,7 +76,7 @@ def parse_fault(text: str) -> FaultSpec:
     """`kill:rank=1:step=5` (and the optional `attempt=`, `code=`, `at=`) as a FaultSpec."""
     action, *fields = text.strip().split(":")
     if action not in ACTIONS:
-        _refuse(f"{text!r} starts with {action!r}, not an action (kill, hang or exit)")
+        _refuse(f"{text!r} starts with {action!r}, not an action (kill, hang, stop or exit)")
     values: dict[str, str] = {}
     for field_text in fields:
         key, equals, value = field_text.partition("=")

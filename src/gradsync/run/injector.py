@@ -68,6 +68,11 @@ def fire(spec: FaultSpec, record_path: Path | None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif spec.action == "exit":
         os._exit(spec.code)
+    elif spec.action == "stop":
+        # Frozen whole, threads included, as a process in an uninterruptible wait or on a
+        # suspended machine: only the stall detector can notice. A SIGCONT lets it go on.
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     # hang: this thread never returns, as with a deadlocked data loader or file system.
     while True:
         time.sleep(3600)

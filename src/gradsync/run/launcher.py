@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SPEC",
         help="rehearse a failure: ACTION:rank=R:step=S[:attempt=A][:code=C][:at=step|checkpoint], ACTION "
-        "kill, hang or exit, e.g. kill:rank=1:step=5; fires on the first attempt unless attempt= says "
+        "kill, hang, stop (SIGSTOP: a frozen process) or exit, e.g. kill:rank=1:step=5; fires on the first attempt unless attempt= says "
         "otherwise (repeatable)",
     )
     extra.add_argument(
