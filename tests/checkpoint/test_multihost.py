@@ -65,3 +65,7 @@ def test_a_host_dies_and_comes_back_and_the_job_ends_bitwise_equal(needs_cluster
     shas = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text())["sha256"] for r in range(2)]
     assert shas == [reference] * 2, logs
     assert "resuming from" in logs
+    # The host that stayed names the one that went: its rank went silent, its node said nothing.
+    (cause,) = [f for f in json.loads((tmp_path / "run-host0" / "workers" / "attempt0" / "diagnosis.json").read_text())["findings"]
+                if f["severity"] == "error"]
+    assert (cause["category"], cause["ranks"]) == ("rank_unreachable", [1]), cause

@@ -397,3 +397,52 @@ def test_in_a_large_job_ranks_in_the_same_place_are_said_once():
     assert finding["category"] == "rank_stuck" and finding["ranks"] == [0]
     assert "rank 1 waits in barrier #2 at train.py:9 (likewise ranks 2-63)" in finding["message"], finding["message"]
     assert len(finding["message"]) < 600
+
+
+def remote(v, time=90.0, host="hostB"):
+    """`v` as another node's rank, last published at `time`."""
+    v.snapshot = {**v.snapshot, "remote": True, "time": time, "host": host}
+    return v
+
+
+def test_a_silent_rank_of_another_node_is_unreachable_not_a_mismatch():
+    # A cut link: rank 1's last published state has it in an agreement all-reduce on the control
+    # group, long ago; read as current, it would pair up with rank 0's gradient all-reduce as a
+    # collective mismatch. Silent and without an end, it is where it was, not where it is.
+    views = {
+        0: view(0, [record(91, finished=95.0), record(92, kind="DDP gradient bucket 0", signature="float32[151370]", state="entered", entered=96.0, site="train.py:47")], alive=True),
+        1: remote(view(1, [record(21, group="control", signature="int32[4] op=SUM", state="entered", entered=89.0, site="train.py:46")]), time=90.0),
+    }
+    views[1].unreachable = True
+    diagnosis = diagnose(views, trigger="stall", now=108.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "rank_unreachable" and finding["ranks"] == [1]
+    assert finding["message"].startswith("Rank 1 (host hostB), last heard of 18 s before this diagnosis at train.py:46")
+    assert "host hostB or the network to it went away" in finding["message"]
+    assert "rank 0 waiting in all_reduce #92" in finding["message"]
+    assert diagnosis["ranks"]["1"] == "unreachable: not heard of for 18 s; last seen at train.py:46"
+
+
+def test_an_unreachable_rank_does_not_hide_a_crash_and_a_rank_that_ended_is_reachable():
+    # A rank that raised first is the cause, whatever became of the others.
+    crashed = {
+        0: view(0, [record(1)], exit=exception("corrupt sample", "ValueError", "data.py:7", time=95.0), exitcode=1),
+        1: remote(view(1, [record(1)])),
+    }
+    crashed[1].unreachable = True
+    (finding,) = diagnose(crashed, trigger="failure", now=100.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [0]
+    # Not marked unreachable (its node published how it ended): diagnosed as before.
+    ended = {
+        0: view(0, [record(1), record(2, state="failed")], exit=exception("Connection reset by peer", time=96.0), exitcode=1),
+        1: remote(view(1, [record(1)], exitcode=-9, signal="SIGKILL")),
+    }
+    (finding,) = diagnose(ended, trigger="failure", now=100.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+
+
+def test_a_rank_never_heard_of_because_the_shared_store_is_gone_is_unreachable():
+    views = {0: RankView(0, unreachable=True), 1: view(1, [record(7, state="entered", entered=95.0)], alive=True)}
+    (finding,) = diagnose(views, trigger="stall", now=108.0)["findings"]
+    assert finding["category"] == "rank_unreachable" and finding["ranks"] == [0]
+    assert finding["message"].startswith("Rank 0, never heard of (the store the nodes share did not answer): its node cannot be reached")

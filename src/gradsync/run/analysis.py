@@ -50,6 +50,9 @@ class RankView:
     stopped_by_gradsync: bool = False
     alive: bool = False
     injected: dict[str, Any] | None = None  # the record of an --inject-fault that fired on this rank
+    # Of another node, and silent: its state stopped coming and its node's agent never said how it
+    # ended. What it last reported is where it was, not where it is.
+    unreachable: bool = False
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -351,6 +354,7 @@ def diagnose(
     # not when a rank failed waiting for it (then where it was, is the answer: see _position_finding).
     consequences = [v for v in views.values() if v.exception() is not None and v not in crashes]
     crashes = [v for v in crashes if v.signal != "SIGTERM"] or ([] if consequences else crashes)
+    unreachable = [v for v in views.values() if v.unreachable]
     teardown = [v for v in views.values() if v.finished and v.exitcode not in (None, 0)]
     everyone_finished = all(v.finished for v in views.values())
     if injected:
@@ -359,6 +363,10 @@ def diagnose(
         first = min(crashes, key=_failure_time)
         alike = [v for v in crashes if _failure_signature(v) == _failure_signature(first)]
         findings.append(_crash_finding(first, views, alike if len(views) > 1 and len(alike) == len(views) else [first]))
+    elif unreachable:
+        # Before comparing positions: an unreachable rank's records stop where it was last heard
+        # of, and read as current they would pair up wrongly with its peers'.
+        findings.append(_unreachable_finding(unreachable, views, now))
     elif divergence is not None and (trigger != "exit" or everyone_finished):
         findings.append(_divergence_finding(divergence, views, trigger))
     elif trigger in ("stall", "failure") and not everyone_finished:
@@ -940,6 +948,34 @@ _P2P_PEER = re.compile(r" (src|dst)=(\d+)$")
 _P2P_MATCH = {"src": ("send", "isend", "batch_isend_irecv"), "dst": ("recv", "irecv", "batch_isend_irecv")}
 
 
+def _unreachable_finding(unreachable: list[RankView], views: dict[int, RankView], now: float) -> Finding:
+    lost = sorted(unreachable, key=lambda v: v.rank)
+    hosts = sorted({(v.snapshot or {}).get("host") for v in lost} - {None})
+    described = _listing([
+        (v.rank, f"rank {v.rank}" + (f" (host {v.snapshot['host']})" if (v.snapshot or {}).get("host") else "")
+         + (f", last heard of {now - v.snapshot['time']:.0f} s before this diagnosis at {_last_position(v)}" if v.snapshot
+            else ", never heard of (the store the nodes share did not answer)"))
+        for v in lost
+    ])
+    here = [v for v in views.values() if not v.unreachable]
+    waits = _listing([(v.rank, f"rank {v.rank} {_rank_line(v, now, None, [])}") for v in sorted(here, key=lambda v: v.rank)])
+    node = "its node" if len(lost) == 1 else "their nodes"
+    where = f"host {', '.join(hosts)}" if hosts else node
+    return Finding(
+        "rank_unreachable",
+        "error",
+        [v.rank for v in lost],
+        f"{described[0].upper()}{described[1:]}: "
+        + (f"{node} stopped reporting and never said how its ranks ended" if all(v.snapshot for v in lost) else f"{node} cannot be reached")
+        + f", so {where} or the network to it went away (a dead host, a cut link, a hung node)."
+        + (f" The others only waited or failed for want of it: {waits}." if here else ""),
+        f"Check that {where} is up and reachable from the others (`gradsync doctor` on every host checks the "
+        "network). With --max-restarts and c10d rendezvous (--rdzv-backend c10d) the job waits for it and resumes "
+        "from the last checkpoint once it is back.",
+        locations={str(v.rank): _last_position(v) for v in lost if v.snapshot},
+    )
+
+
 def _teardown_finding(teardown: list[RankView], views: dict[int, RankView]) -> Finding:
     # torchrun's agent stops the remaining workers with SIGTERM once one has failed: those are
     # not crashes of their own.
@@ -1045,6 +1081,10 @@ def _rank_line(
 ) -> str:
     if view.injected is not None:
         return f"{_fault_outcome(view.injected)}, injected by --inject-fault {view.injected['spec']}"
+    if view.unreachable:
+        if view.snapshot is None:
+            return "unreachable: never heard of (the store the nodes share did not answer)"
+        return f"unreachable: not heard of for {now - view.snapshot['time']:.0f} s; last seen at {_last_position(view)}"
     exception = view.exception()
     if exception is not None:
         where = exception["location"] or view.location or "?"

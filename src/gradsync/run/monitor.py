@@ -84,6 +84,7 @@ class Monitor(threading.Thread):
         self.own_pids: set[int] = set()  # the workers this launcher was seen to run, exited ones included
         self.exits_seen: dict[int, int] = {}  # attempt -> this node's exit records at the last poll
         self.agent_exits: dict[int, dict[int, dict[str, Any]]] = {}  # attempt -> rank -> how the agent saw it end
+        self.silent: dict[int, set[int]] = {}  # attempt -> other nodes' ranks whose end never reached this node
 
     def run(self) -> None:
         while not self.stopped.wait(self.poll_s):
@@ -231,6 +232,13 @@ class Monitor(threading.Thread):
         views = build_views(snapshots, exits, failures={}, stopped=set(), fired=self._faults(attempt))
         for rank in alive:
             views[rank].alive = True
+        for rank, view in views.items():
+            # Of another node, its state stale and no word of its end: what it last said is old news.
+            view.unreachable = bool((view.snapshot or {}).get("remote")) and not view.alive and view.exit is None and view.exitcode is None
+        if self.board is not None and not self.board.reachable:
+            # The store the nodes share did not answer: the ranks never heard of are out of reach.
+            for rank in set(range(_world_size(snapshots))) - set(views):
+                views[rank] = RankView(rank, unreachable=True)
         diagnosis = diagnose(
             views,
             trigger="stall",
@@ -295,11 +303,15 @@ class Monitor(threading.Thread):
         world_size = _world_size({**snapshots, **exits})
         others = set(range(world_size)) - local
         deadline = time.monotonic() + END_WAIT_S
+        ended: set[int] = set()
         while self.board.reachable and time.monotonic() < deadline:
             remote = self.board.read(attempt, world_size, local, max_age_s=0.0)
-            if set(remote) >= others and all("exit" in s or "agent_exit" in s for s in remote.values()):
+            ended = {rank for rank, s in remote.items() if "exit" in s or "agent_exit" in s}
+            if ended >= others:
                 break
             time.sleep(END_POLL_S)
+        # Ranks whose end no word reached in that time: their node (or the way to it) is gone.
+        self.silent[attempt] = others - ended
         self.board.done(attempt, len(own))
         while time.monotonic() < deadline and not self.board.all_done(attempt, world_size):
             time.sleep(END_POLL_S)
@@ -347,6 +359,9 @@ class Monitor(threading.Thread):
             }
         else:
             views = build_views(snapshots, exits, failures, self.stopped_pids, self._faults(attempt))
+            for rank in self.silent.get(attempt, ()):
+                view = views.setdefault(rank, RankView(rank))
+                view.unreachable = view.exit is None and view.exitcode is None
             tracker = self.tracker(attempt)
             tracker.observe(local)  # as while the job ran: this node's ranks
             diagnosis = diagnose(

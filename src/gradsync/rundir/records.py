@@ -166,6 +166,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
     "rank_stuck": (ERROR, "a rank stayed outside any collective (stuck, or busy elsewhere) while the others waited"),
     "hang": (ERROR, "every rank waits in the same matched collective: the network or backend is not delivering"),
+    "rank_unreachable": (ERROR, "a rank on another node stopped reporting and its node never said how it ended: the host or the network went away"),
     "desync": (ERROR, "the ranks' collectives were paired out of step although nothing failed"),
     "unused_parameters": (EITHER, "DDP's crash on parameters without gradients, or parameters that never get one"),
     "nonfinite_gradients": (WARNING, "where a NaN/inf gradient first appeared, before averaging spread it"),
