@@ -66,6 +66,8 @@ def train(
     hidden: int = 64,
     overwrite: bool = False,
     ballast: str | None = None,
+    seen_log: str | None = None,
+    one_cycle: bool = True,
 ) -> dict:
     checkpoint = {"dir": checkpoint_dir, "every_steps": every_steps, "every_minutes": every_minutes, "resume": resume,
                   "async_save": async_save, "overwrite": overwrite} if checkpoint_dir else {}
@@ -80,13 +82,21 @@ def train(
     model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer, loader = trainer.prepare(model, optimizer, IndexedData(), batch_size=8)
-    trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=epochs * trainer.steps_per_epoch))
+    if one_cycle:
+        trainer.set_scheduler(torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, total_steps=epochs * trainer.steps_per_epoch))
     counter = StepCounter()
     trainer.register_for_checkpointing(counter=counter)
     seen: dict[int, list[int]] = {}
+    # Every micro-batch with the optimizer step it belongs to, appended as it is taken: what a
+    # process saw survives it being killed, so a test can check an epoch across restarts.
+    log = open(Path(seen_log) / f"{os.getpid()}.jsonl", "a") if seen_log else None
     for epoch in trainer.epochs(epochs):
         for x, y, index in loader:
             seen.setdefault(epoch, []).extend(index.tolist())
+            if log is not None:
+                log.write(json.dumps({"epoch": epoch, "step": trainer.optimizer_steps + 1, "world_size": trainer.world_size,
+                                      "indices": index.tolist()}) + "\n")
+                log.flush()
             with trainer.step() as step:
                 step.backward(F.mse_loss(model(x), y))
             trainer.log(loss=0.0)
@@ -139,9 +149,11 @@ def main() -> None:
     parser.add_argument("--every-steps", type=int, default=3)
     parser.add_argument("--async-save", action="store_true")
     parser.add_argument("--step-delay", type=float, default=0.0)
+    parser.add_argument("--seen-log", default=None, help="folder where each process logs the samples it takes")
+    parser.add_argument("--constant-lr", action="store_true", help="no one-cycle schedule (its length depends on the world size)")
     args = parser.parse_args()
     result = train(args.checkpoint_dir, epochs=args.epochs, every_steps=args.every_steps, async_save=args.async_save,
-                   step_delay_s=args.step_delay)
+                   step_delay_s=args.step_delay, seen_log=args.seen_log, one_cycle=not args.constant_lr)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"rank{os.environ.get('RANK', '0')}.json").write_text(json.dumps(result))
 
