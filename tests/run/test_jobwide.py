@@ -225,17 +225,20 @@ def test_a_stall_is_job_wide_and_only_this_nodes_ranks_are_stopped(tmp_path, sto
 
 
 def test_a_rank_of_another_rendezvous_round_is_not_taken_for_a_peer(tmp_path, store):
-    """A node that comes back numbers its attempts from 0 again, where the board still holds the
-    other node's first attempt: a rank of another round (another workers' store) is not a peer."""
+    """A node that comes back, or joins an elastic job late, numbers its attempts from 0 while
+    the others are further on: ranks meet on the board by rendezvous round (the store their
+    workers share), so another round's rank is never taken for a peer, whatever the attempts."""
     _, address = store
     now = time.time()
     write_json(RunDir(tmp_path).snapshot(0, 1), {**_snapshot(1, now, now), "round_store": "10.0.0.1:2002"})
     old_round = {**_snapshot(0, now - 20, now - 40), "round_store": "10.0.0.1:2001"}
-    JobBoard(address, interval_s=0).publish(0, {0: {**old_round, "exit": {"status": "exception", "time": now - 20}}}, stopped=set())
+    JobBoard(address, interval_s=0).publish("10.0.0.1:2001", {0: {**old_round, "exit": {"status": "exception", "time": now - 20}}}, stopped=set())
     monitor = Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), lambda d, _: None, store=address)
     snapshots, exits = monitor._job_wide(0, *read_attempt(RunDir(tmp_path), 0), max_age_s=0)
     assert set(snapshots) == {1} and exits == {}
-    JobBoard(address, interval_s=0).publish(0, {0: {**_snapshot(0, now, now), "round_store": "10.0.0.1:2002"}}, stopped=set())
+    # The other node's rank of the same round, published at its attempt 3.
+    peer = JobBoard(address, interval_s=0)
+    peer.publish("10.0.0.1:2002", {0: {**_snapshot(0, now, now), "attempt": 3, "round_store": "10.0.0.1:2002"}}, stopped=set())
     snapshots, _ = monitor._job_wide(0, *read_attempt(RunDir(tmp_path), 0), max_age_s=0)
     assert set(snapshots) == {0, 1}, "the same round's rank is"
 

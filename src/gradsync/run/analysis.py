@@ -1175,14 +1175,15 @@ def _first_line(message: str) -> str:
 # -- the job: attempts, injected faults, a stop from outside ------------------------------------
 
 
-def earlier_attempts_finding(failed: dict[int, dict[str, Any]], final_status: str) -> Finding:
-    """What the attempts before the last went through: a job that recovered still lost work."""
+def earlier_attempts_finding(failed: dict[int, dict[str, Any]], final_status: str, last: int | None = None) -> Finding:
+    """What the attempts before the last (`last`, by default the one after the last failed) went
+    through: a job that recovered still lost work."""
     told = []
     for attempt, diagnosis in sorted(failed.items()):
         errors = [f for f in diagnosis["findings"] if f["severity"] == "error"]
         cause = f"{errors[0]['category']}: {_first_sentence(errors[0]['message'])}" if errors else "no cause recorded"
         told.append(f"attempt {attempt} failed ({cause})")
-    last = max(failed) + 1
+    last = max(failed) + 1 if last is None else last
     ending = f"attempt {last} finished" if final_status == "ok" else f"attempt {last} failed too"
     return Finding(
         "restarted",
@@ -1192,6 +1193,24 @@ def earlier_attempts_finding(failed: dict[int, dict[str, Any]], final_status: st
         "Each attempt's diagnosis is in RUN_DIR/workers/attemptN/diagnosis.json. A restart costs the steps "
         "since the last checkpoint: fix what failed, unless it was injected with --inject-fault.",
         details={"failed_attempts": sorted(failed)},
+    )
+
+
+def regrouped_finding(regrouped: dict[int, int]) -> Finding:
+    """The attempts torchrun's agent stopped to take in a node that joined (`regrouped`: attempt
+    -> its world size): no failure, but the job's world size changed."""
+    told = ", ".join(f"attempt {a} ({size} rank{'s' if size != 1 else ''})" if size else f"attempt {a}"
+                     for a, size in sorted(regrouped.items()))
+    return Finding(
+        "regrouped",
+        "warning",
+        [],
+        f"The workers were restarted {'once' if len(regrouped) == 1 else f'{len(regrouped)} times'} to take in a node "
+        f"that joined the job, not for a failure: {told} stopped for it.",
+        "Nothing to fix in an elastic job (--nnodes MIN:MAX). Its world size changed, so its result is not bitwise "
+        "equal to a run on one world size; gradsync's trainer resumes each new group from the last checkpoint with "
+        "every sample of the epoch seen once.",
+        details={"regrouped_attempts": sorted(regrouped)},
     )
 
 

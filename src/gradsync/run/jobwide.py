@@ -5,7 +5,7 @@ Why: without a shared file system a node's monitor sees only the files of the ra
 does not deliver. Every node of a multi-host job already reaches one store: the rendezvous
 TCPStore that node 0's elastic agent serves (static rendezvous: --master-addr/--master-port;
 c10d: --rdzv-endpoint). The launchers put their ranks' compact state there, under
-`gradsync/<rdzv id>/attempt<N>/rank<R>`, and read the others' when a diagnosis may be coming, so
+`gradsync/<rdzv id>/<round>/rank<R>`, and read the others' when a diagnosis may be coming, so
 each node's verdict names every rank with its line. Nothing new to serve, no port to open, no
 shared folder.
 
@@ -36,12 +36,17 @@ import time
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Union
 
 import torch
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+# Which workers' states belong together: those of one rendezvous round, named by the store its
+# workers share ("10.0.0.1:29517", a new one every round), or an attempt number where the ranks
+# do not say. Not the attempt alone: each node numbers its own attempts (a node that came back,
+# or joined an elastic job late, counts from 0 while the others are further on).
+RoundKey = Union[str, int]
 MAX_RANK_BYTES = 32 * 1024  # one rank's published state, compressed
 OP_TIMEOUT_S = 0.5  # one store request
 READ_BUDGET_S = 1.0  # one read of the other ranks; what it did not get, the next one does
@@ -133,55 +138,55 @@ class JobBoard:
         self._store: TCPStore | None = None
         self._connecting: threading.Thread | None = None
         self._retry_at = 0.0
-        self._published: dict[tuple[int, int], _Published] = {}  # (attempt, rank) -> what was put last
-        self._present: dict[int, set[int]] = {}  # attempt -> ranks known to have published
-        self._cache: dict[int, dict[int, _Read]] = {}  # attempt -> rank -> its state as last read
+        self._published: dict[tuple[RoundKey, int], _Published] = {}  # (round_key, rank) -> what was put last
+        self._present: dict[RoundKey, set[int]] = {}  # round -> ranks known to have published
+        self._cache: dict[RoundKey, dict[int, _Read]] = {}  # round -> rank -> its state as last read
 
     # -- publishing --
 
-    def publish(self, attempt: int, states: Mapping[int, dict[str, Any]], stopped: set[int]) -> None:
+    def publish(self, round_key: RoundKey, states: Mapping[int, dict[str, Any]], stopped: set[int]) -> None:
         """Publish the states (rank -> exit record, else snapshot) of this node's ranks that
         changed; `stopped`: the ranks this node's launcher stopped. A rank is republished at most
         once per interval, unless it just exited, was stopped or its agent saw it end (others
         must learn that before the store may go)."""
         with self._lock, _quiet_c10d():
-            self._publish(attempt, states, stopped)
+            self._publish(round_key, states, stopped)
 
-    def _publish(self, attempt: int, states: Mapping[int, dict[str, Any]], stopped: set[int]) -> None:
+    def _publish(self, round_key: RoundKey, states: Mapping[int, dict[str, Any]], stopped: set[int]) -> None:
         now = time.monotonic()
         keys, values, changed = [], [], []  # changed: (rank, ending)
         for rank, state in states.items():
             ending = ("exit" in state, rank in stopped, "agent_exit" in state)
-            last = self._published.get((attempt, rank))
+            last = self._published.get((round_key, rank))
             if last is not None and now - last.when < self.interval_s and ending == last.ending:
                 continue
             data = compact_state(state, stopped=rank in stopped)
             if last is not None and data == last.data:
                 continue
-            keys.append(self._key(attempt, rank))
+            keys.append(self._key(round_key, rank))
             values.append(data)
             changed.append((rank, ending))
         if not keys:
             return
-        unindexed = "".join(f"{rank}," for rank, _ in changed if (attempt, rank) not in self._published)
+        unindexed = "".join(f"{rank}," for rank, _ in changed if (round_key, rank) not in self._published)
         store = self._connected()
         if store is None:
             return
         try:
             store.multi_set(keys, values)
             if unindexed:
-                store.append(self._index_key(attempt), unindexed)
+                store.append(self._index_key(round_key), unindexed)
         except Exception:  # the store went away or did not answer in time
             self._disconnect()
             return
         for (rank, ending), data in zip(changed, values):
-            self._published[(attempt, rank)] = _Published(data, ending, now)
+            self._published[(round_key, rank)] = _Published(data, ending, now)
 
     # -- reading --
 
-    def read(self, attempt: int, world_size: int, local: set[int], max_age_s: float, not_before: float = 0.0,
+    def read(self, round_key: RoundKey, world_size: int, local: set[int], max_age_s: float, not_before: float = 0.0,
              until: Callable[[dict[str, Any]], bool] | None = None) -> dict[int, dict[str, Any]]:
-        """The latest published state of every rank of `attempt` outside `local`.
+        """The latest published state of every rank of `round_key` outside `local`.
 
         A rank is read again when what was read of it is older than `max_age_s`, within
         READ_BUDGET_S (the rest the next time), and only until a state read satisfies `until`
@@ -190,30 +195,30 @@ class JobBoard:
         others are as last read.
         """
         with self._lock:
-            cached = self._cache.setdefault(attempt, {})
-            present = self._present.setdefault(attempt, set())
+            cached = self._cache.setdefault(round_key, {})
+            present = self._present.setdefault(round_key, set())
             older_than = time.time() - max_age_s
             if not present >= set(range(world_size)) - local or _due(cached, present - local, older_than):
                 with _quiet_c10d():
-                    self._read(attempt, world_size, local, older_than, until)
+                    self._read(round_key, world_size, local, older_than, until)
             return {rank: seen.state for rank, seen in cached.items() if seen.when >= not_before and rank not in local}
 
-    def _read(self, attempt: int, world_size: int, local: set[int], older_than: float,
+    def _read(self, round_key: RoundKey, world_size: int, local: set[int], older_than: float,
               until: Callable[[dict[str, Any]], bool] | None) -> None:
-        cached, present = self._cache[attempt], self._present[attempt]
+        cached, present = self._cache[round_key], self._present[round_key]
         store = self._connected()
         if store is None:
             return
         deadline = time.monotonic() + READ_BUDGET_S
         try:
-            if not present >= set(range(world_size)) - local and store.check([self._index_key(attempt)]):
-                present.update(int(r) for r in store.get(self._index_key(attempt)).decode().split(",") if r)
+            if not present >= set(range(world_size)) - local and store.check([self._index_key(round_key)]):
+                present.update(int(r) for r in store.get(self._index_key(round_key)).decode().split(",") if r)
             due = _due(cached, present - local, older_than)
             for start in range(0, len(due), READ_BATCH):
                 if start and time.monotonic() > deadline:
                     return  # the monitor must not wait on the board
                 batch = due[start : start + READ_BATCH]
-                values = store.multi_get([self._key(attempt, rank) for rank in batch])
+                values = store.multi_get([self._key(round_key, rank) for rank in batch])
                 now = time.time()
                 settled = False
                 for rank, data in zip(batch, values):
@@ -226,20 +231,20 @@ class JobBoard:
         except Exception:  # the store went away or did not answer in time
             self._disconnect()
 
-    # -- the end of an attempt --
+    # -- the end of a round --
 
-    def done(self, attempt: int, ranks: int) -> None:
+    def done(self, round_key: RoundKey, ranks: int) -> None:
         """Say that this node, with `ranks` ranks, has published its ranks' ends and read the others'."""
         with self._lock, _quiet_c10d():
             store = self._connected()
             if store is None:
                 return
             try:
-                store.add(self._done_key(attempt), ranks)
+                store.add(self._done_key(round_key), ranks)
             except Exception:
                 self._disconnect()
 
-    def all_done(self, attempt: int, world_size: int) -> bool:
+    def all_done(self, round_key: RoundKey, world_size: int) -> bool:
         """Whether the nodes of all `world_size` ranks said `done`; True when the store cannot be
         reached (there is nothing left to wait for)."""
         with self._lock, _quiet_c10d():
@@ -247,7 +252,7 @@ class JobBoard:
             if store is None:
                 return True
             try:
-                return store.add(self._done_key(attempt), 0) >= world_size
+                return store.add(self._done_key(round_key), 0) >= world_size
             except Exception:
                 self._disconnect()
                 return True
@@ -259,17 +264,17 @@ class JobBoard:
 
     # -- the connection --
 
-    def _key(self, attempt: int, rank: int) -> str:
-        return f"{self.prefix}/attempt{attempt}/rank{rank}"
+    def _key(self, round_key: RoundKey, rank: int) -> str:
+        return f"{self.prefix}/{round_key}/rank{rank}"
 
-    def _index_key(self, attempt: int) -> str:
-        """The ranks that published in `attempt`, appended as "R," on each rank's first publish:
+    def _index_key(self, round_key: RoundKey) -> str:
+        """The ranks that published in `round_key`, appended as "R," on each rank's first publish:
         a reader asks for those keys only (a get of a missing key would wait for it)."""
-        return f"{self.prefix}/attempt{attempt}/ranks"
+        return f"{self.prefix}/{round_key}/ranks"
 
-    def _done_key(self, attempt: int) -> str:
+    def _done_key(self, round_key: RoundKey) -> str:
         """How many ranks' nodes have published their ends and read the others' (see `done`)."""
-        return f"{self.prefix}/attempt{attempt}/done"
+        return f"{self.prefix}/{round_key}/done"
 
     def _connected(self) -> TCPStore | None:
         """The store client, connected on first use; None while the store cannot be reached.

@@ -34,7 +34,7 @@ from gradsync.run import faults, publish
 from gradsync.run.analysis import stopped_by_signal
 from gradsync.run.jobwide import rendezvous_store
 from gradsync.run.monitor import Monitor
-from gradsync.run.options import RunOptions
+from gradsync.run.options import ATTEMPT_ENV, RunOptions
 from gradsync.rundir import RunDir, fresh, layout
 
 
@@ -118,6 +118,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"gradsync run: {error}", file=sys.stderr)
         return 2
+    os.environ.pop(ATTEMPT_ENV, None)  # one left by an outer gradsync run is not this launch's count
     folder = RunDir(options.run_dir)
     archived = None
     if _another_node_writes(folder, options.snapshot_interval_s):
@@ -131,10 +132,13 @@ def main(argv: list[str]) -> int:
     # the user set wins).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_world_size(args.nproc_per_node))))
 
-    if args.max_restarts > 0:
+    min_nodes, max_nodes = node_range(args.nnodes)
+    if args.max_restarts > 0 or min_nodes < max_nodes:
         # torchrun shares its rendezvous store with the workers without a per-attempt prefix, so a
         # restarted group can read the replaced group's addresses and fail to connect (4 restarts
-        # in 6 here; pytorch/pytorch#135712). A store per attempt avoids it (a value the user set wins).
+        # in 6 here; pytorch/pytorch#135712). A store per attempt avoids it (a value the user set
+        # wins). An elastic job restarts its workers whenever a node joins, restarts allowed or not;
+        # and each round's own store is what names it on the job board (gradsync.run.jobwide).
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
     # Taken before torch's run() rewrites the rendezvous options (--standalone becomes c10d on localhost).
@@ -311,7 +315,9 @@ def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
     the next attempt or ends, so two of its steps are wrapped while the job runs: watching the
     workers (which returns the failures: the monitor publishes them to the other nodes at once,
     before node 0's agent ends and its store with it) and starting a group (which a restart does
-    after stopping it).
+    after stopping it). A start that follows no failure is the agent taking in a node that joined
+    an elastic job: the healthy workers were stopped for it. Every start is an attempt of its own
+    (ATTEMPT_ENV), so that the new group never writes into the folder of the one it replaces.
     """
     watch = compat.AGENT_MONITOR.available()  # without it: said at start (compat.check_run)
     restarts = watch and not compat.missing(compat.RESTARTS)
@@ -323,6 +329,7 @@ def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
     originals = {name: vars(agent).get(name) for name in names}
     monitor_workers, initialize_workers = agent._monitor_workers, agent._initialize_workers
     last_result = []
+    started = []
 
     def watching(self, worker_group):
         result = monitor_workers(self, worker_group)
@@ -338,7 +345,11 @@ def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
     def starting(self, worker_group):
         if last_result and last_result[0].state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             monitor.restarting(last_result[0].failures)
+        elif started:
+            monitor.regrouping()
+        started.append(True)
         last_result.clear()
+        os.environ[ATTEMPT_ENV] = str(monitor.restarts)  # the workers the agent starts now inherit it
         return initialize_workers(self, worker_group)
 
     agent._monitor_workers = watching
@@ -347,6 +358,7 @@ def _reporting_restarts(monitor: Monitor) -> Iterator[None]:
     try:
         yield
     finally:
+        os.environ.pop(ATTEMPT_ENV, None)
         for name, original in originals.items():
             if original is None:
                 delattr(agent, name)

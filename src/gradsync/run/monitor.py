@@ -25,8 +25,15 @@ from typing import Any, Callable
 import psutil
 
 from gradsync.run import faults
-from gradsync.run.analysis import RankView, StragglerTracker, diagnose, earlier_attempts_finding, unfired_fault_findings
-from gradsync.run.jobwide import JobBoard, StoreAddress
+from gradsync.run.analysis import (
+    RankView,
+    StragglerTracker,
+    diagnose,
+    earlier_attempts_finding,
+    regrouped_finding,
+    unfired_fault_findings,
+)
+from gradsync.run.jobwide import JobBoard, RoundKey, StoreAddress
 from gradsync.run.options import RunOptions
 from gradsync.doctor.script_findings import script_check_findings
 from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank
@@ -77,6 +84,7 @@ class Monitor(threading.Thread):
         self.stall_diagnoses: dict[int, dict[str, Any]] = {}
         self.restarts = 0  # attempts the agent replaced so far, so also the number of the current one
         self.failed_attempts: dict[int, dict[str, Any]] = {}
+        self.regrouped: dict[int, int] = {}  # attempt stopped for a membership change -> its world size
         self.stopped_pids: set[int] = set()
         self.trackers: dict[int, StragglerTracker] = {}
         self.drift_warned = False
@@ -171,7 +179,7 @@ class Monitor(threading.Thread):
         ended = self.agent_exits.get(attempt, {})
         own = {rank: {**state, "agent_exit": ended[rank]} if rank in ended else state for rank, state in own.items()}
         stopped = {rank for rank, s in own.items() if s.get("pid") in self.stopped_pids}
-        self.board.publish(attempt, own, stopped)
+        self.board.publish(_round(attempt, snapshots, exits), own, stopped)
         return set(own)
 
     def _job_wide(self, attempt: int, snapshots, exits, max_age_s: float, not_before: float = 0.0,
@@ -180,16 +188,9 @@ class Monitor(threading.Thread):
         JobBoard.read for `max_age_s`, `not_before` and `until`); this node's own files win."""
         assert self.board is not None
         local = set(snapshots) | set(exits)
-        remote = self.board.read(attempt, _world_size({**snapshots, **exits}), local, max_age_s, not_before, until)
-        # Attempt numbers are each node's own: a node that comes back starts again at attempt 0,
-        # under which the others' keys still hold their first attempt's ranks. A rank belongs to
-        # this attempt when it shares the store of this node's ranks' rendezvous round.
-        # (A state that does not say its round, or a node whose ranks do not, is taken as is.)
-        rounds = {s.get("round_store") for s in (*snapshots.values(), *exits.values())} - {None}
-        remote = {
-            rank: state for rank, state in remote.items()
-            if rank not in snapshots and rank not in exits and (not rounds or state.get("round_store") in rounds | {None})
-        }
+        remote = self.board.read(_round(attempt, snapshots, exits), _world_size({**snapshots, **exits}), local, max_age_s,
+                                 not_before, until)
+        remote = {rank: state for rank, state in remote.items() if rank not in snapshots and rank not in exits}
         return {**remote, **snapshots}, {**{r: s for r, s in remote.items() if "exit" in s}, **exits}
 
     def _alive(self, snapshot: dict[str, Any], ours: set[int], now: float) -> bool:
@@ -278,6 +279,21 @@ class Monitor(threading.Thread):
             flush=True,
         )
 
+    def regrouping(self) -> None:
+        """The agent stopped this node's healthy workers to start them again with the nodes the
+        rendezvous has now (a node joined an elastic job): not a failure, and no restart of
+        --max-restarts is used up."""
+        attempt = self.restarts
+        self.restarts += 1
+        snapshots, exits = read_attempt(self.folder, attempt)
+        self.regrouped[attempt] = _world_size({**snapshots, **exits}) if (snapshots or exits) else 0
+        print(
+            f"gradsync run: the job's nodes changed (a node joined): restarting the workers as attempt {attempt + 1} "
+            f"with the new membership; attempt {attempt} was stopped for it, not for a failure",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def agent_ended(self, failures: dict[int, Any]) -> None:
         """torchrun's agent found this node's workers failed (`failures`: global rank ->
         ProcessFailure, as it returns them) and is about to end or restart the attempt: tell the
@@ -304,16 +320,17 @@ class Monitor(threading.Thread):
         others = set(range(world_size)) - local
         deadline = time.monotonic() + END_WAIT_S
         ended: set[int] = set()
+        round_key = _round(attempt, snapshots, exits)
         while self.board.reachable and time.monotonic() < deadline:
-            remote = self.board.read(attempt, world_size, local, max_age_s=0.0)
+            remote = self.board.read(round_key, world_size, local, max_age_s=0.0)
             ended = {rank for rank, s in remote.items() if "exit" in s or "agent_exit" in s}
             if ended >= others:
                 break
             time.sleep(END_POLL_S)
         # Ranks whose end no word reached in that time: their node (or the way to it) is gone.
         self.silent[attempt] = others - ended
-        self.board.done(attempt, len(own))
-        while time.monotonic() < deadline and not self.board.all_done(attempt, world_size):
+        self.board.done(round_key, len(own))
+        while time.monotonic() < deadline and not self.board.all_done(round_key, world_size):
             time.sleep(END_POLL_S)
 
     def final(self, failures: dict[int, Any]) -> dict[str, Any]:
@@ -325,13 +342,17 @@ class Monitor(threading.Thread):
         attempt = self.restarts
         diagnosis = self.stall_diagnoses.get(attempt) or self._diagnose(attempt, failures)
         if self.failed_attempts:
-            diagnosis["findings"].append(earlier_attempts_finding(self.failed_attempts, diagnosis["status"]).as_dict())
+            diagnosis["findings"].append(earlier_attempts_finding(self.failed_attempts, diagnosis["status"], attempt).as_dict())
+        if self.regrouped:
+            diagnosis["findings"].append(regrouped_finding(self.regrouped).as_dict())
         fired = {a: self._faults(a) for a in range(attempt + 1)}
         unfired = unfired_fault_findings(faults.parse_faults(self.options.faults), fired, attempt)
         diagnosis["findings"] += [finding.as_dict() for finding in unfired]
+        ended = {**self.failed_attempts, attempt: diagnosis}
         diagnosis["attempts"] = [
-            {"attempt": a, "status": d["status"], "diagnosis": str(self.folder.attempt_diagnosis(a))}
-            for a, d in sorted({**self.failed_attempts, attempt: diagnosis}.items())
+            {"attempt": a, "status": "regrouped" if a in self.regrouped else ended[a]["status"],
+             "diagnosis": str(self.folder.attempt_diagnosis(a))}
+            for a in sorted({*ended, *self.regrouped})
         ]
         return diagnosis
 
@@ -382,6 +403,15 @@ class Monitor(threading.Thread):
     def _script_checks(self, attempt: int) -> dict[int, dict[str, Any]]:
         """What --doctor-steps saw on each rank of `attempt`."""
         return read_by_rank(self.folder, attempt, layout.SCRIPT_CHECK)
+
+
+def _round(attempt: int, snapshots: dict[int, dict[str, Any]], exits: dict[int, dict[str, Any]]) -> RoundKey:
+    """Where this node's ranks of `attempt` meet the other nodes' on the job board: their
+    rendezvous round (each node numbers its own attempts), or the attempt where they do not say."""
+    for state in (*snapshots.values(), *exits.values()):
+        if state.get("round_store"):
+            return state["round_store"]
+    return attempt
 
 
 def _world_size(snapshots: dict[int, dict[str, Any]]) -> int:

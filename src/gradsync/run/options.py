@@ -16,6 +16,13 @@ from gradsync.profiling.capture import parse_profile_steps
 from gradsync.rundir import RunDir, read_json, write_json
 
 
+# The attempt a worker belongs to: the launcher counts every start of this node's workers (a
+# restart after a failure, and one torchrun's agent makes when an elastic job's nodes change,
+# which leaves TORCHELASTIC_RESTART_COUNT as it was), so no two groups share an attempt's folder.
+# Set by gradsync run for its own workers; without it a worker takes TORCHELASTIC_RESTART_COUNT.
+ATTEMPT_ENV = "GRADSYNC_ATTEMPT"
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What the diagnosing launcher watches for.

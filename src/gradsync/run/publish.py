@@ -45,7 +45,7 @@ def render(diagnosis: dict[str, Any], path: Path | None = None) -> str:
             lines.append(_wrapped(f"rank {rank}: {line}", "  "))
         lines.append(_wrapped(f"fix: {first['suggestion']}", "  "))
         for other in errors[1:]:
-            lines.append(_wrapped(f"also {other['category']} (ranks {other['ranks']}): {other['message']}", "  "))
+            lines.append(_wrapped(f"also {other['category']}{_ranks(other)}: {other['message']}", "  "))
     elif diagnosis.get("status") == "failed":  # no worker got far enough to be diagnosed
         lines.append(_wrapped(f"gradsync run: FAILED: {diagnosis.get('note') or 'the workers failed'}", ""))
     else:
@@ -55,7 +55,7 @@ def render(diagnosis: dict[str, Any], path: Path | None = None) -> str:
             verdict += f", {len(warnings)} warning{'s' if len(warnings) > 1 else ''}"
         lines.append(f"gradsync run: {verdict}")
     for warning in warnings:
-        lines.append(_wrapped(f"warning: {warning['category']} (ranks {warning['ranks']}): {warning['message']}", "  "))
+        lines.append(_wrapped(f"warning: {warning['category']}{_ranks(warning)}: {warning['message']}", "  "))
         lines.append(_wrapped(f"fix: {warning['suggestion']}", "    "))
     if path is not None:
         lines.append(f"  diagnosis: {path}")
@@ -82,3 +82,8 @@ def publish(diagnosis: dict[str, Any], run_dir: Path) -> None:
     """Write the diagnosis and print it to stderr (where torchrun prints its own errors)."""
     path = write(diagnosis, run_dir)
     print(render(diagnosis, path), file=sys.stderr, flush=True)
+
+
+def _ranks(finding: dict[str, Any]) -> str:
+    """' (ranks [0, 1])' after a finding's category; nothing for one about the job as a whole."""
+    return f" (ranks {finding['ranks']})" if finding["ranks"] else ""

@@ -36,7 +36,7 @@ from gradsync.netif import backend_interface
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
 from gradsync.run import faults, flight, injector
 from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
-from gradsync.run.options import RunOptions
+from gradsync.run.options import ATTEMPT_ENV, RunOptions
 from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.script_facts import ScriptCheck
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
         "world_size": int(os.environ.get("WORLD_SIZE", 1)),
         "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-        "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        "attempt": int(os.environ.get(ATTEMPT_ENV) or os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.time(),

@@ -173,6 +173,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "straggler": (WARNING, "a rank typically arrives late at collectives"),
     "teardown_failure": (WARNING, "every rank finished, then a process crashed while shutting down"),
     "restarted": (WARNING, "attempts before the last failed and the workers were restarted"),
+    "regrouped": (WARNING, "the workers were restarted to take in a node that joined an elastic job (not a failure)"),
     "fault_not_fired": (WARNING, "an --inject-fault never fired, so nothing was rehearsed"),
     "stopped_by_signal": (WARNING, "the job was stopped from outside"),
     # Found by --doctor-steps (the script check):
