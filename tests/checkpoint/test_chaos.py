@@ -2,9 +2,9 @@
 detected within the stall timeout + 10 s; and its planning and reporting without processes.
 
 The full benchmark (benchmarks/chaos.py, 33 trials) runs outside `make test`; these trials are
-the kinds no other test covers: SIGKILL during a checkpoint write on three ranks, a damaged
-newest checkpoint found at relaunch, and a simulated host whose link goes down for longer than
-the stall timeout (that one needs root).
+the kinds no other test covers: SIGKILL during a checkpoint write on three ranks, and a simulated
+host whose link goes down for longer than the stall timeout (that one needs root). Damaged
+checkpoints are test_resume's, a full disk test_disk_full's, a frozen rank test_faults'.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from benchmarks.chaos import EVERY, KINDS, STALL_TIMEOUT_S, Outcome, Trial, dama
 def test_a_few_chaos_trials_end_bitwise_equal_and_are_detected_in_time(tmp_path):
     trials = [
         Trial("sigkill-sync-save", seed=1, world_size=3, step=2 * EVERY, rank=2),  # resumes from the save before
-        Trial("corrupt-flipped", seed=2, world_size=2, step=3 * EVERY + 1, rank=1),  # the newest is damaged: the one before
     ]
     if root_problem("host-cut") is None:
         trials.append(Trial("host-cut", seed=3, world_size=2, step=EVERY + 2, rank=1, hosts=2))
@@ -32,7 +31,7 @@ def test_a_few_chaos_trials_end_bitwise_equal_and_are_detected_in_time(tmp_path)
         assert outcome.finished and outcome.bitwise, outcome
         assert outcome.detect_s is not None and outcome.detect_s <= STALL_TIMEOUT_S + 10, outcome
         assert outcome.resume_s is not None and outcome.steps_lost is not None, outcome
-        assert 0 <= outcome.steps_lost <= 2 * EVERY, outcome
+        assert 0 <= outcome.steps_lost <= EVERY, outcome
 
 
 def test_the_plan_strikes_after_a_checkpoint_and_before_the_end_at_every_kind():

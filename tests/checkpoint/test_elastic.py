@@ -10,11 +10,7 @@ workers (2, 1, then 2 ranks), every sample of every epoch is trained on exactly 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -23,7 +19,7 @@ import pytest
 from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
 from gradsync.distributed import free_port
 from tests.checkpoint.train_script import SAMPLES
-from tests.harness import REPO_ROOT
+from tests.checkpoint.hosts import launch_on_host, wait_for
 
 EPOCHS = 10
 # Quick rendezvous decisions: a lone node starts 2 s after the last call, a dead node's
@@ -32,26 +28,10 @@ RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 def _launcher(cluster: SimulatedCluster, host: int, port: int, tmp_path: Path):
-    addresses = [h.address for h in cluster.hosts]
-    argv = [
-        sys.executable, "-m", "gradsync", "run", "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addresses[0]}:{port}", "--rdzv-id", "elastic-test",
-        "--local-addr", addresses[host], "--rdzv-conf", f"is_host={'true' if host == 0 else 'false'},{RDZV_CONF}",
-        "--run-dir", str(tmp_path / f"run-host{host}"), "--stall-timeout", "20",
-        "tests/checkpoint/train_script.py", "--checkpoint-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"),
-        "--epochs", str(EPOCHS), "--constant-lr", "--step-delay", "0.15", "--seen-log", str(tmp_path / "seen"),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    with open(tmp_path / f"host{host}-{time.monotonic_ns()}.log", "w") as log:
-        return cluster.run(host, argv, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    return launch_on_host(
+        cluster, host, port, tmp_path, nnodes="1:2", restarts=3, rdzv_id="elastic-test", rdzv_conf=RDZV_CONF,
+        script_args=("--epochs", str(EPOCHS), "--constant-lr", "--step-delay", "0.15", "--seen-log", str(tmp_path / "seen")),
+    )
 
 
 def _saved_by(world_size: int, checkpoints: Path) -> bool:
@@ -87,10 +67,10 @@ def test_a_host_leaves_for_good_then_another_joins_and_every_sample_is_seen_once
     with SimulatedCluster(ClusterSpec(hosts=2, link="1gbit")) as cluster:
         host0 = _launcher(cluster, 0, port, tmp_path)
         host1 = _launcher(cluster, 1, port, tmp_path)
-        _wait(lambda: (tmp_path / "ckpt" / "step-000000003" / "manifest.json").exists(), 90, "the first checkpoint")
+        wait_for(lambda: (tmp_path / "ckpt" / "step-000000003" / "manifest.json").exists(), 90, "the first checkpoint")
         cluster.kill_host(1)  # for good: nothing restarts it
         host1.wait()
-        _wait(lambda: _saved_by(1, tmp_path / "ckpt"), 120, "host 0 to go on alone and save")
+        wait_for(lambda: _saved_by(1, tmp_path / "ckpt"), 120, "host 0 to go on alone and save")
         host1 = _launcher(cluster, 1, port, tmp_path)  # a host joins the running job
         host0.wait(timeout=200)
         host1.wait(timeout=60)

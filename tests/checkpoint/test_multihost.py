@@ -5,9 +5,6 @@ bitwise equal to a run that never stopped. Needs root (skipped otherwise)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,33 +12,12 @@ import pytest
 
 from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
 from gradsync.distributed import free_port
-from tests.harness import REPO_ROOT
+from tests.checkpoint.hosts import launch_on_host, wait_for
 
 
 def _launcher(cluster: SimulatedCluster, host: int, port: int, tmp_path: Path, restarts: int):
-    addresses = [h.address for h in cluster.hosts]
-    argv = [
-        sys.executable, "-m", "gradsync", "run",
-        "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", str(restarts),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{addresses[0]}:{port}", "--rdzv-id", "multihost-test",
-        # Hostnames do not resolve inside a namespace: each host names its own address, and
-        # host 0 serves the rendezvous store (see ../shared/README.md).
-        "--local-addr", addresses[host], "--rdzv-conf", f"is_host={'true' if host == 0 else 'false'}",
-        "--run-dir", str(tmp_path / f"run-host{host}"), "--stall-timeout", "20",
-        "tests/checkpoint/train_script.py", "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--out", str(tmp_path / "out"), "--step-delay", "0.2",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    with open(tmp_path / f"host{host}-{time.monotonic_ns()}.log", "w") as log:
-        return cluster.run(host, argv, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    return launch_on_host(cluster, host, port, tmp_path, nnodes="2", restarts=restarts, rdzv_id="multihost-test",
+                          script_args=("--step-delay", "0.2"))
 
 
 @pytest.mark.timeout(240)
@@ -51,7 +27,7 @@ def test_a_host_dies_and_comes_back_and_the_job_ends_bitwise_equal(needs_cluster
     with SimulatedCluster(ClusterSpec(hosts=2, link="1gbit")) as cluster:
         host0 = _launcher(cluster, 0, port, tmp_path, restarts=2)
         host1 = _launcher(cluster, 1, port, tmp_path, restarts=2)
-        _wait(lambda: (tmp_path / "ckpt" / "step-000000003" / "manifest.json").exists(), 90, "the first checkpoint")
+        wait_for(lambda: (tmp_path / "ckpt" / "step-000000003" / "manifest.json").exists(), 90, "the first checkpoint")
         cluster.kill_host(1)  # the host dies: its launcher and its worker at once
         host1.wait()
         assert not (tmp_path / "ckpt" / "step-000000015" / "manifest.json").exists(), "killed too late to test anything"
