@@ -130,3 +130,16 @@ def test_the_first_step_after_a_resume_reduces_in_the_uninterrupted_runs_layout(
         assert resumed[0]["first_step"] == save_at + 1
         assert resumed[0]["layouts"] == whole[0]["layouts"][save_at:], save_at
         assert [r["parameters"] for r in resumed] == [r["parameters"] for r in whole], save_at
+
+
+def test_an_order_of_other_parameters_is_not_replayed():
+    from types import SimpleNamespace
+
+    from gradsync.bucket_layout import replay_problem
+
+    ddp = SimpleNamespace(module=_deep_model(), static_graph=False)
+    names = [name for name, _ in ddp.module.named_parameters()]
+    assert replay_problem(ddp, list(reversed(names))) is None
+    assert "other parameters" in replay_problem(ddp, names[:-1])
+    ddp.module[6].weight.requires_grad_(False)  # frozen since the checkpoint
+    assert "other parameters" in replay_problem(ddp, names)

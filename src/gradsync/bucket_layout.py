@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from gradsync import compat
+
 
 def rebuilds_buckets(find_unused_parameters: bool, static_graph: bool) -> bool:
     """Whether DDP changes its bucket layout after the first synced backward(s), as `replay`
@@ -84,9 +86,14 @@ class ReadyOrder:
         self.names, self.synced_backwards = state["names"], state["synced_backwards"]
 
 
-def replay_problem(module: nn.Module, names: list[str]) -> str | None:
-    """Why a recorded order cannot be replayed on this model (None: it can)."""
-    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+def replay_problem(ddp_model: DistributedDataParallel, names: list[str]) -> str | None:
+    """Why a recorded order cannot be replayed on this model and this torch (None: it can)."""
+    lacking = [api.where for api in compat.BUCKET_LAYOUT if not api.available()]
+    if lacking:
+        return f"torch {torch.__version__} has no {', '.join(lacking)}"
+    if getattr(ddp_model, "static_graph", False) and not hasattr(ddp_model, "_static_graph_delay_allreduce_enqueued"):
+        return f"torch {torch.__version__}'s DDP does not show whether static_graph's first reduction was queued"
+    trainable = {name for name, p in ddp_model.module.named_parameters() if p.requires_grad}
     if set(names) != trainable:
         return "the checkpoint's gradient-ready order names other parameters than this model trains"
     return None

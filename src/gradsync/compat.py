@@ -156,6 +156,14 @@ PROFILER_ENABLED = PrivateApi(
     "the trainer's step phases call to skip their profiler ranges when nothing records",
     "every phase opens a range even with no profiler on (about 6 µs each, 4 a step)",
 )
+# DDP's reducer, driven by the trainer on resume (gradsync.bucket_layout).
+BUCKET_LAYOUT = tuple(
+    PrivateApi("torch.distributed:Reducer", name, TRAINER,
+               "the trainer calls to put a resumed run's DDP back in the bucket layout the checkpointed run had",
+               "a resumed run's first step reduces in DDP's first bucket layout, so with 3 or more ranks it is not "
+               "bitwise equal to an uninterrupted run")
+    for name in ("_rebuild_buckets", "prepare_for_forward", "prepare_for_backward")
+)
 POWERSGD_STATE = tuple(
     PrivateApi(_POWERSGD_STATE, name, POWERSGD, "gradsync uses to count bytes sent, to time its start and to checkpoint it",
                f"choose another compression (fp16, bf16, int8, topk), or {_TORCH_TESTED}", required=True)
@@ -167,7 +175,7 @@ POWERSGD_STATE = tuple(
 
 PRIVATE_APIS: tuple[PrivateApi, ...] = (
     DDP_BUILTIN_HOOK, DDP_SYNC_BUFFERS, DDP_JOIN_SHADOW, *DDP_INSTANCE, DATALOADER_ITERATOR,
-    OPTIMIZER_STEP_PATCH, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *POWERSGD_STATE,
+    OPTIMIZER_STEP_PATCH, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *BUCKET_LAYOUT, *POWERSGD_STATE,
     FR_PICKLE, C10D_WORLD,  # not NCCL's dumpers: a CPU build lacks them by design
 )
 

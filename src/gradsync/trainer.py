@@ -512,16 +512,17 @@ class Trainer:
         so the first step after the resume adds gradients in the same order as that run did."""
         if self._ready_order is None:
             return
-        assert self._ddp_model is not None and self._comm_timer is not None and self._model is not None
+        assert self._ddp_model is not None and self._comm_timer is not None
         saved = own.get("ddp_ready_order")
-        if "ddp_ready_order" not in own:
-            problem = "the checkpoint was written by a gradsync that did not record DDP's bucket order"
-        elif saved["names"] is None:
-            return  # the run had not reduced gradients yet: DDP was still in its first layout, as now
+        if saved is None:
+            names, problem = None, "the checkpoint holds no record of DDP's bucket order (an older gradsync, or other DDP options)"
         else:
-            problem = replay_problem(self._model, saved["names"])
+            # No names: the run had not reduced gradients yet, so DDP was still in its first layout, as now.
+            names = saved["names"]
+            problem = replay_problem(self._ddp_model, names) if names is not None else None
         # The replay is collective (DDP broadcasts rank 0's layout): every rank replays, or none.
-        if not agree_all(problem is None, group=self._dist.control_group) and problem is None:
+        replaying = names is not None and problem is None
+        if not agree_all(replaying, group=self._dist.control_group) and replaying:
             problem = "another rank cannot replay it"
         if problem is not None:
             if self.world_size > 2 and self.is_main:
@@ -530,6 +531,8 @@ class Trainer:
                     "DDP's first layout, so with 3 or more ranks the parameters differ in the last bits from an "
                     "uninterrupted run."
                 )
+            return
+        if names is None:
             return
         self._ready_order.load_state_dict(saved)
         started = time.perf_counter()
