@@ -60,22 +60,13 @@ class ReadyOrder:
     @contextlib.contextmanager
     def watch(self) -> Iterator[None]:
         """Around each backward that DDP reduces. The first time, note each parameter as its
-        gradient is accumulated (the moment DDP's own hook on it runs)."""
+        gradient is accumulated."""
         if self.names is not None:
             self.synced_backwards = min(self.synced_backwards + 1, 2)
             yield
             return
-        seen: list[str] = []
-        handles = [
-            parameter.register_post_accumulate_grad_hook(lambda _, name=name: seen.append(name))
-            for name, parameter in self._module.named_parameters()
-            if parameter.requires_grad
-        ]
-        try:
+        with _noting_ready(self._module) as seen:
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
         if seen:
             self.names, self.synced_backwards = seen, 1
 
@@ -84,6 +75,23 @@ class ReadyOrder:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.names, self.synced_backwards = state["names"], state["synced_backwards"]
+
+
+@contextlib.contextmanager
+def _noting_ready(module: nn.Module) -> Iterator[list[str]]:
+    """Inside, the names of `module`'s parameters are listed as their gradients are accumulated:
+    the moment DDP's own hook on each runs, so in the order DDP sees."""
+    seen: list[str] = []
+    handles = [
+        parameter.register_post_accumulate_grad_hook(lambda _, name=name: seen.append(name))
+        for name, parameter in module.named_parameters()
+        if parameter.requires_grad
+    ]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def replay_problem(ddp_model: DistributedDataParallel, names: list[str]) -> str | None:
@@ -142,13 +150,7 @@ def replay(ddp_model: DistributedDataParallel, order: ReadyOrder, silence: Calla
     kept_grads = {name: p.grad for name, p in parameters.items()}
     static = bool(getattr(ddp_model, "static_graph", False))
     backwards = min(order.synced_backwards, 2) if static else 1
-    fired: list[str] = []
-    handles = [
-        p.register_post_accumulate_grad_hook(lambda _, name=name: fired.append(name))
-        for name, p in parameters.items()
-        if p.requires_grad
-    ]
-    try:
+    with _noting_ready(ddp_model.module) as fired:
         for backward in range(backwards):
             # What DDP's forward does before a synced backward.
             reducer.prepare_for_forward()
@@ -161,9 +163,6 @@ def replay(ddp_model: DistributedDataParallel, order: ReadyOrder, silence: Calla
                 ddp_model._static_graph_delay_allreduce_enqueued = True
             with silence():
                 carry.backward()
-    finally:
-        for handle in handles:
-            handle.remove()
     if not static or backwards == 2:
         reducer._rebuild_buckets()
     for name, p in parameters.items():

@@ -248,18 +248,21 @@ class Checkpointer:
             elif error is not None:
                 raise error
         except GradsyncError:
-            if self.rank == 0:
+            if self.rank == 0 and error is None:  # another rank's part failed
                 store.remove_unfinished(path)
             raise
 
-    def _write_error(self, step: int, path: Path, failure: BaseException) -> CheckpointError:
-        """What a user needs when a save cannot be written: the folder, why, the free space."""
+    def _write_error(self, step: int, path: Path, failure: BaseException, *, going_on: bool = False) -> CheckpointError:
+        """What a user needs when a save cannot be written: the folder, why, the free space.
+        `going_on`: the save was a background one, and training continues without it."""
         cause = _first_failure(failure)
         reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else f"{type(cause).__name__}: {cause}"
         return CheckpointError(
             f"the checkpoint of step {step} could not be written to {path}: {reason} ({store.space_report(self.root)}). "
-            "The unfinished folder is removed. Free space in checkpoint.dir, lower checkpoint.keep, or point "
-            "checkpoint.dir at a larger filesystem, then resume with checkpoint.resume='auto'."
+            "The unfinished folder is removed."
+            + (" Training goes on and the next save is made as planned." if going_on else "")
+            + " Free space in checkpoint.dir, lower checkpoint.keep, or point checkpoint.dir at a larger filesystem, "
+            "then resume with checkpoint.resume='auto'."
         )
 
     def _save_async(self, step: int, path: Path, manifest: dict[str, Any], contents: dict[str, Any]) -> None:
@@ -298,8 +301,7 @@ class Checkpointer:
         if self.rank == 0:
             store.remove_unfinished(pending.path)
         if pending.error is not None:
-            why = str(self._write_error(pending.step, pending.path, pending.error))
-            self.warn(why.replace(" Free space", " Training goes on and the next save is made as planned. Free space", 1))
+            self.warn(str(self._write_error(pending.step, pending.path, pending.error, going_on=True)))
         elif self.rank == 0:
             self.warn(f"the background save of step {pending.step} to {pending.path} failed on another rank "
                       f"(its log says why); the previous checkpoint stays the newest and training goes on.")
@@ -313,8 +315,7 @@ class Checkpointer:
             self._commit(pending.path, pending.manifest)
         except OSError as failure:
             store.remove_unfinished(pending.path)
-            why = str(self._write_error(pending.step, pending.path, failure))
-            self.warn(why.replace(" Free space", " Training goes on and the next save is made as planned. Free space", 1))
+            self.warn(str(self._write_error(pending.step, pending.path, failure, going_on=True)))
 
     def _commit(self, path: Path, manifest: dict[str, Any]) -> None:
         if self.rank == 0:

@@ -948,13 +948,16 @@ _P2P_PEER = re.compile(r" (src|dst)=(\d+)$")
 _P2P_MATCH = {"src": ("send", "isend", "batch_isend_irecv"), "dst": ("recv", "irecv", "batch_isend_irecv")}
 
 
+_NEVER_HEARD_OF = "never heard of (the store the nodes share did not answer)"
+
+
 def _unreachable_finding(unreachable: list[RankView], views: dict[int, RankView], now: float) -> Finding:
     lost = sorted(unreachable, key=lambda v: v.rank)
     hosts = sorted({(v.snapshot or {}).get("host") for v in lost} - {None})
     described = _listing([
         (v.rank, f"rank {v.rank}" + (f" (host {v.snapshot['host']})" if (v.snapshot or {}).get("host") else "")
          + (f", last heard of {now - v.snapshot['time']:.0f} s before this diagnosis at {_last_position(v)}" if v.snapshot
-            else ", never heard of (the store the nodes share did not answer)"))
+            else f", {_NEVER_HEARD_OF}"))
         for v in lost
     ])
     here = [v for v in views.values() if not v.unreachable]
@@ -1083,7 +1086,7 @@ def _rank_line(
         return f"{_fault_outcome(view.injected)}, injected by --inject-fault {view.injected['spec']}"
     if view.unreachable:
         if view.snapshot is None:
-            return "unreachable: never heard of (the store the nodes share did not answer)"
+            return f"unreachable: {_NEVER_HEARD_OF}"
         return f"unreachable: not heard of for {now - view.snapshot['time']:.0f} s; last seen at {_last_position(view)}"
     exception = view.exception()
     if exception is not None:
@@ -1175,15 +1178,14 @@ def _first_line(message: str) -> str:
 # -- the job: attempts, injected faults, a stop from outside ------------------------------------
 
 
-def earlier_attempts_finding(failed: dict[int, dict[str, Any]], final_status: str, last: int | None = None) -> Finding:
-    """What the attempts before the last (`last`, by default the one after the last failed) went
-    through: a job that recovered still lost work."""
+def earlier_attempts_finding(failed: dict[int, dict[str, Any]], final_status: str, last: int) -> Finding:
+    """What the attempts before the last (`last`) went through: a job that recovered still lost
+    work."""
     told = []
     for attempt, diagnosis in sorted(failed.items()):
         errors = [f for f in diagnosis["findings"] if f["severity"] == "error"]
         cause = f"{errors[0]['category']}: {_first_sentence(errors[0]['message'])}" if errors else "no cause recorded"
         told.append(f"attempt {attempt} failed ({cause})")
-    last = max(failed) + 1 if last is None else last
     ending = f"attempt {last} finished" if final_status == "ok" else f"attempt {last} failed too"
     return Finding(
         "restarted",
