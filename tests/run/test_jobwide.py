@@ -224,6 +224,32 @@ def test_a_stall_is_job_wide_and_only_this_nodes_ranks_are_stopped(tmp_path, sto
         namesake.wait()
 
 
+@pytest.mark.parametrize("remote_end", ["silent", "finished", "current"])
+def test_only_a_silent_rank_of_another_node_is_unreachable(tmp_path, store, remote_end):
+    """This node's rank 0 stalls. Rank 1, on another node, is unreachable only when its state went
+    stale with no word of its end: one whose node published that it finished, or whose state is
+    current (it waits in a collective like rank 0), is diagnosed from what it says."""
+    _, address = store
+    now = time.time()
+    write_json(RunDir(tmp_path).snapshot(0, 0), _snapshot(0, now, now - 30, records=7))
+    published = now - 20 if remote_end != "current" else now
+    remote = _snapshot(1, published, now - 30, pid=999999, records=7)
+    if remote_end == "finished":
+        remote["exit"] = {"status": "finished", "code": 0, "time": now - 20}
+    else:
+        remote["records"][-1]["state"] = "entered"
+    JobBoard(address, interval_s=0).publish(0, {1: remote}, stopped=set())
+    reports = []
+    monitor = Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), lambda d, _: reports.append(d), store=address)
+    monitor.poll()
+    (diagnosis,) = reports
+    errors = [f["category"] for f in diagnosis["findings"] if f["severity"] == "error"]
+    if remote_end == "silent":
+        assert errors == ["rank_unreachable"] and diagnosis["findings"][0]["ranks"] == [1], diagnosis
+    else:
+        assert "rank_unreachable" not in errors and errors, diagnosis
+
+
 def test_a_rank_of_another_rendezvous_round_is_not_taken_for_a_peer(tmp_path, store):
     """A node that comes back, or joins an elastic job late, numbers its attempts from 0 while
     the others are further on: ranks meet on the board by rendezvous round (the store their
