@@ -219,7 +219,7 @@ def _train_with_auto_accumulation(run_dir, checkpoint_dir, epochs, save_after_ep
     dataset = Regression(AUTO_BATCHES * 2 * trainer.world_size)
     model = make_model()
     model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=LR), dataset, batch_size=2)
-    trainer._compression.margin = 0.0  # every exposed share is "worth" hiding: accumulation goes to the cap
+    trainer._strategy.compression.margin = 0.0  # every exposed share is "worth" hiding: accumulation goes to the cap
     stepped_at, steps_per_epoch, counts = [], [], set()
     for epoch in trainer.epochs(epochs):
         steps_per_epoch.append(trainer.steps_per_epoch)

@@ -164,6 +164,26 @@ BUCKET_LAYOUT = tuple(
                "bitwise equal to an uninterrupted run")
     for name in ("_rebuild_buckets", "prepare_for_forward", "prepare_for_backward")
 )
+# FSDP2's per-unit post-backward, run by the trainer when a window's boundary batch was skipped.
+_FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup"
+_FSDP_FLUSH_USE = "the trainer runs to reduce FSDP's accumulated gradients when a window's last batch was skipped"
+_FSDP_FLUSH_WITHOUT = ("with parallel='fsdp', 'hsdp' or 'fsdp+tp', skipping a window's last batch is refused (skipping "
+                       "earlier batches still works)")
+FSDP_FLUSH = (
+    PrivateApi("torch.distributed.fsdp:FSDPModule", "_get_fsdp_state", TRAINER, _FSDP_FLUSH_USE, _FSDP_FLUSH_WITHOUT),
+    PrivateApi(_FSDP_GROUP, "post_backward", TRAINER, _FSDP_FLUSH_USE, _FSDP_FLUSH_WITHOUT),
+    PrivateApi(_FSDP_GROUP, "finalize_backward", TRAINER, _FSDP_FLUSH_USE, _FSDP_FLUSH_WITHOUT),
+    PrivateApi("torch.distributed.fsdp._fully_shard._fsdp_common", "TrainingState", TRAINER, _FSDP_FLUSH_USE,
+               _FSDP_FLUSH_WITHOUT),
+)
+
+
+def missing_fsdp_flush() -> str | None:
+    """What this torch lacks of FSDP_FLUSH, in words; None when it has it all."""
+    lacking = [api for api in FSDP_FLUSH if not api.available()]
+    return f"torch {torch.__version__} has no {', '.join(api.where for api in lacking)}" if lacking else None
+
+
 POWERSGD_STATE = tuple(
     PrivateApi(_POWERSGD_STATE, name, POWERSGD, "gradsync uses to count bytes sent, to time its start and to checkpoint it",
                f"choose another compression (fp16, bf16, int8, topk), or {_TORCH_TESTED}", required=True)
@@ -175,7 +195,7 @@ POWERSGD_STATE = tuple(
 
 PRIVATE_APIS: tuple[PrivateApi, ...] = (
     DDP_BUILTIN_HOOK, DDP_SYNC_BUFFERS, DDP_JOIN_SHADOW, *DDP_INSTANCE, DATALOADER_ITERATOR,
-    OPTIMIZER_STEP_PATCH, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *BUCKET_LAYOUT, *POWERSGD_STATE,
+    OPTIMIZER_STEP_PATCH, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *BUCKET_LAYOUT, *FSDP_FLUSH, *POWERSGD_STATE,
     FR_PICKLE, C10D_WORLD,  # not NCCL's dumpers: a CPU build lacks them by design
 )
 

@@ -18,6 +18,7 @@ from gradsync.checkpoint.config import CheckpointConfig
 from gradsync.ddp import DDPConfig
 from gradsync.errors import ConfigError
 from gradsync.metrics.config import MetricsConfig
+from gradsync.parallel.config import ParallelConfig
 from gradsync.sections import section
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -45,6 +46,9 @@ class TrainerConfig:
     run_dir: where metrics and TensorBoard events go; None means ./gradsync_runs/<timestamp>. Under
         `gradsync run` the launcher's folder wins (one run, one folder; see gradsync.rundir).
     checkpoint: when and where to save, and whether to resume (see `CheckpointConfig`).
+    parallel: how the model is spread over the ranks: "ddp" (default), "fsdp", "hsdp", "tp",
+        "fsdp+tp", or a `ParallelConfig` / dict of its fields. The `ddp` options apply to DDP;
+        with the others only `ddp.compression="bf16"` does (FSDP reduces gradients in bf16).
     """
 
     accumulation_steps: int = 1
@@ -58,8 +62,10 @@ class TrainerConfig:
     ddp: DDPConfig = field(default_factory=DDPConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "parallel", ParallelConfig.of(self.parallel))
         object.__setattr__(self, "ddp", section(DDPConfig, self.ddp, "ddp"))
         object.__setattr__(self, "metrics", section(MetricsConfig, self.metrics, "metrics"))
         object.__setattr__(self, "checkpoint", section(CheckpointConfig, self.checkpoint, "checkpoint"))
@@ -96,10 +102,40 @@ class TrainerConfig:
                 f"backend={self.backend!r}: use 'nccl' (CUDA), 'gloo' (CPU), or None to pick from "
                 "the device."
             )
+        self._check_parallel_against_ddp_options()
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ConfigError(
                 f"timeout_s={self.timeout_s!r}: use a positive number of seconds, or None for "
                 "the backend's default."
+            )
+
+    def _check_parallel_against_ddp_options(self) -> None:
+        """Options that only mean something under DDP are refused with another strategy, rather
+        than silently ignored."""
+        strategy = self.parallel.strategy
+        if strategy == "ddp":
+            return
+        if self.precision == "fp16":
+            raise ConfigError(
+                f"precision='fp16' with parallel={strategy!r}: fp16 needs a loss scaler whose overflow check sees "
+                "every gradient, and each rank holds only its shard. Use precision='bf16' (no scaler needed)."
+            )
+        compression = self.ddp.compression.name
+        if compression not in ("none", "bf16") or (compression == "bf16" and strategy == "tp"):
+            raise ConfigError(
+                f"ddp.compression={compression!r} with parallel={strategy!r}: "
+                + ("tensor parallelism alone reduces no gradients, so there is nothing to compress."
+                   if strategy == "tp" else
+                   "FSDP reduce-scatters gradient shards inside its own backward, which DDP's compression hooks "
+                   "cannot reach. 'bf16' maps to FSDP's reduce_dtype; int8, top-k and PowerSGD work with parallel='ddp'.")
+            )
+        defaults = DDPConfig()
+        changed = [name for name in ("find_unused_parameters", "static_graph", "gradient_as_bucket_view", "comm_hook")
+                   if getattr(self.ddp, name) != getattr(defaults, name)]
+        if changed:
+            raise ConfigError(
+                f"ddp.{', ddp.'.join(changed)} set with parallel={strategy!r}: these are DDP's options and FSDP and "
+                "tensor parallelism have no such setting. Drop them, or use parallel='ddp'."
             )
 
     @classmethod

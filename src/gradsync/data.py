@@ -273,9 +273,11 @@ class DistributedLoader:
 class EvalLoader:
     """Every sample of `dataset` exactly once across ranks (rank r takes samples r, r+W, ...).
 
-    Ranks may get one batch more or less than each other, which is safe only because evaluation
-    runs no collective per batch: evaluate with `trainer.unwrap(model)` and combine the counts
-    afterwards with `trainer.sum_over_ranks`.
+    Under DDP, ranks may get one batch more or less than each other, which is safe because
+    evaluation runs no collective per batch: evaluate with `trainer.unwrap(model)` and combine
+    the counts afterwards with `trainer.sum_over_ranks`. `equal_batches` (FSDP, tensor
+    parallelism: every forward is collective) gives every rank as many batches, the short
+    ranks' a sample smaller, so no rank waits in a forward the others never run.
     """
 
     def __init__(
@@ -287,14 +289,30 @@ class EvalLoader:
         world_size: int,
         device: torch.device,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        equal_batches: bool = False,
     ) -> None:
         check_batch_size(batch_size)
         size = check_map_style(dataset, world_size)
         self.dataset = dataset
         self.device = device
         self._collate_fn = collate_fn
-        indices = range(rank, size, world_size)
-        self._batches = [list(indices[i : i + batch_size]) for i in range(0, len(indices), batch_size)]
+        indices = list(range(rank, size, world_size))
+        if not equal_batches:
+            self._batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+            return
+        count = math.ceil(math.ceil(size / world_size) / batch_size)  # the fullest rank's batches
+        if len(indices) < count:
+            raise ConfigError(
+                f"eval_loader(batch_size={batch_size}): {size} samples over {world_size} data-parallel ranks leave "
+                f"this rank {len(indices)} samples for the {count} batches every rank must run (each forward is "
+                "collective under FSDP and tensor parallelism). Use batch_size >= 2."
+            )
+        # Sizes differ by at most one sample, the larger batches first.
+        small, extra = divmod(len(indices), count)
+        bounds = [0]
+        for i in range(count):
+            bounds.append(bounds[-1] + small + (1 if i < extra else 0))
+        self._batches = [indices[a:b] for a, b in zip(bounds, bounds[1:])]
 
     def __len__(self) -> int:
         return len(self._batches)

@@ -21,11 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import inspect
 import math
-import re
-import time
-from collections import defaultdict
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -38,9 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradsync import compat, events
 from gradsync.accumulation import AccumulationPlan, Window, plan_window
 from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
-from gradsync.bucket_layout import ReadyOrder, rebuilds_buckets, replay, replay_problem
-from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
-from gradsync.comm.compression import CompressionHook, make_hook
+from gradsync.comm.auto import AutoTuner
 from gradsync.config import TrainerConfig
 from gradsync.data import DistributedLoader, EvalLoader
 from gradsync.distributed import join_process_group, plan_distributed, shutdown
@@ -48,7 +42,8 @@ from gradsync.errors import ConfigError, GradsyncError
 from gradsync.log import configure_logging
 from gradsync.profiling.breakdown import format_breakdown
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps, phase
-from gradsync.metrics import Clock, CommTimer, MetricsRecorder, StepRecord
+from gradsync.metrics import Clock, MetricsRecorder, StepRecord
+from gradsync.parallel import make_strategy
 from gradsync import rundir
 from gradsync.rundir.records import METRICS_KEYS
 from gradsync.precision import MixedPrecision, check_precision_supported
@@ -59,12 +54,10 @@ if TYPE_CHECKING:
 
 # Beyond this many, skipped steps are only counted (metrics, summary), not logged one by one.
 _SKIPS_LOGGED = 10
-UNUSED_CHECK_STEPS = 10  # optimizer steps watched to tell whether find_unused_parameters is needed
-_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
 
 
 class Trainer:
-    """Data-parallel training around the user's own loop. Build it with `gradsync.setup()`."""
+    """Distributed training around the user's own loop. Build it with `gradsync.setup()`."""
 
     def __init__(self, config: TrainerConfig) -> None:
         self._config = config
@@ -80,8 +73,11 @@ class Trainer:
         with self._failing_together():
             self._run_dir = self._check_options_and_choose_run_dir()
         seed_everything(config.seed)
-        self._precision = MixedPrecision(config.precision, self._dist.device)
         self._clock = Clock(self._dist.device)
+        with self._failing_together():
+            self._strategy = make_strategy(config.parallel.strategy, config, self._dist, self._clock, self._logger)
+        # FSDP casts to bf16 through its own policy (parameters gathered in bf16), not autocast.
+        self._precision = MixedPrecision(config.precision if self._strategy.autocast else "fp32", self._dist.device)
         self._metrics = MetricsRecorder(
             config.metrics,
             self._clock,
@@ -117,21 +113,14 @@ class Trainer:
                 self._checkpointer.remove(foreign)
         self._tracked: dict[str, Any] = {}  # the user's objects saved with each checkpoint
         self._resumed: Loaded | None = None  # what a resume loaded, for parts attached later
+        self._resumed_param_groups: list[dict[str, Any]] = []
         self._first_epoch = 0  # where the next epochs() loop starts (a resumed run's epoch)
-        self._model: nn.Module | None = None  # the user's module, unwrapped
-        self._ddp_model: DistributedDataParallel | None = None  # None at world size 1
+        self._model: nn.Module | None = None  # the user's module (sharded in place under FSDP/TP)
+        self._wrapped: nn.Module | None = None  # what the loop calls: the DDP wrapper, or the model
         self._optimizer: torch.optim.Optimizer | None = None
         self._scheduler: Any = None
         self._loader: DistributedLoader | None = None
-        self._comm_timer: CommTimer | None = None
-        # The gradient-ready order DDP's lasting bucket layout comes from, kept for checkpoints
-        # (None: no checkpoints, or a DDP that never changes its layout).
-        self._ready_order: ReadyOrder | None = None
-        self._compression: CompressionHook | AutoTuner | None = None
         self._comm_at_start: dict[str, float] = {}
-        # Steps left to watch which parameters get no gradient (None: not watching).
-        self._unused_check_steps: int | None = 0 if config.ddp.find_unused_parameters else None
-        self._sometimes_unused: set[str] = set()
         self._optimizer_steps = 0  # accumulation windows closed, whether the update was applied or skipped
         # Micro-batches per step: the configured count, unless auto raised it (if allowed).
         self._accumulation = AccumulationPlan(config.accumulation_steps)
@@ -148,7 +137,7 @@ class Trainer:
         self._skips_logged = 0
         self._logger.info(
             f"world size {self.world_size} | backend {self._dist.backend or 'none (single process)'}"
-            f" | device {self.device} | precision {config.precision}"
+            f" | parallel {config.parallel.strategy} | device {self.device} | precision {config.precision}"
             f" | accumulation {config.accumulation_steps} | run dir {self._run_dir}"
         )
 
@@ -233,15 +222,18 @@ class Trainer:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         num_workers: int = 0,
     ) -> tuple[nn.Module, torch.optim.Optimizer, DistributedLoader]:
-        """Wrap `model` for data parallelism and build this rank's loader over `dataset`.
+        """Spread `model` over the ranks (`parallel`) and build this rank's loader over `dataset`.
 
-        `batch_size` is per rank and per micro-step: an optimizer step sees
-        batch_size x accumulation_steps x world_size samples. `remainder` says what happens to
-        samples that do not divide by the world size ("pad" repeats a few, "drop" leaves them
+        `batch_size` is per data-parallel rank and per micro-step: an optimizer step sees
+        batch_size x accumulation_steps x data-parallel ranks samples (ranks of one
+        tensor-parallel group share their batches). `remainder` says what happens to samples
+        that do not divide by the data-parallel ranks ("pad" repeats a few, "drop" leaves them
         out).
 
-        Returns the model to call in the loop (DDP-wrapped when world size > 1), the optimizer
-        (unchanged) and the loader. Checks run on every rank and fail on every rank together.
+        Returns the model to call in the loop (DDP-wrapped when world size > 1 under DDP;
+        sharded in place under FSDP and tensor parallelism), the optimizer (the same object,
+        now holding the sharded parameters when they were replaced) and the loader. Checks run
+        on every rank and fail on every rank together.
         """
         if self._closed:
             raise GradsyncError(
@@ -254,11 +246,12 @@ class Trainer:
         loader = None
         try:
             self._check_model_and_optimizer(model, optimizer)
+            placement = self._strategy.placement
             loader = DistributedLoader(
                 dataset,
                 batch_size,
-                rank=self.rank,
-                world_size=self.world_size,
+                rank=placement.data_rank,
+                world_size=placement.data_world_size,
                 device=self.device,
                 seed=self._config.seed,
                 shuffle=shuffle,
@@ -273,22 +266,26 @@ class Trainer:
             if self.world_size > 1:
                 self._check_same_model_on_every_rank(model)
         assert loader is not None
-        if self.world_size > 1:
-            self._ddp_model = self._wrap(model)
+        names = {id(p): name for name, p in model.named_parameters()}
+        self._wrapped = self._strategy.wrap(model)
+        _rebind_optimizer(optimizer, names, dict(model.named_parameters()))
         self._model, self._optimizer, self._loader = model, optimizer, loader
         # Every rank started from the same seed so models are built equal; from here on each
-        # rank draws its own stream, so dropout masks differ across replicas as they would
-        # across the samples of one big batch.
-        seed_everything(rank_seed(self._config.seed, self.rank))
+        # data-parallel rank draws its own stream, so dropout masks differ across replicas as
+        # they would across the samples of one big batch (and agree within a tensor-parallel group).
+        seed_everything(rank_seed(self._config.seed, self._strategy.placement.data_rank))
         if self._checkpointer is not None:
             with self._failing_together():
                 self._resume()
             loader.before_batch = self._save_if_due
-        return (self._ddp_model if self._ddp_model is not None else model), optimizer, loader
+        return self._wrapped, optimizer, loader
 
     def _check_model_and_optimizer(self, model: Any, optimizer: Any) -> None:
-        if isinstance(model, DistributedDataParallel):
-            raise ConfigError("pass the plain model to prepare(); gradsync wraps it in DDP itself.")
+        if isinstance(model, DistributedDataParallel) or _is_sharded(model):
+            raise ConfigError(
+                "pass the plain model to prepare(); gradsync wraps or shards it itself (choose how with "
+                "setup(parallel=...))."
+            )
         if not isinstance(model, nn.Module):
             raise ConfigError(f"prepare() expects an nn.Module as the model, got {type(model).__name__}.")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -312,6 +309,12 @@ class Trainer:
                     "another copy of the model?). Build it from model.parameters() of the model "
                     "you pass to prepare()."
                 )
+        if self._config.parallel.sharded and optimizer.state:
+            raise ConfigError(
+                f"the optimizer already holds state (it has stepped), and parallel={self._config.parallel.strategy!r} "
+                "replaces the model's parameters with sharded ones. Build the optimizer fresh before prepare(), and "
+                "resume from a checkpoint to continue a run."
+            )
 
     def _check_same_model_on_every_rank(self, model: nn.Module) -> None:
         layout = [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
@@ -328,35 +331,6 @@ class Trainer:
                     f"the model differs across ranks ({detail}). Every rank must build the same "
                     "model; check rank-dependent code in its construction."
                 )
-
-    def _wrap(self, model: nn.Module) -> DistributedDataParallel:
-        options = self._config.ddp
-        bucket_cap_mb = options.bucket_cap_mb
-        if bucket_cap_mb == "auto":
-            bucket_cap_mb = auto_bucket_cap_mb(model)
-            self._logger.info(f"bucket_cap_mb='auto': {bucket_cap_mb} MB buckets (its gradient bytes / 30, 1-25 MB)")
-        ddp_model = DistributedDataParallel(
-            model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=bucket_cap_mb,
-            find_unused_parameters=options.find_unused_parameters,
-            **_buffer_sync_option(options.sync_buffers),
-            gradient_as_bucket_view=options.gradient_as_bucket_view,
-            static_graph=options.static_graph,
-        )
-        if options.compression.name == "auto":
-            self._compression = AutoTuner(
-                options.compression, accumulation_steps=self._config.accumulation_steps, log=self._logger.info
-            )
-        else:
-            self._compression = make_hook(options.compression)
-        if self._compression is not None:
-            self._compression.bind(model)  # checkpointed hook state is kept by parameter name
-        self._comm_timer = CommTimer(self._clock, self._compression or options.comm_hook, options.comm_hook_state)
-        self._comm_timer.register(ddp_model, process_group=None)
-        if self._config.checkpoint.enabled and rebuilds_buckets(options.find_unused_parameters, options.static_graph):
-            self._ready_order = ReadyOrder(model)
-        return ddp_model
 
     @property
     def steps_per_epoch(self) -> int:
@@ -397,7 +371,7 @@ class Trainer:
             scheduler.load_state_dict(self._resumed.shared["scheduler"])
             # Building the scheduler just set the optimizer's learning rate to its first value;
             # put back the one the checkpointed step left for the next.
-            for group, saved in zip(self._optimizer.param_groups, self._resumed.shared["optimizer"]["param_groups"]):
+            for group, saved in zip(self._optimizer.param_groups, self._resumed_param_groups):
                 group.update({key: value for key, value in saved.items() if key != "params"})
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -449,35 +423,42 @@ class Trainer:
         loader_state = self._loader.state_dict()
         if epoch_done:
             loader_state.update(epoch=loader_state["epoch"] + 1, position=0, epoch_start=0, samples_consumed=0)
+        optimizer = get_optimizer_state_dict(self._model, self._optimizer)
         shared = {
             "optimizer_steps": self._optimizer_steps,
-            "optimizer": get_optimizer_state_dict(self._model, self._optimizer),
             "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
             "scaler": self._precision.scaler.state_dict() if self._precision.scaler is not None else None,
             "loader": loader_state,
         }
         own = {
             "rng": rng_state(),
-            "compression": self._compression.state_dict() if self._compression is not None else None,
+            **self._strategy.state_dict(),
             "accumulation": self._accumulation.state_dict(),
-            "ddp_ready_order": self._ready_order.state_dict() if self._ready_order is not None else None,
             "metrics": self._metrics.state_dict(pending=self._finished),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
         }
-        return model_state(self._model, shared, own)
+        # A sharded optimizer state (DTensors) is written by every rank, each its shards.
+        if self._strategy.sharded:
+            return model_state(self._model, shared, own, sharded={"optimizer": optimizer})
+        return model_state(self._model, {**shared, "optimizer": optimizer}, own)
 
     def _resume(self) -> None:
         """Load the checkpoint `checkpoint.resume` names, if any, into every part of the run."""
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
         from gradsync.checkpoint.checkpointer import model_state
 
         assert self._checkpointer is not None and self._model is not None and self._loader is not None
-        loaded = self._checkpointer.find_and_load(model_state(self._model))
+        # Sharded optimizer state loads into tensors laid out as this run's (DCP reshards).
+        model, optimizer = self._model, self._optimizer
+        sharded = (lambda: {"optimizer": get_optimizer_state_dict(model, optimizer)}) if self._strategy.sharded else None
+        loaded = self._checkpointer.find_and_load(model_state(self._model), sharded)
         if loaded is None:
             return
         shared = loaded.shared
-        set_optimizer_state_dict(self._model, self._optimizer, shared["optimizer"])
+        optimizer = loaded.sharded["optimizer"] if self._strategy.sharded else shared["optimizer"]
+        set_optimizer_state_dict(self._model, self._optimizer, optimizer)
+        self._resumed_param_groups = optimizer["param_groups"]  # for a scheduler attached later
         if shared["scaler"] is not None and self._precision.scaler is not None:
             self._precision.scaler.load_state_dict(shared["scaler"])
         self._optimizer_steps = shared["optimizer_steps"]
@@ -485,10 +466,8 @@ class Trainer:
         self._first_epoch = self._loader.epoch
         if loaded.own is not None:
             set_rng_state(loaded.own["rng"])
-            if self._compression is not None and loaded.own["compression"] is not None:
-                self._compression.load_state_dict(loaded.own["compression"])
             self._restore_accumulation(loaded.own.get("accumulation"))
-            self._restore_bucket_layout(loaded.own)
+            self._strategy.load_state_dict(loaded.own)
             self._finished = self._metrics.load_state_dict(loaded.own["metrics"])
         else:
             self._logger.warning(self._world_size_change_note(loaded))
@@ -506,44 +485,6 @@ class Trainer:
             )
             return
         self._accumulation.load_state_dict(saved)
-
-    def _restore_bucket_layout(self, own: dict[str, Any]) -> None:
-        """Put DDP in the bucket layout the checkpointed run reduced in (gradsync.bucket_layout),
-        so the first step after the resume adds gradients in the same order as that run did."""
-        if self._ready_order is None:
-            return
-        assert self._ddp_model is not None and self._comm_timer is not None
-        saved = own.get("ddp_ready_order")
-        if saved is None:
-            names, problem = None, "the checkpoint holds no record of DDP's bucket order (an older gradsync, or other DDP options)"
-        else:
-            # No names: the run had not reduced gradients yet, so DDP was still in its first layout, as now.
-            names = saved["names"]
-            problem = replay_problem(self._ddp_model, names) if names is not None else None
-        # The replay is collective (DDP broadcasts rank 0's layout): every rank replays, or none.
-        replaying = names is not None and problem is None
-        if not agree_all(replaying, group=self._dist.control_group) and replaying:
-            problem = "another rank cannot replay it"
-        if problem is not None:
-            if self.world_size > 2 and self.is_main:
-                self._logger.warning(
-                    f"DDP's bucket layout is not restored ({problem}): the first step after this resume reduces in "
-                    "DDP's first layout, so with 3 or more ranks the parameters differ in the last bits from an "
-                    "uninterrupted run."
-                )
-            return
-        if names is None:
-            return
-        self._ready_order.load_state_dict(saved)
-        started = time.perf_counter()
-        followed = replay(self._ddp_model, self._ready_order, self._comm_timer.silent)
-        if not followed and self.is_main:
-            self._logger.warning(
-                "DDP's bucket layout was replayed, but its hooks ran in another order than recorded: the layout may "
-                "differ from the checkpointed run's, and with 3 or more ranks so may the last bits of the parameters."
-            )
-        elif followed:
-            self._logger.info(f"DDP's bucket layout restored as the checkpointed run had it ({1000 * (time.perf_counter() - started):.0f} ms)")
 
     def _world_size_change_note(self, loaded: Loaded) -> str:
         assert self._loader is not None
@@ -571,8 +512,9 @@ class Trainer:
         self._num_epochs = num_epochs
         self._metrics.progress.set_total(self._steps_in_epochs(num_epochs))
         resumed_compression = self._resumed is not None and self._resumed.own is not None
-        if self._compression is not None and not resumed_compression:
-            self._compression.start(self._optimizer_steps + self._steps_in_epochs(num_epochs))
+        compression = self._strategy.compression
+        if compression is not None and not resumed_compression:
+            compression.start(self._optimizer_steps + self._steps_in_epochs(num_epochs))
         # A resumed run goes on in the epoch it stopped in (which may have no batch left: its
         # end-of-epoch code, such as evaluation, still runs).
         first, self._first_epoch = self._first_epoch, 0
@@ -648,22 +590,16 @@ class Trainer:
         self._window = plan_window(pass_id, batch_index, len(self._loader), steps, self._loader.batch_size_at)
         start = self._last_step_end if self._last_step_end is not None else self._clock.mark()
         self._record = StepRecord(step=self._optimizer_steps + 1, epoch=self._loader.epoch, start=start)
-        self._reductions_at_start = self._comm_timer.reductions if self._comm_timer else 0
-        self._comm_at_start = self._comm_counters()
+        self._reductions_at_start = self._strategy.reductions
+        self._comm_at_start = self._strategy.comm_counters()
+        self._strategy.take_exposed()  # waits since the last step (evaluation's gathers) are not this step's
 
     def _backward(self, loss: torch.Tensor, samples: int, synced: bool) -> None:
         window, record = self._window, self._record
         assert window is not None and record is not None
         weight = window.weight(samples)
-        if self._comm_timer is not None:
-            self._comm_timer.start_backward()
-        watching = self._ready_order.watch() if synced and self._ready_order is not None else contextlib.nullcontext()
-        with phase("backward"), watching:
+        with phase("backward"), self._strategy.backward(record, synced):
             self._precision.backward(loss if weight == 1.0 else loss * weight)
-        if self._comm_timer is not None and (ready := self._comm_timer.last_ready()) is not None:
-            end = self._clock.mark()
-            record.exposed.append((ready, end))
-            record.comm_windows.append((self._comm_timer.first_ready(), end))
         window.applied_samples += samples
 
     def _close_window(self, reduced: bool) -> bool:
@@ -672,31 +608,29 @@ class Trainer:
         assert window is not None and record is not None and self._optimizer is not None
         self._window = self._record = None
         self._optimizer_steps += 1
-        reductions = self._comm_timer.reductions - self._reductions_at_start if self._comm_timer else 0
         applied = False
         if window.applied_samples == 0:
             record.skipped = "empty"
         else:
-            if not reduced and self._ddp_model is not None:
-                start = self._clock.mark()
-                self._all_reduce_gradients()
-                record.exposed.append((start, self._clock.mark()))
-                reductions += 1
+            if not reduced:
+                self._strategy.reduce_unsynced()
             with phase("optimizer"):
                 applied = self._apply_update(window, record)
-            self._note_unused_parameters()
+            self._strategy.after_update()
         with phase("optimizer"):
             self._optimizer.zero_grad(set_to_none=True)
-        record.samples = window.applied_samples
-        record.reductions = reductions
-        record.comm = {k: v - self._comm_at_start.get(k, 0) for k, v in self._comm_counters().items()}
+        record.exposed.extend(self._strategy.take_exposed())
+        record.samples = window.applied_samples if self._strategy.placement.counts_samples else 0
+        record.reductions = self._strategy.reductions - self._reductions_at_start
+        record.comm = {k: v - self._comm_at_start.get(k, 0) for k, v in self._strategy.comm_counters().items()}
         record.lr = self._optimizer.param_groups[0].get("lr")
         record.end = self._clock.mark()
         self._last_step_end = record.end
-        if isinstance(self._compression, AutoTuner) and self._compression.deciding:
-            self._compression.step_done(self.device, record.exposed_seconds(self._clock))
-            if not self._compression.deciding and self._compression.accumulation_steps > self._accumulation.steps:
-                self._raise_accumulation(self._compression.accumulation_steps, next_batch=window.last_batch + 1)
+        tuner = self._strategy.compression
+        if isinstance(tuner, AutoTuner) and tuner.deciding:
+            tuner.step_done(self.device, record.exposed_seconds(self._clock))
+            if not tuner.deciding and tuner.accumulation_steps > self._accumulation.steps:
+                self._raise_accumulation(tuner.accumulation_steps, next_batch=window.last_batch + 1)
         self._finished = record
         events.optimizer_step(self._optimizer_steps)
         if self._profile is not None:
@@ -732,55 +666,6 @@ class Trainer:
                 "accumulation_steps yourself instead of letting auto raise it."
             )
 
-    def _explain_unused_parameters(self, error: RuntimeError) -> ConfigError | None:
-        """DDP's "Expected to have finished reduction" error, with the parameters named.
-
-        DDP gives only parameter indices (names need TORCH_DISTRIBUTED_DEBUG, whose DETAIL
-        mode crashes here); the trainer knows the model, so it names them.
-        """
-        match = _UNUSED_INDICES.search(str(error))
-        if match is None or self._model is None:
-            return None
-        names = [name for name, p in self._model.named_parameters() if p.requires_grad]
-        unused = [names[int(i)] for i in match[2].split() if int(i) < len(names)]
-        return ConfigError(
-            f"on rank {match[1]}, these parameters got no gradient in the previous step: {', '.join(unused)}. "
-            "DDP expects every parameter's gradient every step unless told otherwise. Make them take part "
-            "in the loss (or freeze them with requires_grad_(False) before prepare()), or pass "
-            "ddp={'find_unused_parameters': True}, which costs overlap: DDP then walks the autograd graph "
-            "every step and reduces unused parameters' zeros."
-        )
-
-    def _note_unused_parameters(self) -> None:
-        """With find_unused_parameters, say after a few steps whether it is really needed."""
-        if self._unused_check_steps is None or self._model is None:
-            return
-        self._unused_check_steps += 1
-        for name, parameter in self._model.named_parameters():
-            if parameter.requires_grad and parameter.grad is None:
-                self._sometimes_unused.add(name)
-        if self._unused_check_steps < UNUSED_CHECK_STEPS:
-            return
-        self._unused_check_steps = None
-        if self._sometimes_unused:
-            self._logger.info(
-                f"find_unused_parameters is needed: {', '.join(sorted(self._sometimes_unused))} got no gradient "
-                f"in some of the first {UNUSED_CHECK_STEPS} steps."
-            )
-        else:
-            self._logger.info(
-                f"find_unused_parameters=True, but every parameter got a gradient in each of the first "
-                f"{UNUSED_CHECK_STEPS} steps: set it to False to regain overlap, unless some parameters are "
-                "skipped only later (DDP raises a clear error then, and gradsync names them)."
-            )
-
-    def _comm_counters(self) -> dict[str, float]:
-        if self._comm_timer is None:
-            return {}
-        if self._compression is None:
-            return {"raw_bytes": self._comm_timer.bucket_bytes, "sent_bytes": self._comm_timer.bucket_bytes}
-        return self._compression.stats.as_dict()
-
     def _apply_update(self, window: Window, record: StepRecord) -> bool:
         assert self._optimizer is not None and self._model is not None
         self._precision.unscale_(self._optimizer)
@@ -792,8 +677,7 @@ class Trainer:
                     p.grad.mul_(correction)
         grads_finite = True
         if self._config.max_grad_norm is not None:
-            norm = nn.utils.clip_grad_norm_(self._model.parameters(), self._config.max_grad_norm)
-            record.grad_norm = float(norm)
+            record.grad_norm = self._strategy.clip_grad_norm(list(self._model.parameters()), self._config.max_grad_norm)
             grads_finite = math.isfinite(record.grad_norm)
         applied = self._precision.step(self._optimizer, grads_finite)
         if applied:
@@ -803,26 +687,6 @@ class Trainer:
             record.skipped = "overflow" if self._precision.scaler is not None else "nonfinite"
             self._log_skip(record)
         return applied
-
-    def _all_reduce_gradients(self) -> None:
-        """Average accumulated gradients across ranks by hand.
-
-        Needed only when the batch that should have ended a window under DDP was skipped, so
-        no synced backward ran. A rank without a gradient for a parameter contributes zeros.
-        """
-        assert self._model is not None
-        params = [p for p in self._model.parameters() if p.requires_grad]
-        by_dtype: dict[torch.dtype, list[nn.Parameter]] = defaultdict(list)
-        for p in params:
-            by_dtype[p.dtype].append(p)
-        for group in by_dtype.values():
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group])
-            dist.all_reduce(flat)
-            flat.div_(self.world_size)
-            offset = 0
-            for p in group:
-                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
 
     def _log_skip(self, record: StepRecord) -> None:
         # Every rank skips the same steps (their reduced gradients are identical): rank 0 says it.
@@ -874,24 +738,33 @@ class Trainer:
         return agree_all(flag)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's module inside a DDP wrapper: evaluate with it, so no collective runs."""
-        return model.module if isinstance(model, DistributedDataParallel) else model
+        """The user's module inside a DDP wrapper: evaluate with it, so no collective runs.
+
+        Under FSDP and tensor parallelism the model is the user's module, sharded: its forward
+        gathers parameters or exchanges activations, so every rank must run each evaluation
+        batch (`eval_loader` gives every rank as many).
+        """
+        return self._strategy.unwrap(model)
 
     def eval_loader(
         self, dataset: Any, *, batch_size: int, collate_fn: Callable[[list[Any]], Any] | None = None
     ) -> EvalLoader:
-        """This rank's share of an evaluation set: every sample exactly once across ranks."""
+        """This rank's share of an evaluation set: every sample exactly once across data-parallel
+        ranks (a tensor-parallel group shares its batches)."""
+        placement = self._strategy.placement
         return EvalLoader(
-            dataset, batch_size, rank=self.rank, world_size=self.world_size, device=self.device,
-            collate_fn=collate_fn,
+            dataset, batch_size, rank=placement.data_rank, world_size=placement.data_world_size, device=self.device,
+            collate_fn=collate_fn, equal_batches=self._strategy.lockstep_forward and self.world_size > 1,
         )
 
     def sum_over_ranks(self, *values: float | torch.Tensor) -> tuple[float, ...]:
-        """Sum scalars (e.g. correct and total counts) over every rank, in one all-reduce."""
+        """Sum scalars (e.g. correct and total counts) over the data-parallel ranks, in one
+        all-reduce (the ranks of a tensor-parallel group hold the same counts: counted once)."""
         device = torch.device("cuda", torch.cuda.current_device()) if self._dist.backend == "nccl" else torch.device("cpu")
         totals = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
-        if self._dist.has_process_group and self.world_size > 1:
-            dist.all_reduce(totals)
+        placement = self._strategy.placement
+        if self._dist.has_process_group and placement.data_world_size > 1:
+            dist.all_reduce(totals, group=placement.data_group)
         return tuple(totals.tolist())
 
     # -- the end -----------------------------------------------------------------------------
@@ -921,10 +794,12 @@ class Trainer:
         prepared = self._loader is not None
         summary["accumulation_steps"] = self.accumulation_steps if prepared else self._config.accumulation_steps
         summary["compression"] = self._config.ddp.compression.name
-        if isinstance(self._compression, AutoTuner):
+        tuner = self._strategy.compression
+        if isinstance(tuner, AutoTuner):
             # What auto measured; "compression" is its choice once made ("none": plain DDP stays).
-            summary["auto"] = self._compression.describe()
-            summary["compression"] = "auto" if self._compression.deciding else summary["auto"]["compression"]
+            summary["auto"] = tuner.describe()
+            summary["compression"] = "auto" if tuner.deciding else summary["auto"]["compression"]
+        summary["parallel"] = self._strategy.describe() if self._model is not None else {"strategy": self._strategy.name}
         saving = self._checkpointer
         summary["checkpoints_saved"] = saving.saves if saving is not None else 0
         summary["checkpoint_save_s"] = saving.save_seconds if saving is not None else 0.0  # the training thread's share
@@ -981,9 +856,7 @@ class MicroStep:
 
     def __enter__(self) -> "MicroStep":
         trainer = self._trainer
-        if not self.is_boundary and trainer._ddp_model is not None:
-            # Forward too, not just backward: DDP decides at forward time whether to reduce.
-            self._stack.enter_context(trainer._ddp_model.no_sync())
+        self._stack.enter_context(trainer._strategy.micro_step(synced=self.is_boundary))
         self._stack.enter_context(trainer._precision.autocast())
         # Everything before step.backward() is the forward (model and loss), as the profile sees it.
         self._forward = phase("forward")
@@ -1012,18 +885,28 @@ class MicroStep:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._end_forward()
         self._stack.close()
-        if exc_type is RuntimeError and (explained := self._trainer._explain_unused_parameters(exc)):
+        if exc is not None and (explained := self._trainer._strategy.explain(exc)):
             raise explained from exc
         if exc_type is None and self.is_boundary:
             self.stepped = self._trainer._close_window(reduced=self.backward_done)
 
 
-def _buffer_sync_option(enabled: bool) -> dict[str, bool]:
-    # torch 2.13 renamed DDP's `broadcast_buffers` to `forward_sync_buffers` (and warns on the
-    # old name); both mean "sync buffers before every forward".
-    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
-        return {"forward_sync_buffers": enabled}
-    return {"broadcast_buffers": enabled}
+def _is_sharded(model: nn.Module) -> bool:
+    """Already under FSDP2 or tensor parallelism (a parameter is a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _rebind_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str], now: dict[str, nn.Parameter]) -> None:
+    """Point the optimizer at the model's parameters after wrapping, by name.
+
+    FSDP2 and tensor parallelism replace each parameter with a sharded one, so an optimizer
+    built from the plain model would step tensors nothing uses any more (torch's own recipe
+    is to build it after sharding; prepare() takes it either way). DDP keeps the parameters.
+    """
+    for group in optimizer.param_groups:
+        group["params"] = [now[names[id(p)]] for p in group["params"]]
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -68,6 +68,7 @@ def train(
     ballast: str | None = None,
     seen_log: str | None = None,
     one_cycle: bool = True,
+    parallel: str = "ddp",
 ) -> dict:
     checkpoint = {"dir": checkpoint_dir, "every_steps": every_steps, "every_minutes": every_minutes, "resume": resume,
                   "async_save": async_save, "overwrite": overwrite} if checkpoint_dir else {}
@@ -77,6 +78,9 @@ def train(
         run_dir=run_dir,
         checkpoint=checkpoint,
         metrics={"log_every": 4, "progress": False, "tensorboard": False},
+        # Tensor parallelism splits the hidden layer: the first Linear by columns, the last by rows.
+        parallel={"strategy": parallel, **({"tp_plan": {"0": "colwise", "3": "rowwise"}} if "tp" in parallel else {}),
+                  **({"tp_size": 2} if parallel == "fsdp+tp" else {}), **({"shard_size": 2} if parallel == "hsdp" else {})},
     )
     warnings = _collect_warnings()  # after setup, which installs gradsync's own console handler first
     model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))

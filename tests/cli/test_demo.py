@@ -103,3 +103,25 @@ def test_module_entry_point_and_help():
     assert done.returncode == 2 and "at least 1" in done.stderr
     done = subprocess.run([sys.executable, "-m", "gradsync", "demo", "--inject-fault", "kill:rank=1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "step missing" in done.stderr
+
+
+def test_the_demo_trains_sharded_and_tensor_parallel(tmp_path):
+    """`gradsync demo --parallel fsdp|tp`: the same job under FSDP2 and tensor parallelism, whose
+    throughput counts each sample once (a tensor-parallel pair trains on the same batches)."""
+    steps = {}
+    for strategy in ("fsdp", "tp"):
+        done = subprocess.run(
+            [str(BIN / "gradsync"), "demo", "--epochs", "2", "--parallel", strategy, "--profile-steps", "none",
+             "--run-dir", str(tmp_path / strategy)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "ok: 2 ranks finished" in done.stderr + done.stdout
+        rows = [json.loads(line) for line in (tmp_path / strategy / "metrics.jsonl").read_text().splitlines()]
+        steps[strategy] = rows
+    samples = {strategy: sum(row["samples"] for row in rows) for strategy, rows in steps.items()}
+    # Two epochs of the same training set: FSDP splits it over 2 ranks (padding at most one sample
+    # an epoch), TP's ranks share it; counted twice, TP's would be twice FSDP's.
+    assert samples["tp"] <= samples["fsdp"] <= samples["tp"] + 2
+    assert 2 * steps["tp"][0]["samples"] == steps["fsdp"][0]["samples"], "one data-parallel rank: half the global batch"
+    assert all(row["reductions"] == 1 for row in steps["fsdp"]) and all(row["reductions"] == 0 for row in steps["tp"])

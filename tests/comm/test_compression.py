@@ -176,7 +176,7 @@ def train_with_compression(name, run_dir, epochs=2):
     everyone = [torch.empty_like(parameters) for _ in range(trainer.world_size)]
     dist.all_gather(everyone, parameters)
     chosen = trainer.summary()["compression"] if name == "auto" else None
-    buckets = trainer._comm_timer.buckets / trainer._comm_timer.reductions
+    buckets = trainer._strategy.comm_timer.buckets / trainer._strategy.comm_timer.reductions
     trainer.close()
     return {"row": row, "same_parameters": all(torch.equal(everyone[0], p) for p in everyone), "chosen": chosen, "buckets": buckets}
 

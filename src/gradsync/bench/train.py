@@ -10,9 +10,15 @@ is the same for every configuration (per-worker batch x N), so losses are compar
 auto is allowed to raise accumulation (`--auto-max-accumulation`): then its report says what it
 chose. Steps here are micro-batches (batches each worker takes), whatever the accumulation.
 
-Configurations: fp32 (DDP's plain all-reduce), fp16, bf16, powersgd, int8, topk (gradient
-compression, gradsync.comm) and auto (tries them and keeps the fastest). Throughput is measured
-after `warmup` steps; auto's warm-up includes its trials, so its number is what it settled on.
+Configurations: fp32 or ddp (DDP's plain all-reduce), fp16, bf16, powersgd, int8, topk (gradient
+compression, gradsync.comm), auto (tries them and keeps the fastest), and the other parallelism
+strategies (gradsync.parallel): fsdp, hsdp (sharded within a host, replicated across), tp (tensor
+parallel over every worker) and fsdp+tp (tensor parallel within a host, FSDP across). Every one
+keeps the same global batch: a tensor-parallel group takes the batches of all its workers at
+once. Throughput is measured after `warmup` steps; auto's warm-up includes its trials, so its
+number is what it settled on. Memory per worker is reported two ways: the model state it holds
+(parameters, gradients and optimizer state, its shards only under FSDP and TP) and the process's
+peak resident memory (activations, buffers and the runtime included).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,13 +39,56 @@ from gradsync.comm.auto import DECISION_STEPS
 from gradsync.errors import ConfigError
 from gradsync.rundir import RunDir
 
-CONFIGS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
+COMPRESSIONS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
+STRATEGIES = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
+CONFIGS = COMPRESSIONS + STRATEGIES
 SWEEP_MAX = "64M"  # largest all-reduce in the report's bandwidth sweep
 AUTO_TRIAL_STEPS = DECISION_STEPS  # steps before auto has settled, left out of every job's throughput
 
 
 def compression_for(config: str) -> str:
-    return "none" if config == "fp32" else config
+    return "none" if config in ("fp32", *STRATEGIES) else config
+
+
+def parallel_for(config: str, world: int, local_world: int) -> dict[str, Any]:
+    """The strategy of a configuration; the 2-D ones split at the host (a host's workers share
+    the fast links), or in halves when every worker is on one host."""
+    if config not in STRATEGIES:
+        return {"strategy": "ddp"}
+    inner = local_world if 1 < local_world < world else max(world // 2, 1)
+    return {"strategy": config, **({"shard_size": inner} if config == "hsdp" else {}),
+            **({"tp_size": inner} if config == "fsdp+tp" else {})}
+
+
+def traffic_bytes(row: dict[str, Any], parallel: dict[str, Any], world: int) -> float:
+    """Bytes one worker sends in a step: each collective's size times nccl-tests' factor for its
+    group ((n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce), so strategies
+    that move different collectives compare."""
+    def share(n: int) -> float:
+        return (n - 1) / n if n > 1 else 0.0
+
+    mesh = parallel.get("mesh", {})
+    if parallel["strategy"] == "ddp":
+        return row.get("comm_bytes", 0) * 2 * share(world)
+    shard = mesh.get("shard", mesh.get("dp", 1))  # FSDP's group
+    exchange = mesh.get("replicate", mesh.get("tp", 1))  # HSDP's replicas, or the tensor-parallel group
+    return (row.get("all_gather_bytes", 0) + row.get("reduce_scatter_bytes", 0)) * share(shard) \
+        + row.get("all_reduce_bytes", 0) * 2 * share(exchange)
+
+
+def model_state_bytes(model: Any, optimizer: Any) -> int:
+    """What this rank holds of the model: its parameters (local shards of DTensors), a gradient
+    for each trainable one, and the optimizer's state tensors."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    def local(tensor: torch.Tensor) -> int:
+        tensor = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return tensor.numel() * tensor.element_size()
+
+    parameters = list(model.parameters())
+    state = [v for per_param in optimizer.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
+    return sum(local(p) for p in parameters) + sum(local(p) for p in parameters if p.requires_grad) + sum(local(v) for v in state)
 
 
 def parse_configs(text: str) -> list[str]:
@@ -74,19 +124,25 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     workload = WORKLOADS[args.workload]
     auto = args.config == "auto"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    parallel = parallel_for(args.config, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     trainer = setup(
         ddp={
             "compression": {"name": "auto", "max_accumulation_steps": args.max_accumulation} if auto else compression_for(args.config),
             "bucket_cap_mb": "auto" if auto else 25.0,
         },
+        parallel=parallel,
         run_dir=args.run_dir,
         metrics={"log_every": 5, "progress": False, "tensorboard": False},
     )
     torch.manual_seed(0)
     model = workload.build_model()
     dataset = workload.build_dataset(args.steps * args.batch_size * trainer.world_size)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    model, optimizer, loader = trainer.prepare(model, optimizer, dataset, batch_size=args.batch_size, shuffle=False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(trainable, lr=args.lr, momentum=0.9)
+    # A tensor-parallel group computes one copy of the model: it takes its workers' batches together.
+    group_batch = args.batch_size * (parallel.get("tp_size") or (world if parallel["strategy"] == "tp" else 1))
+    model, optimizer, loader = trainer.prepare(model, optimizer, dataset, batch_size=group_batch, shuffle=False)
     step_ends: list[float] = []
     loss_value = float("nan")
     for _ in trainer.epochs(1):
@@ -98,6 +154,11 @@ def worker_main(argv: list[str] | None = None) -> None:
             step_ends.append(time.perf_counter())
             loss_value = loss.item()
     summary = trainer.summary()
+    memory = torch.tensor([model_state_bytes(model, optimizer), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024],
+                          dtype=torch.float64, device=trainer.device)
+    if trainer.world_size > 1:
+        dist.all_reduce(memory, op=dist.ReduceOp.MAX)
+    memory = memory.cpu()
     rows = [json.loads(line) for line in RunDir(trainer.run_dir).metrics.read_text().splitlines()] if trainer.is_main else []
     chosen = summary.get("auto")
     measured = step_ends[args.warmup :]
@@ -116,10 +177,14 @@ def worker_main(argv: list[str] | None = None) -> None:
                 sum(r["exposed_comm_s"] for r in late) / sum(r["step_time_s"] for r in late) if late else None
             ),
             "comm_bytes_per_step": statistics.fmean(r["comm_bytes"] for r in late) if late and "comm_bytes" in late[0] else 0,
+            "traffic_bytes_per_step": statistics.fmean(traffic_bytes(r, summary["parallel"], trainer.world_size) for r in late) if late else 0,
             "compression_ratio": statistics.fmean(r["compression_ratio"] for r in late) if late and "compression_ratio" in late[0] else None,
             "final_loss": summary["loss"] if summary["loss"] is not None else loss_value,
             "loss_curve": [[r["step"], r.get("loss")] for r in rows],
             "chosen": chosen,
+            "parallel": summary["parallel"],
+            "state_mb_per_worker": float(memory[0]) / 2**20,
+            "peak_rss_mb_per_worker": float(memory[1]) / 2**20,
         }
         Path(args.result).write_text(json.dumps(result))
     trainer.close()
@@ -218,7 +283,8 @@ def render(report: dict[str, Any]) -> str:
         f"# {report['workload']}: {report['world_size']} workers, batch {report['batch_size_per_worker']} per worker; "
         f"one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s"
         + (f" (before {runs[0]:.1f}, after {runs[1]:.1f})" if runs else ""),
-        f"{'config':>9} {'samples/s/worker':>17} {'scaling eff.':>13} {'exposed comm':>13} {'MB/step':>8} {'final loss':>11}  chosen",
+        f"{'config':>9} {'samples/s/worker':>17} {'scaling eff.':>13} {'exposed comm':>13} {'sent MB/step':>13} "
+        f"{'state MB':>9} {'peak RSS MB':>12} {'final loss':>11}  chosen",
     ]
     for r in report["results"]:
         picked = r.get("chosen") or {}
@@ -227,7 +293,9 @@ def render(report: dict[str, Any]) -> str:
             chosen += f", accumulation {picked['accumulation_steps']}"
         lines.append(
             f"{r['config']:>9} {r['samples_per_s_per_worker']:>17.1f} {r['scaling_efficiency']:>12.0%} "
-            f"{(r['exposed_comm_share'] or 0):>12.0%} {r['comm_bytes_per_step'] / 2**20:>8.2f} {r['final_loss']:>11.4f}  {chosen}"
+            f"{(r['exposed_comm_share'] or 0):>12.0%} {r.get('traffic_bytes_per_step', r['comm_bytes_per_step']) / 2**20:>13.2f} "
+            f"{r.get('state_mb_per_worker', float('nan')):>9.1f} {r.get('peak_rss_mb_per_worker', float('nan')):>12.0f} "
+            f"{r['final_loss']:>11.4f}  {chosen}"
         )
     return "\n".join(lines)
 

@@ -6,7 +6,10 @@ configurations are compared, and the model shapes are the ones that matter for c
 
 - resnet18: the CIFAR variant of ResNet-18 (11.2M parameters, 3x32x32 images), conv-heavy.
 - gpt: a small decoder-only transformer on synthetic token streams, matmul-heavy
-  with one large embedding gradient (5.3M parameters).
+  with one large embedding gradient (5.3M parameters); its blocks fit the standard
+  tensor-parallel plan.
+- gpt-lora: the same GPT fine-tuned with LoRA (base frozen, rank-8 adapters on attention and
+  MLP: 0.2M trainable parameters), the parameter-efficient case whose gradients are tiny.
 - mlp: a 3-layer perceptron (0.6M parameters) that makes tests and quick checks cheap.
 """
 
@@ -80,22 +83,87 @@ def _classification_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> t
 VOCAB, CONTEXT = 4096, 64
 
 
+class Attention(nn.Module):
+    """Causal self-attention with separate q/k/v/o projections, whose heads are split with -1:
+    under tensor parallelism each rank keeps its share of the heads (the standard plan's q/k/v
+    column-wise, o row-wise)."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.head_dim = width // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = (proj(x).view(batch, length, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(width), Attention(width, heads)
+        self.norm2, self.mlp = nn.LayerNorm(width), MLP(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
 class TinyGPT(nn.Module):
+    """A decoder-only transformer (pre-norm blocks, learned positions): 5.3M parameters."""
+
     def __init__(self, width: int = 256, layers: int = 4, heads: int = 4) -> None:
         super().__init__()
         self.tokens = nn.Embedding(VOCAB, width)
         self.positions = nn.Parameter(torch.zeros(CONTEXT, width))
-        block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.blocks = nn.ModuleList([Block(width, heads) for _ in range(layers)])
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, VOCAB, bias=False)
-        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(CONTEXT), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.tokens(tokens) + self.positions[: tokens.shape[1]]
-        length = tokens.shape[1]
-        x = self.blocks(x, mask=self.causal[:length, :length], is_causal=True)
+        for block in self.blocks:
+            x = block(x)
         return self.head(self.norm(x))
+
+
+class LoRALinear(nn.Module):
+    """A frozen Linear plus a trainable rank-r update: W x + (alpha / r) B A x, B starting at
+    zero so training starts from the base model."""
+
+    def __init__(self, base: nn.Linear, rank: int = 8, alpha: float = 16.0) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.lora_a = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_b = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.zeros_(self.lora_b.weight)
+        self.scale = alpha / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.lora_b(self.lora_a(x)) * self.scale
+
+
+def lora_gpt(rank: int = 8) -> nn.Module:
+    """The GPT fine-tuned with LoRA: every weight frozen, rank-8 adapters on attention's q/k/v/o
+    and the MLP's up/down. Only the adapters get gradients, so DDP reduces only them."""
+    model = TinyGPT().requires_grad_(False)
+    for block in model.blocks:
+        for owner, names in ((block.attn, ("q", "k", "v", "o")), (block.mlp, ("up", "down"))):
+            for name in names:
+                setattr(owner, name, LoRALinear(getattr(owner, name), rank))
+    return model
 
 
 def _token_streams(samples: int) -> Dataset:
@@ -133,5 +201,6 @@ def _vectors(samples: int) -> Dataset:
 WORKLOADS = {
     "resnet18": Workload("resnet18", ResNet18, _images, _classification_loss),
     "gpt": Workload("gpt", TinyGPT, _token_streams, _language_loss),
+    "gpt-lora": Workload("gpt-lora", lora_gpt, _token_streams, _language_loss),
     "mlp": Workload("mlp", _mlp, _vectors, _classification_loss),
 }

@@ -49,12 +49,14 @@ EXIT_ON_SIGTERM = 128 + signal.SIGTERM
 @dataclass
 class RunState:
     """One checkpoint's contents: the model's parameters and buffers, state shared by every
-    rank, this rank's own."""
+    rank, this rank's own, and state sharded over the ranks (DTensors: FSDP's and tensor
+    parallelism's optimizer state), which each rank writes its part of and loads resharded."""
 
     parameters: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
     shared: dict[str, Any]
     own: dict[str, Any]
+    sharded: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model(self) -> dict[str, torch.Tensor]:
@@ -63,13 +65,14 @@ class RunState:
 
 @dataclass
 class Loaded:
-    """What a resume read: the checkpoint's folder, manifest, shared state and this rank's (None
-    when the checkpoint was written by a different world size)."""
+    """What a resume read: the checkpoint's folder, manifest, shared state, this rank's (None
+    when the checkpoint was written by a different world size) and the sharded state."""
 
     path: Path
     manifest: dict[str, Any]
     shared: dict[str, Any]
     own: dict[str, Any] | None
+    sharded: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -204,6 +207,8 @@ class Checkpointer:
             "shared": safe.encode(state.shared),
             f"rank{self.rank}": safe.encode(state.own),
         }
+        if state.sharded:
+            contents["sharded"] = safe.encode(state.sharded)
         if self.rank == 0 and state.buffers:
             # Buffers (BatchNorm statistics) may differ across ranks between DDP's broadcasts
             # from rank 0; rank 0's are the ones every rank uses next, so only rank 0 saves them.
@@ -391,9 +396,12 @@ class Checkpointer:
 
     # -- resuming --------------------------------------------------------------------------
 
-    def find_and_load(self, model: RunState) -> Loaded | None:
+    def find_and_load(self, model: RunState, sharded: Callable[[], dict[str, Any]] | None = None) -> Loaded | None:
         """Load the checkpoint `resume` names into the parameters and buffers of `model` (in
         place) and return the rest.
+
+        `sharded` builds the sharded state to load into (called only when there is a checkpoint:
+        building an optimizer's state dict initialises its state).
 
         None when `resume="auto"` finds no checkpoint at all: the run starts fresh.
         """
@@ -423,7 +431,7 @@ class Checkpointer:
                     self.warn(f"skipping checkpoint {path}: " + "; ".join(trouble))
                 continue
             assert manifest is not None
-            return self._load(path, manifest, model)
+            return self._load(path, manifest, model, sharded)
         raise CheckpointError(
             "no valid checkpoint to resume from: " + " | ".join(problems)
             + ". Delete the broken folders, point checkpoint.resume at a good one, or set it to None to start fresh."
@@ -446,7 +454,7 @@ class Checkpointer:
             mine = [problem for part in everyone for problem in part]
         return manifest, mine
 
-    def _load(self, path: Path, manifest: dict[str, Any], model: RunState) -> Loaded:
+    def _load(self, path: Path, manifest: dict[str, Any], model: RunState, sharded: Callable[[], dict[str, Any]] | None) -> Loaded:
         metadata = safe.read_metadata(path / ".metadata")
         same_world = manifest["world_size"] == self.world_size
         own_prefix = f"rank{self.rank}."
@@ -455,6 +463,20 @@ class Checkpointer:
             contents["buffers"] = model.buffers
         if same_world:
             contents[f"rank{self.rank}"] = _skeleton(metadata, own_prefix)
+        saved_sharded = any(key.startswith("sharded.") for key in metadata.state_dict_metadata)
+        if saved_sharded != (sharded is not None):
+            written = manifest.get("config", {}).get("parallel", {}).get("strategy", "ddp")
+            raise CheckpointError(
+                f"{path} was written with parallel={written!r}, whose optimizer state is "
+                f"{'sharded over the ranks' if saved_sharded else 'one copy'}; this run keeps it "
+                f"{'sharded' if sharded is not None else 'as one copy'}. Resume with parallel={written!r}."
+            )
+        if sharded is not None:
+            # Tensors load into this run's own layout (DCP reshards DTensors); the skeleton of
+            # plain values is the checkpoint's.
+            live = safe.encode(sharded())
+            live[safe.JSON_KEY] = _skeleton(metadata, "sharded.")[safe.JSON_KEY]
+            contents["sharded"] = live
         safe.load(contents, path, self.group)
         self.last_saved_step = manifest["step"]
         self.log(f"resuming from {path} (step {manifest['step']})")
@@ -463,6 +485,7 @@ class Checkpointer:
             manifest=manifest,
             shared=safe.decode(contents["shared"]),
             own=safe.decode(contents[f"rank{self.rank}"]) if same_world else None,
+            sharded=safe.decode(contents["sharded"]) if sharded is not None else {},
         )
 
 
@@ -507,8 +530,14 @@ def _check_same_model(path: Path, manifest: dict[str, Any], model: dict[str, tor
         )
 
 
-def model_state(model: nn.Module, shared: dict[str, Any] | None = None, own: dict[str, Any] | None = None) -> RunState:
-    """The module's parameters and buffers by name, sharing their storage (DCP loads in place)."""
+def model_state(
+    model: nn.Module,
+    shared: dict[str, Any] | None = None,
+    own: dict[str, Any] | None = None,
+    sharded: dict[str, Any] | None = None,
+) -> RunState:
+    """The module's parameters and buffers by name, sharing their storage (DCP loads in place;
+    under FSDP and tensor parallelism they are DTensors, each rank's shard)."""
     names = {name for name, _ in model.named_parameters()}
     tensors = {name: tensor.detach() for name, tensor in model.state_dict(keep_vars=True).items()}
     return RunState(
@@ -516,4 +545,5 @@ def model_state(model: nn.Module, shared: dict[str, Any] | None = None, own: dic
         buffers={n: t for n, t in tensors.items() if n not in names},
         shared=shared or {},
         own=own or {},
+        sharded=sharded or {},
     )

@@ -30,8 +30,10 @@ WORKER_OPTIONS = (
     "checkpoint_dir",
     "resume",
     "checkpoint_every",
+    "parallel",
 )
-WORKER_FLAGS = ("overwrite",)  # switches passed on as --name when set
+WORKER_FLAGS = ("overwrite",)
+DEMO_STRATEGIES = ("ddp", "fsdp", "tp")  # the 2-D meshes need 4 ranks and a size per dimension  # switches passed on as --name when set
 
 
 def _at_least(minimum: int):
@@ -71,6 +73,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--accumulation-steps", type=_at_least(1), default=None, help="micro-steps per optimizer step")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
     parser.add_argument("--compression", choices=COMPRESSIONS, default=None, help="gradient compression")
+    parser.add_argument(
+        "--parallel", choices=DEMO_STRATEGIES, default=None,
+        help="ddp (default), fsdp (FSDP2, every layer sharded) or tp (the classifier split column/row-wise)",
+    )
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go")
     parser.add_argument("--resume", choices=("auto",), default=None, help="auto: continue from the latest checkpoint, if any")
     parser.add_argument("--overwrite", action="store_true", help="delete the checkpoints an earlier run left in --checkpoint-dir")

@@ -56,7 +56,9 @@ class DigitsCNN(nn.Module):
 @torch.no_grad()
 def test_accuracy(trainer: gradsync.Trainer, model: nn.Module, test_set: TensorDataset) -> float:
     """Accuracy over the whole test set: each rank scores its share, then the counts are summed."""
-    net = trainer.unwrap(model)  # the plain module: evaluation runs no collective per batch
+    # DDP: the plain module, so evaluation runs no collective per batch. FSDP and tensor
+    # parallelism: the sharded model, whose forwards every rank runs (eval_loader gives each as many).
+    net = trainer.unwrap(model)
     net.eval()
     correct = total = 0
     for x, y in trainer.eval_loader(test_set, batch_size=256):
@@ -67,6 +69,14 @@ def test_accuracy(trainer: gradsync.Trainer, model: nn.Module, test_set: TensorD
     return correct / total
 
 
+def _parallel(strategy: str) -> dict:
+    """The CNN has no transformer block for the standard tensor-parallel plan: its classifier's
+    two Linear layers are split column-wise then row-wise, the convolutions stay replicated."""
+    if strategy == "tp":
+        return {"strategy": "tp", "tp_plan": {"classifier.2": "colwise", "classifier.4": "rowwise"}}
+    return {"strategy": strategy}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=12)
@@ -75,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--compression", default="none", help="gradient compression (see gradsync.comm)")
+    parser.add_argument("--parallel", default="ddp", help="ddp, fsdp or tp (see gradsync.parallel)")
     parser.add_argument("--run-dir", default=None)
     parser.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (off by default)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="optimizer steps between checkpoints")
@@ -97,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dir=args.run_dir,
         ddp={"compression": args.compression},
         checkpoint=checkpoint,
+        parallel=_parallel(args.parallel),
     )
     train_set, test_set = digits_datasets(seed=0)
     model = DigitsCNN().to(trainer.device)

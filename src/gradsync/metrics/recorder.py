@@ -150,6 +150,10 @@ def _communication(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     if "encode_s" in comm:
         values["encode_s"] = statistics.fmean(r["comm"].get("encode_s", 0.0) for r in per_rank)
         values["decode_s"] = statistics.fmean(r["comm"].get("decode_s", 0.0) for r in per_rank)
+    # FSDP and tensor parallelism move more than gradients: each kind's bytes (nccl-tests sizes).
+    for kind in ("all_gather_bytes", "reduce_scatter_bytes", "all_reduce_bytes"):
+        if kind in comm:
+            values[kind] = comm[kind]
     return values
 
 

@@ -138,6 +138,9 @@ class MetricsRow(TypedDict, total=False):
     busbw_gbps: float
     encode_s: float
     decode_s: float
+    all_gather_bytes: float  # FSDP's parameter gathers (and TP's), nccl-tests sizes
+    reduce_scatter_bytes: float
+    all_reduce_bytes: float  # HSDP's across replicas, TP's activation exchanges
     # The last row of each gather interval also carries:
     system: dict[str, dict[str, float]]  # rank -> mean readings
     rank_busy_s: dict[str, float]
