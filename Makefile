@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos compat bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit bench-side-by-side clean
+.PHONY: demo test chaos compat bench-parallel bench-lora bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit bench-side-by-side clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,21 @@ bench-compression-accuracy: $(STAMP)
 bench-resnet-300mbit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 300mbit \
 		--configs fp32,fp16,powersgd,int8,auto --steps 16 --warmup 3 --output-dir gradsync_runs/bench-resnet18-300mbit
+
+# The parallelism strategies side by side on the GPT: 4 workers on 2 simulated hosts joined by
+# 300 Mbit/s, then on this host's loopback (the 300 Mbit/s run needs root; ~15 min in all).
+bench-parallel: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload gpt --hosts 2 --nproc-per-node 2 --link 300mbit \
+		--configs ddp,fsdp,hsdp,tp,fsdp+tp --steps 12 --warmup 3 --batch-size 8 --json > gradsync_runs/bench-parallel-300mbit.json
+	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload gpt --nproc-per-node 4 \
+		--configs ddp,fsdp,hsdp,tp,fsdp+tp --steps 12 --warmup 3 --batch-size 8 --json > gradsync_runs/bench-parallel-loopback.json
+
+# Full fine-tuning vs LoRA under DDP on 2 simulated hosts at 300 Mbit/s: how much of the step is
+# exposed communication (needs root; ~5 min).
+bench-lora: $(STAMP)
+	for workload in gpt gpt-lora; do OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload $$workload --hosts 2 \
+		--nproc-per-node 1 --link 300mbit --configs ddp --steps 12 --warmup 3 --batch-size 8 --json \
+		> gradsync_runs/bench-lora-$$workload.json || exit 1; done
 
 # The zoo's stall cases under gradsync run, fr_trace on the same run's Flight Recorder dumps and
 # TORCH_DISTRIBUTED_DEBUG=DETAIL, side by side (one case at a time; ~20 min on 2 cores).

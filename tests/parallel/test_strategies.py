@@ -246,3 +246,40 @@ def test_options_that_cannot_work_with_a_strategy_are_refused_with_the_reason(op
 def test_a_mesh_that_does_not_fit_the_world_is_refused_on_every_rank(parallel, says):
     errors = launch(_refused, 4, parallel=parallel)
     assert all(error is not None and says in error for error in errors)
+
+
+def _mixed_precision(precision, compression):
+    trainer = gradsync.setup(parallel="fsdp", precision=precision, ddp={"compression": compression}, seed=0,
+                             metrics={"log_every": 1, "progress": False, "tensorboard": False})
+    model = make_model().float()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    model, optimizer, loader = trainer.prepare(model, optimizer, Regression(), batch_size=BATCH)
+    seen, losses, comm = {}, [], {}
+    def note_dtype(module, inputs, output):
+        seen.setdefault("compute", str(output.dtype))
+
+    model.head.register_forward_hook(note_dtype)
+    for _ in trainer.epochs(1):
+        for x, y, _ in loader:
+            with trainer.step() as step:
+                loss = F.mse_loss(model(x.float()).float(), y.float())
+                step.backward(loss)
+            losses.append(loss.item())
+            comm = trainer._finished.comm
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    trainer.close()
+    return {"compute": seen["compute"], "params": dtypes, "losses": losses,
+            "gathered": comm["all_gather_bytes"], "reduced": comm["reduce_scatter_bytes"]}
+
+
+def test_fsdp_mixed_precision_gathers_and_computes_in_bf16_and_reduces_as_asked():
+    fp32 = launch(_mixed_precision, 2, precision="fp32", compression="none")[0]
+    bf16 = launch(_mixed_precision, 2, precision="bf16", compression="none")[0]
+    bf16_grads = launch(_mixed_precision, 2, precision="bf16", compression="bf16")[0]
+    assert fp32["compute"] == "torch.float32" and bf16["compute"] == "torch.bfloat16"
+    assert bf16["params"] == ["torch.float32"], "the optimizer steps fp32 shards"
+    assert bf16["gathered"] == fp32["gathered"] / 2, "parameters are gathered in bf16"
+    assert bf16["reduced"] == fp32["reduced"], "gradients are reduced in fp32 by default"
+    assert bf16_grads["reduced"] == fp32["reduced"] / 2, "compression='bf16' reduces them in bf16"
+    # Same training, to bf16's precision.
+    assert all(abs(a - b) < 0.05 * max(abs(b), 1e-3) + 1e-2 for a, b in zip(bf16["losses"], fp32["losses"]))

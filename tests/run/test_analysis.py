@@ -446,3 +446,38 @@ def test_a_rank_never_heard_of_because_the_shared_store_is_gone_is_unreachable()
     (finding,) = diagnose(views, trigger="stall", now=108.0)["findings"]
     assert finding["category"] == "rank_unreachable" and finding["ranks"] == [0]
     assert finding["message"].startswith("Rank 0, never heard of (the store the nodes share did not answer): its node cannot be reached")
+
+
+def _with_meshes(v, meshes):
+    v.snapshot["meshes"] = meshes
+    return v
+
+
+def test_differing_device_meshes_are_named_as_the_cause_of_whatever_error_followed():
+    mesh = {"shape": [2, 2], "names": ["dp", "tp"], "site": "train.py:3"}
+    other = {"shape": [4, 1], "names": ["dp", "tp"], "site": "train.py:3"}
+    hung = lambda rank, op, site: view(rank, [record(1), record(2, op=op, site=site, state="entered")], alive=True)
+    # A crash, a mismatch: the first mesh that differs is the cause, and its line the location.
+    views = {0: _with_meshes(hung(0, "all_reduce", "train.py:9"), [mesh, mesh]),
+             1: _with_meshes(hung(1, "barrier", "train.py:12"), [mesh, other])}
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert finding["category"] == "collective_mismatch"
+    assert finding["message"].startswith("The ranks built different device meshes (their mesh #2: rank 0: shape (2, 2) ('dp', 'tp')")
+    assert "What followed: The job hung" in finding["message"]
+    assert finding["locations"] == {"0": "train.py:3", "1": "train.py:3"}
+    # A rank that built one mesh fewer differs too.
+    views[1] = _with_meshes(hung(1, "barrier", "train.py:12"), [mesh])
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert "their mesh #2: rank 0: shape (2, 2)" in finding["message"] and "rank 1: none" in finding["message"]
+    # The same meshes everywhere: the finding is about the collectives alone.
+    views[1] = _with_meshes(hung(1, "barrier", "train.py:12"), [mesh, mesh])
+    (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
+    assert "device mesh" not in finding["message"] and finding["locations"] == {"0": "train.py:9", "1": "train.py:12"}
+
+
+def test_differing_meshes_of_a_job_that_ended_well_add_no_finding():
+    # Only an error is explained by the meshes: a job that finished has nothing to blame on them.
+    mesh, other = ({"shape": [s, 1], "names": None, "site": "t.py:3"} for s in (2, 1))
+    views = {0: _with_meshes(view(0, [record(1)], exitcode=0, exit={"status": "finished", "time": 5.0}), [mesh]),
+             1: _with_meshes(view(1, [record(1)], exitcode=0, exit={"status": "finished", "time": 5.0}), [other])}
+    assert diagnose(views, trigger="exit", now=10.0)["findings"] == []

@@ -43,13 +43,16 @@ SCRIPTS = {
     "rank_local_update": ("doctor_zoo/rank_local_update.py", 4),
     "bn_buffers_unsynced": ("doctor_zoo/bn_buffers_unsynced.py", 4),
     "find_unused_all_used": ("doctor_zoo/find_unused_all_used.py", 4),
+    "tp_data_by_global_rank": ("doctor_zoo/tp_data_by_global_rank.py", 3),
+    "fsdp_root_only": ("doctor_zoo/fsdp_root_only.py", 3),
+    "healthy_fsdp2_tp": ("zoo/healthy_fsdp2_tp.py", 8),  # 4 FSDP steps, then 4 tensor-parallel ones
     "nan_on_rank1": ("zoo/nan_on_rank1.py", 6),  # NaN at step 4
     "unused_parameter_find": ("zoo/unused_parameter_find.py", 5),
     "healthy_ddp": ("zoo/healthy_ddp.py", 12),  # 8 steps per epoch: stops inside the 2nd epoch
     "healthy_accumulation": ("zoo/healthy_accumulation.py", 20),  # 10 steps: finishes before K
     "healthy_gradsync": ("zoo/healthy_gradsync.py", 20),  # 16 steps: finishes before K
 }
-HEALTHY = ["healthy_ddp", "healthy_accumulation", "healthy_gradsync"]
+HEALTHY = ["healthy_ddp", "healthy_accumulation", "healthy_gradsync", "healthy_fsdp2_tp"]
 
 
 @dataclass
@@ -211,6 +214,25 @@ def test_unused_parameters_are_reported_in_doctor_mode(doctor):
     run = doctor["unused_parameter_find"]
     finding = run.only("unused_parameters", "warning")  # so find_unused_parameters is needed: no other warning
     assert finding["details"]["parameters"] == ["unused_head.weight", "unused_head.bias"], run.explain()
+
+
+def test_tensor_parallel_ranks_fed_different_batches(doctor):
+    run = doctor["tp_data_by_global_rank"]
+    finding = run.only("tensor_parallel_inputs_differ", "error")
+    assert finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": run.line("parallelize"), "1": run.line("parallelize")}, run.explain()
+    assert f"in {run.steps} of {run.steps} training forwards" in finding["message"], run.explain()
+    assert "data-parallel rank" in finding["suggestion"]
+    _assert_failed(run, "tensor_parallel_inputs_differ")
+
+
+def test_fsdp_on_the_root_alone_is_a_warning(doctor):
+    run = doctor["fsdp_root_only"]
+    finding = run.only("fsdp_root_holds_most", "warning")
+    assert finding["locations"] == {"0": run.line("shard"), "1": run.line("shard")}, run.explain()
+    assert "The Sequential sharded with fully_shard" in finding["message"], run.explain()
+    assert "keeps 100% of its 5,313 parameters in its root unit (the largest part: '2', 78%)" in finding["message"], run.explain()
+    _assert_warned(run, "fsdp_root_holds_most")
 
 
 # -- healthy scripts and how ranks end ----------------------------------------------------------
@@ -389,3 +411,38 @@ def test_findings_must_use_the_vocabulary():
         Finding("no_such_category", "error", [0], "message", "suggestion")
     with pytest.raises(ValueError, match="not in CATEGORIES"):
         Finding("uneven_batches", "warning", [0], "message", "suggestion")
+
+
+def _tp_module(inputs, ranks=(0, 1), styles=("ColwiseParallel", "RowwiseParallel")) -> dict:
+    return {"site": "train.py:12", "ranks": list(ranks), "styles": list(styles), "inputs": list(inputs)}
+
+
+def test_tensor_parallel_inputs_are_compared_within_each_group_only():
+    # Ranks 0-1 and 2-3 are two tensor-parallel groups (fsdp+tp): each group shares its batches,
+    # the groups differ (they are data-parallel peers). Only a group whose ranks differ is wrong.
+    same = {0: _facts(tp_modules=[_tp_module([1, 2], (0, 1))]), 1: _facts(tp_modules=[_tp_module([1, 2], (0, 1))]),
+            2: _facts(tp_modules=[_tp_module([7, 8], (2, 3))]), 3: _facts(tp_modules=[_tp_module([7, 8], (2, 3))])}
+    assert script_check_findings(same) == []
+    same[3] = _facts(tp_modules=[_tp_module([7, 9], (2, 3))])
+    (finding,) = script_check_findings(same)
+    assert finding.category == "tensor_parallel_inputs_differ" and finding.ranks == [2, 3]
+    assert "in 1 of 2 training forwards (first: forward 2)" in finding.message
+    # Sequence parallelism shards a module's inputs on purpose: not compared.
+    sharded = {r: _facts(tp_modules=[_tp_module([r], styles=("SequenceParallel",))]) for r in (0, 1)}
+    assert script_check_findings(sharded) == []
+
+
+def test_an_fsdp_root_unit_holding_most_parameters_is_a_warning_and_well_split_models_are_not():
+    def root(kept, largest):
+        return {"site": "train.py:20", "class": "Transformer", "parameters": 1000, "in_root_unit": kept,
+                "largest_in_root": largest}
+
+    (finding,) = script_check_findings({r: _facts(fsdp_roots=[root(800, ["tok_embeddings", 700])]) for r in (0, 1)})
+    assert finding.category == "fsdp_root_holds_most" and finding.severity == "warning"
+    assert "keeps 80% of its 1,000 parameters in its root unit (the largest part: 'tok_embeddings', 70%)" in finding.message
+    assert script_check_findings({r: _facts(fsdp_roots=[root(300, ["norm", 10])]) for r in (0, 1)}) == []
+
+
+def test_no_facts_at_all_give_no_finding():
+    # A job not run under --doctor-steps (or whose ranks all died before writing) has none to compare.
+    assert script_check_findings({}) == []

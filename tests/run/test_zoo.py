@@ -67,6 +67,9 @@ BROKEN = [
     "skipped_send",
     "subgroup_vs_default",
     "full_tensor_on_rank0",
+    "fsdp_skip_forward",
+    "tp_skip_forward",
+    "mesh_built_differently",
     "batched_p2p_skipped",
     "compiled_collective_rank0",
     "init_timeout_skipped_barrier",
@@ -378,6 +381,28 @@ def test_a_rank0_only_full_tensor_is_named_though_dtensor_collectives_are_not_re
     run = zoo["full_tensor_on_rank0"]
     finding = _assert_error(run, "collective_mismatch", [0, 1], {0: "full_tensor", 1: "barrier"})
     assert "all_gather" in finding["message"] and "Flight Recorder" in finding["message"], run.explain()
+
+
+def test_an_fsdp_rank_that_skips_a_forward_is_named_at_its_all_gather(zoo):
+    # FSDP2's all-gathers pass through torch.distributed: the recorder sees them, at the user's forward.
+    run = zoo["fsdp_skip_forward"]
+    finding = _assert_error(run, "collective_mismatch", [0, 1], {0: "forward", 1: "barrier"})
+    assert finding["collective"] == "all_gather_single/barrier", run.explain()
+
+
+def test_a_tensor_parallel_rank_that_skips_a_forward_is_named_though_dtensor_collectives_are_not_recorded(zoo):
+    # DTensor's all-reduce is a functional collective: Flight Recorder numbers it as the group does.
+    run = zoo["tp_skip_forward"]
+    finding = _assert_error(run, "collective_mismatch", [0, 1], {0: "forward", 1: "barrier"})
+    assert "all_reduce" in finding["message"] and "Flight Recorder" in finding["message"], run.explain()
+
+
+def test_device_meshes_built_differently_are_the_cause_whatever_hung(zoo):
+    run = zoo["mesh_built_differently"]
+    finding = _assert_error(run, "collective_mismatch", [0, 1], {0: "mesh", 1: "mesh"})
+    assert "built different device meshes" in finding["message"], run.explain()
+    assert "rank 0: shape (1, 2) ('dp', 'tp')" in finding["message"] and "rank 1: shape (2, 1)" in finding["message"]
+    assert finding["suggestion"].startswith("Build every device mesh from values all ranks share")
 
 
 def test_a_skipped_batch_isend_irecv_is_two_ranks_waiting_for_each_other_not_a_hang(zoo):

@@ -27,6 +27,8 @@ def script_check_findings(checks: dict[int, dict[str, Any]]) -> list[Finding]:
         *_accumulation_without_no_sync(checks),
         *_diverged_replicas(checks),
         *_find_unused_parameters_unneeded(checks),
+        *_tensor_parallel_inputs_differ(checks),
+        *_fsdp_root_holds_most(checks),
     ]
 
 
@@ -293,6 +295,97 @@ def _find_unused_parameters_unneeded(checks: dict[int, dict[str, Any]]) -> list[
                 "turns it on unless TrainingArguments(ddp_find_unused_parameters=False); Lightning takes "
                 "DDPStrategy(find_unused_parameters=False).",
                 locations={str(rank): site for rank in sorted(models)},
+            )
+        )
+    return findings
+
+
+# -- FSDP2 and tensor parallelism ---------------------------------------------------------------
+
+FSDP_ROOT_SHARE = 0.5  # above this share of the parameters in the root unit, sharding saves little
+
+
+def _tensor_parallel_inputs_differ(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    """The ranks of one tensor-parallel group fed a parallelized module different inputs.
+
+    They compute one copy of the model together (each holds a slice of each split layer), so
+    each forward must see the same batch on all of them; different batches give a model whose
+    slices were trained on different data, and nothing fails. Modules whose plan shards their
+    inputs on purpose (sequence parallelism) are not compared.
+    """
+    findings = []
+    count = min((len(facts.get("tp_modules", [])) for facts in checks.values()), default=0)
+    for index in range(count):
+        modules = {rank: facts["tp_modules"][index] for rank, facts in checks.items()}
+        if any(set(m["styles"]) & _SHARDED_INPUT_STYLES for m in modules.values()):
+            continue
+        groups: dict[tuple[int, ...], dict[int, dict[str, Any]]] = {}
+        for rank, module in modules.items():
+            if module["ranks"]:
+                groups.setdefault(tuple(module["ranks"]), {})[rank] = module
+        for group_ranks, members in sorted(groups.items()):
+            if len(members) < 2 or len(members) != len(group_ranks):
+                continue  # a rank of the group left no facts: nothing to compare it with
+            inputs = {rank: m["inputs"] for rank, m in members.items()}
+            length = min(len(i) for i in inputs.values())
+            differing = [
+                i for i in range(length)
+                if None not in {f[i] for f in inputs.values()} and len({f[i] for f in inputs.values()}) > 1
+            ]
+            if not differing:
+                continue
+            site = next(iter(members.values()))["site"] or "?"
+            ranks = sorted(members)
+            findings.append(
+                Finding(
+                    "tensor_parallel_inputs_differ",
+                    "error",
+                    ranks,
+                    f"The ranks of one tensor-parallel group ({_ranks_text(ranks)}) fed the module parallelized at {site} "
+                    f"different inputs in {len(differing)} of {length} training forwards (first: forward {differing[0] + 1}). "
+                    "A tensor-parallel group computes one copy of the model together, each rank a slice of every split "
+                    "layer, so every forward must see the same batch on all of them: with different batches each slice "
+                    "learns from other data and the model is silently wrong.",
+                    "Give the ranks of a tensor-parallel group the same batches: split the data by the data-parallel "
+                    "rank (mesh['dp'].get_local_rank(), or rank // tp_size), not by the global rank, and seed their "
+                    "random streams alike. gradsync's trainer does this with setup(parallel='tp' or 'fsdp+tp').",
+                    locations={str(rank): site for rank in ranks},
+                    details={"forwards": [i + 1 for i in differing[:NAMES_SHOWN]]},
+                )
+            )
+    return findings
+
+
+_SHARDED_INPUT_STYLES = frozenset({"SequenceParallel", "PrepareModuleInput", "PrepareModuleInputOutput"})
+
+
+def _fsdp_root_holds_most(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    """A model sharded with fully_shard whose root unit keeps most parameters: the root's are
+    gathered at the first forward and kept to the end of backward, so the model sits whole on
+    every rank for most of the step, while FSDP still sends 1.5x DDP's bytes."""
+    if not checks:
+        return []
+    facts = checks[min(checks)]  # the same model on every rank
+    findings = []
+    for root in facts.get("fsdp_roots", []):
+        total, kept = root["parameters"], root["in_root_unit"]
+        if not total or kept / total <= FSDP_ROOT_SHARE:
+            continue
+        largest = root["largest_in_root"]
+        where = f" (the largest part: '{largest[0]}', {largest[1] / total:.0%})" if largest and largest[0] != "(its own)" else ""
+        findings.append(
+            Finding(
+                "fsdp_root_holds_most",
+                "warning",
+                sorted(checks),
+                f"The {root['class']} sharded with fully_shard at {root['site'] or '?'} keeps {kept / total:.0%} of its "
+                f"{total:,} parameters in its root unit{where}. FSDP gathers a unit's parameters for its forward and "
+                "backward; the root's stay gathered from the first forward to the end of backward, so every rank holds "
+                "most of the model anyway, and the gathers cost 1.5x DDP's traffic.",
+                "Call fully_shard on each block (each transformer layer, each large embedding or head) before calling it "
+                "on the root, as torch's FSDP2 examples do; or use DDP if the model fits.",
+                locations={str(rank): root["site"] or "?" for rank in sorted(checks)},
+                details={"in_root_unit": kept, "parameters": total},
             )
         )
     return findings

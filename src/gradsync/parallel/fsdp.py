@@ -110,16 +110,43 @@ class _MeteredReduceScatter(ReduceScatter):
 
 
 def repeated_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The outermost submodules whose class occurs more than once and holds parameters: a
-    transformer's blocks, a ResNet's residual blocks, an MLP's Linear layers."""
-    counts = Counter(type(m) for name, m in model.named_modules() if name and any(True for _ in m.parameters()))
+    """The outermost submodules whose class occurs more than once among the outermost ones and
+    holds parameters: a transformer's blocks, a ResNet's residual blocks, an MLP's Linear layers.
+
+    Containers (Sequential, ModuleList, ModuleDict) are looked through, not taken; a class seen
+    once outside the blocks (a final LayerNorm whose class the blocks also use) is not a block.
+    """
+    containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    counts = Counter(type(m) for name, m in model.named_modules()
+                     if name and not isinstance(m, containers) and any(True for _ in m.parameters()))
+    outermost: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if not name or isinstance(module, containers) or counts[type(module)] < 2:
+            continue
+        if any(name.startswith(parent + ".") for parent, _ in outermost):
+            continue  # inside a block already taken
+        outermost.append((name, module))
+    kept = Counter(type(m) for _, m in outermost)
+    return [(name, module) for name, module in outermost if kept[type(module)] >= 2]
+
+
+def block_sized_leftovers(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """The outermost modules outside the blocks holding at least as many parameters as an
+    average block (a transformer's embedding and output head): left in the root, they would be
+    gathered with it for the whole forward and backward, so they become units of their own."""
+    if not blocks:
+        return []
+    inside = {id(p) for _, block in blocks for p in block.parameters()}
+    average = sum(p.numel() for _, block in blocks for p in block.parameters()) / len(blocks)
     chosen: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
-        if not name or counts[type(module)] < 2:
+        if not name or any(name == parent or name.startswith(parent + ".") for parent, _ in blocks + chosen):
             continue
-        if any(name.startswith(parent + ".") for parent, _ in chosen):
-            continue  # inside a block already chosen
-        chosen.append((name, module))
+        own = list(module.parameters())
+        if any(id(p) in inside for p in own):
+            continue  # holds blocks (a ModuleList of them)
+        if sum(p.numel() for p in own) >= average:
+            chosen.append((name, module))
     return chosen
 
 
@@ -191,7 +218,11 @@ class FSDPStrategy(Strategy):
 
     def _shard(self, model: nn.Module, mesh: DeviceMesh) -> None:
         parallel = self.config.parallel
-        blocks = named_blocks(model, parallel.blocks) if parallel.blocks else repeated_blocks(model)
+        if parallel.blocks:
+            blocks = named_blocks(model, parallel.blocks)
+        else:
+            blocks = repeated_blocks(model)
+            blocks += block_sized_leftovers(model, blocks)
         policy = mixed_precision_policy(self.config.precision, self.config.ddp.compression.name)
         options = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": parallel.reshard_after_forward}
         for _, block in blocks:
@@ -206,10 +237,24 @@ class FSDPStrategy(Strategy):
             if self.name == "hsdp":
                 module.set_all_reduce_hook(self.meter.all_reduced)
         if self.dist.is_main:
-            shown = ", ".join(self.units[:-1][:4]) + (f", ... ({len(self.units) - 1} units)" if len(self.units) > 5 else "")
-            self.logger.info(
-                f"{self.name}: sharded over mesh {tuple(mesh.shape)} {mesh.mesh_dim_names}; units: "
-                + (shown + " and the root" if blocks else "the root only (no repeated submodule: give parallel.blocks)")
+            self._say_units(model, mesh, blocks)
+
+    def _say_units(self, model: nn.Module, mesh: DeviceMesh, blocks: list[tuple[str, nn.Module]]) -> None:
+        """Which units there are, and a warning when the root still holds most parameters: the
+        root's are gathered through the whole forward and backward, so sharding saves little."""
+        shown = ", ".join(self.units[:-1][:4]) + (f", ... ({len(self.units) - 1} units)" if len(self.units) > 5 else "")
+        total = sum(p.numel() for p in model.parameters())
+        in_units = sum(p.numel() for _, block in blocks for p in block.parameters())
+        self.logger.info(
+            f"{self.name}: sharded over mesh {tuple(mesh.shape)} {mesh.mesh_dim_names}; units: "
+            + (shown + " and the root" if blocks else "the root only")
+            + f"; the root holds {1 - in_units / total:.0%} of the parameters"
+        )
+        if total and in_units / total < 0.5:
+            self.logger.warning(
+                f"{self.name}: the root unit holds {1 - in_units / total:.0%} of the parameters, gathered whole from "
+                "the first forward to the end of backward: sharding saves little memory. Name the model's blocks with "
+                "parallel.blocks (class names of its layers)."
             )
 
     def micro_step(self, synced: bool) -> ContextManager[None]:

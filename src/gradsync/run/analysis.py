@@ -379,6 +379,8 @@ def diagnose(
     findings += script_check or []
     findings += stragglers or []
 
+    _blame_differing_meshes(findings, views)
+
     failed_job = trigger == "stall" or any(
         v.exitcode not in (None, 0) and v not in teardown and not v.stopped_by_gradsync for v in views.values()
     )
@@ -396,6 +398,40 @@ def diagnose(
         "findings": [f.as_dict() for f in findings],
         "ranks": {str(rank): line for rank, line in lines.items()},
     }
+
+
+def _blame_differing_meshes(findings: list[Finding], views: dict[int, RankView]) -> None:
+    """When the ranks built different device meshes, that is the cause of the error found.
+
+    A mesh's groups are created collectively, one per dimension: ranks that asked for different
+    shapes hold groups their peers do not, so their collectives meet the wrong peers or none.
+    Whatever that looked like (a hang, a mismatch, a crash), the first differing mesh is named.
+    """
+    error = next((f for f in findings if f.severity == "error" and "injected" not in f.details), None)
+    meshes = {r: v.snapshot.get("meshes") for r, v in sorted(views.items()) if v.snapshot and v.snapshot.get("meshes") is not None}
+    if error is None or len(meshes) < 2:
+        return
+    for index in range(max(len(m) for m in meshes.values())):
+        built = {r: m[index] if index < len(m) else None for r, m in meshes.items()}
+        if len({None if b is None else (tuple(b["shape"]), tuple(b["names"] or ())) for b in built.values()}) < 2:
+            continue
+        sides = _listing([
+            (r, f"rank {r}: " + ("none" if b is None else
+                                 f"shape {tuple(b['shape'])}" + (f" {tuple(b['names'])}" if b["names"] else "") + f" at {b['site'] or '?'}"))
+            for r, b in built.items()
+        ])
+        error.message = (
+            f"The ranks built different device meshes (their mesh #{index + 1}: {sides}), so each holds process "
+            f"groups the others do not and their collectives met the wrong peers. What followed: {error.message}"
+        )
+        error.suggestion = (
+            "Build every device mesh from values all ranks share (the world size, a config read the same way "
+            "everywhere), never from a rank's own environment. " + error.suggestion
+        )
+        # The line to fix is where the meshes were built, whatever line the symptom showed at.
+        error.locations = {str(r): b["site"] or "?" for r, b in built.items() if b is not None}
+        error.details["meshes"] = {str(r): b for r, b in built.items()}
+        return
 
 
 # Injected faults that leave the rank alive and quiet: only a stall makes them the cause.

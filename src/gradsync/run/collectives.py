@@ -107,6 +107,9 @@ class CollectiveRecorder:
         self.first_nonfinite: dict[str, Any] | None = None
         self.nonfinite_passes = 0
         self.ddp_models: list[DDPWatch] = []
+        # Every init_device_mesh call: its shape, dimension names and line. Ranks must build the
+        # same meshes (each dimension's groups are created collectively), so the analysis compares them.
+        self.meshes: list[dict[str, Any]] = []
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
         self._warned: set[str] = set()
@@ -546,6 +549,30 @@ def _default_allreduce_hook(state: Any, bucket: dist.GradBucket):
 GRADIENT_PASS_KIND = "DDP gradients of a backward pass"
 
 
+def _patch_device_mesh(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:
+    """Record each `init_device_mesh` call (shape, names, the user's line) before it runs."""
+    import torch.distributed.device_mesh as device_mesh
+
+    original = device_mesh.init_device_mesh
+
+    @functools.wraps(original)
+    def init_device_mesh(device_type: str, mesh_shape: Any, *args: Any, **kwargs: Any) -> Any:
+        names = kwargs.get("mesh_dim_names")
+        recorder.meshes.append({
+            "shape": [int(size) for size in mesh_shape],
+            "names": [str(name) for name in names] if names else None,
+            "site": caller_location(),
+        })
+        return original(device_type, mesh_shape, *args, **kwargs)
+
+    patched = [(device_mesh, "init_device_mesh", original)]
+    device_mesh.init_device_mesh = init_device_mesh
+    if getattr(dist, "init_device_mesh", None) is original:  # the same function, re-exported
+        patched.append((dist, "init_device_mesh", original))
+        dist.init_device_mesh = init_device_mesh
+    return patched
+
+
 def is_gradient_reduction(kind: str) -> bool:
     """Whether a record's kind is DDP's gradient reduction, recorded per bucket or per pass."""
     return kind.startswith("DDP gradient")
@@ -720,6 +747,7 @@ def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Calla
         originals.append((dist, name, original))
         setattr(dist, name, _wrap_phase(recorder, phase, original))
     originals += _patch_ddp(recorder, record_buckets)
+    originals += _patch_device_mesh(recorder)
     originals.append((torch.autograd, "backward", torch.autograd.backward))
     torch.autograd.backward = _wrap_backward(recorder, torch.autograd.backward)
 

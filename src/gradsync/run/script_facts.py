@@ -8,7 +8,9 @@ in the first steps, but only by comparing ranks. So every rank records facts abo
 a cheap fingerprint of each training forward's inputs, each DataLoader's length when its
 iteration starts, each pass of a DistributedSampler (epoch, shuffle), the synchronised backward
 passes per optimizer step and, at the end, a hash of every parameter and buffer of its DDP
-models. It writes them to a file in the attempt directory when it stops (right after its K-th
+models. Under FSDP2 and tensor parallelism it also notes how `fully_shard` split each model
+(how much the root unit holds) and fingerprints the inputs of each `parallelize_module`d
+module, which the ranks of one tensor-parallel group must share. It writes them to a file in the attempt directory when it stops (right after its K-th
 optimizer step) or when the script ends, and the launcher compares the ranks' files
 (gradsync.doctor.script_findings). As in the rest of `gradsync run`, nothing goes through
 the process group, which a broken script may be stuck in.
@@ -46,6 +48,7 @@ from gradsync.rundir import write_json
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
 FINGERPRINT_SAMPLES = 256  # values sampled (evenly strided) from each input tensor
 MAX_RECORDS = 64  # DataLoaders and sampler passes kept per rank
+TP_MODULES_WATCHED = 8  # parallelize_module'd modules whose inputs are fingerprinted
 _NESTING_DEPTH = 3  # how deep lists, tuples and dicts of inputs are searched for tensors
 
 
@@ -148,6 +151,9 @@ class ScriptCheck:
         # Held, not weakly referenced: a script that returns before its K-th step has dropped its
         # own references by the time its replicas are hashed.
         self.models: list[tuple[DistributedDataParallel, str | None]] = []
+        self.fsdp_units: list[tuple[torch.nn.Module, str | None]] = []  # every module fully_shard was given
+        self.tp_modules: list[dict[str, Any]] = []  # per parallelize_module call: site, group, styles, inputs
+        self._parallelizing = 0  # parallelize_module calls in progress (it recurses into the plan)
 
     # -- installing --------------------------------------------------------------------------
 
@@ -220,6 +226,70 @@ class ScriptCheck:
         _replace(DistributedSampler, "__iter__", make_sampler_iter)
         _replace(Join, "__enter__", make_join_enter)
         _replace(Join, "__exit__", make_join_exit)
+        self._install_sharding_watches()
+
+    def _install_sharding_watches(self) -> None:
+        """Wrap `fully_shard` and `parallelize_module` where scripts import them from."""
+        import torch.distributed.fsdp as fsdp
+        import torch.distributed.tensor.parallel as tensor_parallel
+        import torch.distributed.tensor.parallel.api as tensor_parallel_api
+
+        check = self
+        original_shard = fsdp.fully_shard
+        original_parallelize = tensor_parallel.parallelize_module
+
+        @functools.wraps(original_shard)
+        def fully_shard(module, *args, **kwargs):
+            result = original_shard(module, *args, **kwargs)
+            site = caller_location()
+            for unit in module if isinstance(module, (list, tuple)) else [module]:
+                check.fsdp_units.append((unit, site))
+            return result
+
+        @functools.wraps(original_parallelize)
+        def parallelize_module(module, device_mesh=None, parallelize_plan=None, *args, **kwargs):
+            # parallelize_module applies a plan by calling itself on each planned submodule: only
+            # the outermost call is the user's module, whose inputs the whole group must share.
+            check._parallelizing += 1
+            try:
+                result = original_parallelize(module, device_mesh, parallelize_plan, *args, **kwargs)
+            finally:
+                check._parallelizing -= 1
+            if not check._parallelizing:
+                check._watch_tp_module(result, device_mesh, parallelize_plan)
+            return result
+
+        for owner in (fsdp, sys.modules.get("torch.distributed.fsdp._fully_shard")):
+            if owner is not None and getattr(owner, "fully_shard", None) is original_shard:
+                owner.fully_shard = fully_shard
+        for owner in (tensor_parallel, tensor_parallel_api):
+            if getattr(owner, "parallelize_module", None) is original_parallelize:
+                owner.parallelize_module = parallelize_module
+
+    def _watch_tp_module(self, module: torch.nn.Module, mesh: Any, plan: Any) -> None:
+        if len(self.tp_modules) >= TP_MODULES_WATCHED or mesh is None:
+            return
+        import torch.distributed as dist
+
+        try:
+            ranks = dist.get_process_group_ranks(mesh.get_group()) if mesh.ndim == 1 else None
+        except (RuntimeError, ValueError, AttributeError):
+            ranks = None
+        styles = plan.values() if isinstance(plan, Mapping) else [plan]
+        entry: dict[str, Any] = {"site": caller_location(), "ranks": ranks,
+                                 "styles": sorted({type(style).__name__ for style in styles}), "inputs": []}
+        self.tp_modules.append(entry)
+
+        from torch.distributed.tensor import DTensor
+
+        def fingerprint_inputs(_module: Any, args: tuple, kwargs: dict) -> None:
+            if not (_module.training and torch.is_grad_enabled()) or len(entry["inputs"]) >= FORWARDS_FINGERPRINTED:
+                return
+            # A DTensor input is distributed already (reading it whole would be a collective): not compared.
+            plain = not any(isinstance(t, DTensor) for t in _tensors((args, kwargs)))
+            entry["inputs"].append(inputs_fingerprint(args, kwargs) if plain else None)
+
+        module.register_forward_pre_hook(fingerprint_inputs, with_kwargs=True)
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -305,7 +375,35 @@ class ScriptCheck:
             "loaders": self.loaders,
             "sampler_passes": self.sampler_passes,
             "models": [self._model_facts(ddp, site) for ddp, site in self.models],
+            "fsdp_roots": self._fsdp_roots(),
+            "tp_modules": self.tp_modules,
         }
+
+    def _fsdp_roots(self) -> list[dict[str, Any]]:
+        """For each outermost module given to fully_shard: how many parameters it holds, and how
+        many stay in its own unit (outside every unit inside it), gathered whole for the whole
+        forward and backward."""
+        roots = []
+        units = [unit for unit, _ in self.fsdp_units]
+        for root, site in self.fsdp_units:
+            if any(other is not root and any(m is root for m in other.modules()) for other in units):
+                continue  # inside another unit
+            inner = {id(p) for unit in units if unit is not root and any(m is unit for m in root.modules())
+                     for p in unit.parameters()}
+            own = [(name, p) for name, p in root.named_parameters() if id(p) not in inner]
+            by_child: dict[str, int] = {}
+            for name, p in own:
+                child = name.split(".")[0] if "." in name else "(its own)"
+                by_child[child] = by_child.get(child, 0) + p.numel()
+            largest = max(by_child.items(), key=lambda item: item[1]) if by_child else None
+            roots.append({
+                "site": site,
+                "class": _user_class_name(root),
+                "parameters": sum(p.numel() for p in root.parameters()),
+                "in_root_unit": sum(p.numel() for _, p in own),
+                "largest_in_root": list(largest) if largest else None,
+            })
+        return roots
 
     def write(self) -> None:
         """Leave the facts for the launcher; a failure here must not change how the script ends."""
@@ -313,3 +411,13 @@ class ScriptCheck:
             write_json(self.path, self.facts())
         except Exception as error:  # reported, never raised into the user's script
             print(f"gradsync run: could not write the script check's facts to {self.path}: {error!r}", file=sys.stderr)
+
+
+def _user_class_name(module: torch.nn.Module) -> str:
+    """The class the user wrote: fully_shard swaps a module's class for a subclass named FSDP<name>."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if isinstance(module, FSDPModule):
+        cls = next((base for base in cls.__mro__[1:] if base is not FSDPModule and not issubclass(base, FSDPModule)), cls)
+    return cls.__name__

@@ -196,6 +196,7 @@ class SnapshotWriter(threading.Thread):
             "nonfinite_passes": recorder.nonfinite_passes,
             "unused_parameters": recorder.unused_parameters(),
             "ddp_parameters": [watch.reducer_order for watch in recorder.ddp_models],
+            "meshes": recorder.meshes,
         }
 
     def _blocked_in_collective(self, stack: list[str]) -> bool:

@@ -77,6 +77,7 @@ class Snapshot(Identity):
     nonfinite_passes: int
     unused_parameters: list[str]
     ddp_parameters: list[list[str]]
+    meshes: list[dict[str, Any]]  # init_device_mesh calls: {"shape", "names", "site"}, in order
 
 
 class ExitOutcome(TypedDict, total=False):
@@ -187,6 +188,8 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "parameters_diverged": (ERROR, "the replicas' parameters differ across ranks after the checked steps"),
     "buffers_diverged": (ERROR, "the replicas' buffers (e.g. BatchNorm statistics) differ across ranks"),
     "find_unused_parameters_unneeded": (WARNING, "find_unused_parameters=True although every parameter got a gradient"),
+    "tensor_parallel_inputs_differ": (ERROR, "the ranks of one tensor-parallel group fed a parallelized module different inputs"),
+    "fsdp_root_holds_most": (WARNING, "fully_shard left most parameters in the root unit: sharding saves little memory"),
 }
 
 @dataclass
