@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test chaos compat bench-parallel bench-lora bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit bench-side-by-side clean
+.PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit bench-side-by-side clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ bench-parallel: $(STAMP)
 		--configs ddp,fsdp,hsdp,tp,fsdp+tp --steps 12 --warmup 3 --batch-size 8 --json > gradsync_runs/bench-parallel-300mbit.json
 	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload gpt --nproc-per-node 4 \
 		--configs ddp,fsdp,hsdp,tp,fsdp+tp --steps 12 --warmup 3 --batch-size 8 --json > gradsync_runs/bench-parallel-loopback.json
+
+# What metering tensor parallelism's exchanges (a dispatch mode) costs a TP step, side by side.
+bench-tp-meter: $(STAMP)
+	$(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/tp_meter_overhead.py
 
 # Full fine-tuning vs LoRA under DDP on 2 simulated hosts at 300 Mbit/s: how much of the step is
 # exposed communication (needs root; ~5 min).

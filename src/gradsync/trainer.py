@@ -489,9 +489,14 @@ class Trainer:
     def _world_size_change_note(self, loaded: Loaded) -> str:
         assert self._loader is not None
         saved = loaded.shared["loader"]
+        written = loaded.manifest["world_size"]
+        change = (
+            f"the checkpoint was written by {written} ranks, this run has {self.world_size}" if written != self.world_size
+            else f"the checkpoint was written with parallel={loaded.manifest['config']['parallel']['strategy']!r}, this "
+                 f"run uses {self._strategy.name!r} (over {self._strategy.placement.data_world_size} data-parallel ranks)"
+        )
         return (
-            f"the checkpoint was written by {loaded.manifest['world_size']} ranks, this run has "
-            f"{self.world_size}: epoch {saved['epoch']} goes on from global sample {saved['samples_consumed']} "
+            f"{change}: epoch {saved['epoch']} goes on from global sample {saved['samples_consumed']} "
             f"of {saved['dataset_size']}, the rest of its order re-divided ({self._loader.samples_per_rank} per rank), "
             "so no sample of the epoch is skipped or repeated. Not bitwise equal to an uninterrupted run: the "
             "global batch is now batch_size x accumulation x world size, per-rank random streams restart "
@@ -592,7 +597,7 @@ class Trainer:
         self._record = StepRecord(step=self._optimizer_steps + 1, epoch=self._loader.epoch, start=start)
         self._reductions_at_start = self._strategy.reductions
         self._comm_at_start = self._strategy.comm_counters()
-        self._strategy.take_exposed()  # waits since the last step (evaluation's gathers) are not this step's
+        self._strategy.start_window(self._record.step)
 
     def _backward(self, loss: torch.Tensor, samples: int, synced: bool) -> None:
         window, record = self._window, self._record
@@ -620,6 +625,7 @@ class Trainer:
         with phase("optimizer"):
             self._optimizer.zero_grad(set_to_none=True)
         record.exposed.extend(self._strategy.take_exposed())
+        record.exposed_estimate_s = self._strategy.exposed_estimate_s()
         record.samples = window.applied_samples if self._strategy.placement.counts_samples else 0
         record.reductions = self._strategy.reductions - self._reductions_at_start
         record.comm = {k: v - self._comm_at_start.get(k, 0) for k, v in self._strategy.comm_counters().items()}

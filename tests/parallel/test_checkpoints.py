@@ -49,3 +49,21 @@ def test_a_checkpoint_of_one_strategy_is_refused_by_another_with_the_reason(tmp_
     launch(train, 2, checkpoint_dir=str(checkpoints), parallel="fsdp", stop_after_step=4, timeout=150)
     refused = launch(train_expecting_error, 2, checkpoint_dir=str(checkpoints), parallel="ddp", timeout=150)
     assert "written with parallel='fsdp'" in refused[0]["error"] and "Resume with parallel='fsdp'" in refused[0]["error"]
+
+
+@pytest.mark.parametrize(("written", "resumed"), [(("fsdp", 2), ("tp", 2)), (("hsdp", 4), ("fsdp", 2))],
+                         ids=["fsdp-2-to-tp-2", "hsdp-4-to-fsdp-2"])
+def test_a_sharded_run_resumes_under_another_sharded_strategy_with_each_sample_once(tmp_path, written, resumed):
+    # DCP reshards parameters and optimizer state onto the new layout; the loader re-divides the
+    # rest of the epoch over the new data-parallel ranks; each rank's own random stream is not
+    # taken back (a tensor-parallel pair must draw alike), as on a world-size change.
+    checkpoints = tmp_path / "ckpt"
+    launch(train, written[1], checkpoint_dir=str(checkpoints), parallel=written[0], stop_after_step=5, one_cycle=False,
+           timeout=150)
+    after = launch(train, resumed[1], checkpoint_dir=str(checkpoints), parallel=resumed[0], one_cycle=False, timeout=150)
+    data_ranks = after[:1] if resumed[0] == "tp" else after  # a tensor-parallel pair shares its batches
+    for epoch in ("2", "3"):
+        assert sorted(i for r in data_ranks for i in r["seen"][epoch]) == list(range(SAMPLES))
+    assert len({r["sha256"] for r in after}) == 1
+    note = "written with parallel='fsdp', this run uses 'tp'" if written[1] == resumed[1] else "written by 4 ranks, this run has 2"
+    assert any(note in w for w in after[0]["warnings"]), after[0]["warnings"]

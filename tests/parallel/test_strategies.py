@@ -184,7 +184,9 @@ def _metered(parallel):
                 step.backward(F.mse_loss(model(x), y))
             if step.stepped:
                 record = trainer._finished
-                rows.append({**record.comm, "samples": record.samples, "exposed": len(record.exposed)})
+                rows.append({**record.comm, "samples": record.samples, "exposed": len(record.exposed),
+                             "estimate_s": record.exposed_estimate_s, "step": record.step,
+                             "exposed_s": record.exposed_seconds(trainer._clock)})
     trainer.close()
     return rows
 
@@ -205,15 +207,24 @@ def test_fsdp_meters_the_bytes_of_every_gather_and_reduction(parallel, ranks):
         assert comm["all_reduce_bytes"] == (pytest.approx(parameters / shard_group) if parallel == "hsdp" else 0)
 
 
-def test_tensor_parallelism_meters_its_activation_exchanges():
+def test_tensor_parallelism_meters_its_exchanges_on_a_sample_of_steps_and_carries_them_between():
+    from gradsync.parallel.tp import METERED_EVERY, METERED_FIRST_STEPS
+
     rows = launch(_metered, 2, parallel="tp", timeout=150)[0]
+    assert len(rows) > METERED_EVERY
+    last = None
     for comm in rows:
         # Per micro-batch: each block's row-wise `down` all-reduces its output in forward, and
         # the second block's column-wise `up` all-reduces its input's gradient in backward (the
         # first block's input, the data, needs none): 3 x batch x WIDTH float64 values.
         assert comm["all_reduce_bytes"] == 3 * comm["samples"] * WIDTH * 8
         assert comm["all_gather_bytes"] == comm["reduce_scatter_bytes"] == 0
-        assert comm["exposed"] >= 1, "training waited on the exchanges somewhere"
+        if comm["step"] <= METERED_FIRST_STEPS or comm["step"] % METERED_EVERY == 0:
+            assert comm["exposed"] >= 1 and comm["estimate_s"] == 0, "a metered step's waits are measured"
+            last = comm
+        else:
+            # Between samples, the last metered step's waits stand for the step's.
+            assert comm["exposed"] == 0 and comm["estimate_s"] == comm["exposed_s"] == last["exposed_s"] > 0, comm
 
 
 def _refused(**options):

@@ -456,7 +456,13 @@ class Checkpointer:
 
     def _load(self, path: Path, manifest: dict[str, Any], model: RunState, sharded: Callable[[], dict[str, Any]] | None) -> Loaded:
         metadata = safe.read_metadata(path / ".metadata")
-        same_world = manifest["world_size"] == self.world_size
+        # Each rank's own state (random streams, residuals) belongs to its place in the job: it is
+        # taken back only by the same world size spread the same way (a strategy change moves
+        # the data-parallel ranks: two ranks of a tensor-parallel group must draw alike).
+        written_parallel = manifest.get("config", {}).get("parallel")
+        same_world = manifest["world_size"] == self.world_size and (
+            written_parallel is None or written_parallel == self.description.get("parallel", written_parallel)
+        )
         own_prefix = f"rank{self.rank}."
         contents: dict[str, Any] = {"model": model.parameters, "shared": _skeleton(metadata, "shared.")}
         if model.buffers:

@@ -39,6 +39,9 @@ class StepRecord:
     grad_norm: float | None = None
     lr: float | None = None
     exposed: list[tuple[Mark, Mark]] = field(default_factory=list)
+    # Exposed seconds carried over from a measured step, for a step whose communication was not
+    # measured itself (tensor parallelism meters one step in several: see gradsync.parallel.tp).
+    exposed_estimate_s: float = 0.0
     comm_windows: list[tuple[Mark, Mark]] = field(default_factory=list)  # first bucket ready -> backward end
     comm: dict[str, float] = field(default_factory=dict)  # raw/sent bytes and encode/decode time of the step
     values: dict[str, list[Any]] = field(default_factory=dict)  # key -> [weighted sum, weight]
@@ -59,7 +62,7 @@ class StepRecord:
 
     def exposed_seconds(self, clock: Clock) -> float:
         """The step's gradient communication that backward (or the trainer) waited for."""
-        return sum(clock.seconds(a, b) for a, b in self.exposed)
+        return sum(clock.seconds(a, b) for a, b in self.exposed) + self.exposed_estimate_s
 
     def resolve(self, clock: Clock) -> dict[str, Any]:
         """Plain numbers (JSON-ready); waits for the step's device work on CUDA."""

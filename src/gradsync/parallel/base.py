@@ -72,6 +72,11 @@ class Strategy:
 
     # -- a micro-step ----------------------------------------------------------------------
 
+    def start_window(self, step: int) -> None:
+        """Called when optimizer step `step` (counted from 1) starts accumulating: waits noted
+        since the last step (evaluation's gathers) are not this step's."""
+        self.take_exposed()
+
     def micro_step(self, synced: bool) -> ContextManager[None]:
         """Entered before a micro-batch's forward: `synced` False keeps its gradients local."""
         return contextlib.nullcontext()
@@ -98,6 +103,10 @@ class Strategy:
         """Intervals since the last call in which training waited on communication outside
         backward (FSDP's forward all-gathers, tensor parallelism's exchanges)."""
         return []
+
+    def exposed_estimate_s(self) -> float:
+        """Seconds of exposed communication estimated (not measured) for the step just closed."""
+        return 0.0
 
     # -- the update --------------------------------------------------------------------------
 

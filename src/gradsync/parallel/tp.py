@@ -79,8 +79,9 @@ class ExchangeMeter(TorchDispatchMode):
     DTensor issues them as functional collectives (`_c10d_functional.all_reduce`, ...), which
     return at once; training blocks where the result is first used: in `wait_tensor`, or in
     the first op that reads an `AsyncCollectiveTensor`. Those intervals are the exposed
-    communication. A dispatch mode sees every op, so this costs a little Python per op (see
-    docs/parallel.md for the measured share).
+    communication. A dispatch mode sees every op, which costs Python per op (about 8% of a
+    small model's step on the CPU, `make bench-tp-meter`): `SampledExchanges` runs it on a
+    sample of the steps.
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -128,6 +129,54 @@ class ExchangeMeter(TorchDispatchMode):
         return spans
 
 
+METERED_FIRST_STEPS = 4  # tensor-parallel steps metered from the start (their shapes settle)
+METERED_EVERY = 10  # then one step in this many
+
+
+class SampledExchanges:
+    """The exchange meter on the first steps and then one step in METERED_EVERY; a step between
+    carries the last metered step's bytes and exposed seconds as estimates.
+
+    A step's exchanges repeat step after step (the same layers, batch shapes and plan), so the
+    sample describes the others well, for a fraction of the meter's cost.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.meter = ExchangeMeter(clock)
+        self.metering = True
+        self._bytes_at_start: dict[str, float] = {}
+        self._last_bytes: dict[str, float] = {}
+        self._last_seconds = 0.0
+        self._estimated = {kind: CommTally() for kind in self.meter.kinds}
+
+    def start_window(self, step: int) -> None:
+        self.meter.take_spans()  # not this step's
+        self.metering = step <= METERED_FIRST_STEPS or step % METERED_EVERY == 0
+        self._bytes_at_start = {kind: tally.bytes for kind, tally in self.meter.kinds.items()}
+
+    def micro_step(self) -> ContextManager[Any]:
+        return self.meter if self.metering else contextlib.nullcontext()
+
+    def take_exposed(self) -> list[tuple[Any, Any]]:
+        spans = self.meter.take_spans()
+        if self.metering:
+            self._last_seconds = sum(self.clock.seconds(a, b) for a, b in spans)
+            self._last_bytes = {kind: tally.bytes - self._bytes_at_start.get(kind, 0.0) for kind, tally in self.meter.kinds.items()}
+        return spans
+
+    def exposed_estimate_s(self) -> float:
+        if self.metering:
+            return 0.0
+        for kind, moved in self._last_bytes.items():
+            self._estimated[kind].bytes += moved
+        return self._last_seconds
+
+    def counters(self) -> dict[str, float]:
+        return tally_counters({kind: CommTally(bytes=tally.bytes + self._estimated[kind].bytes)
+                               for kind, tally in self.meter.kinds.items()})
+
+
 def tp_size(strategy: str, world: int, given: int | None) -> int:
     size = given or world
     if world % size:
@@ -153,21 +202,27 @@ class TPStrategy(Strategy):
         self.placement = Placement(data_rank=0, data_world_size=1, counts_samples=self.dist.rank == 0)
         self.mesh: DeviceMesh | None = None
         self.plan: dict[str, ParallelStyle] = {}
-        self.exchanges = ExchangeMeter(self.clock)
+        self.exchanges = SampledExchanges(self.clock)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.mesh = init_device_mesh(self.dist.device.type, (self.dist.world_size,), mesh_dim_names=("tp",))
         self.plan = _parallelize(model, self.mesh, self.config.parallel.tp_plan, self.logger if self.dist.is_main else None)
         return model
 
-    def micro_step(self, synced: bool) -> ContextManager[None]:
-        return self.exchanges  # metered from the forward to the end of the backward
+    def start_window(self, step: int) -> None:
+        self.exchanges.start_window(step)
+
+    def micro_step(self, synced: bool) -> ContextManager[Any]:
+        return self.exchanges.micro_step()  # metered from the forward to the end of the backward
 
     def comm_counters(self) -> dict[str, float]:
-        return tally_counters(self.exchanges.kinds)
+        return self.exchanges.counters()
 
     def take_exposed(self) -> list[tuple[Any, Any]]:
-        return self.exchanges.take_spans()
+        return self.exchanges.take_exposed()
+
+    def exposed_estimate_s(self) -> float:
+        return self.exchanges.exposed_estimate_s()
 
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> float:
         return clip_dtensor_aware(parameters, max_norm)
@@ -189,7 +244,7 @@ class FSDPTPStrategy(FSDPStrategy):
         self.placement = Placement(data_rank=self.dist.rank // self.tp_size, data_world_size=world // self.tp_size,
                                    counts_samples=self.dist.rank % self.tp_size == 0)
         self.plan: dict[str, ParallelStyle] = {}
-        self.exchanges = ExchangeMeter(self.clock)
+        self.exchanges = SampledExchanges(self.clock)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         world = self.dist.world_size
@@ -199,20 +254,27 @@ class FSDPTPStrategy(FSDPStrategy):
         self._shard(model, self.mesh["dp"])
         return model
 
+    def start_window(self, step: int) -> None:
+        self.meter.take_spans()  # FSDP's waits since the last step are not this step's
+        self.exchanges.start_window(step)
+
     @contextlib.contextmanager
     def _metered_micro_step(self, synced: bool) -> Iterator[None]:
-        with super().micro_step(synced), self.exchanges:
+        with super().micro_step(synced), self.exchanges.micro_step():
             yield
 
     def micro_step(self, synced: bool) -> ContextManager[None]:
         return self._metered_micro_step(synced)
 
     def comm_counters(self) -> dict[str, float]:
-        fsdp, exchanges = super().comm_counters(), tally_counters(self.exchanges.kinds)
+        fsdp, exchanges = super().comm_counters(), self.exchanges.counters()
         return {key: fsdp.get(key, 0) + exchanges.get(key, 0) for key in fsdp.keys() | exchanges.keys()}
 
     def take_exposed(self) -> list[tuple[Any, Any]]:
-        return super().take_exposed() + self.exchanges.take_spans()
+        return super().take_exposed() + self.exchanges.take_exposed()
+
+    def exposed_estimate_s(self) -> float:
+        return self.exchanges.exposed_estimate_s()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "tp_layers": len(self.plan)}
