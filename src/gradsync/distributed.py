@@ -2,7 +2,8 @@
 
 One script runs everywhere: under torchrun or `gradsync run` it joins the group the launcher
 describes (env://); started as a plain `python train.py` it runs as world size 1 with no
-process group at all, so nothing waits on peers that do not exist.
+process group at all, so nothing waits on peers that do not exist, except under FSDP2 or tensor
+parallelism, whose meshes need one: a one-rank group over an in-memory store.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class DistContext:
     # Group for small object collectives (errors, metrics). Under NCCL it is a separate Gloo
     # group so pickled objects never round-trip through GPU memory; under Gloo it is WORLD.
     control_group: Any = None
+    # A lone process that still needs a process group (FSDP2 and DTensor build their meshes on
+    # one): a one-rank group over an in-memory store, which waits on no one.
+    alone_in_memory: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -134,6 +138,13 @@ def plan_distributed(
     )
 
 
+def lone_process_group(ctx: DistContext, backend: str | None) -> DistContext:
+    """`ctx` of a lone process, changed to join a one-rank group of its own (see DistContext)."""
+    if ctx.backend is not None:
+        return ctx
+    return replace(ctx, backend=choose_backend(backend, ctx.device), owns_process_group=True, alone_in_memory=True)
+
+
 def join_process_group(ctx: DistContext, timeout_s: float | None) -> DistContext:
     """Join (or adopt) the process group `ctx` describes; returns it with its control group."""
     if ctx.backend is None:
@@ -141,7 +152,9 @@ def join_process_group(ctx: DistContext, timeout_s: float | None) -> DistContext
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     kwargs = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
-    if ctx.owns_process_group:
+    if ctx.alone_in_memory:
+        dist.init_process_group(ctx.backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    elif ctx.owns_process_group:
         dist.init_process_group(
             ctx.backend, init_method="env://", rank=ctx.rank, world_size=ctx.world_size, **kwargs
         )

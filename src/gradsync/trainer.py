@@ -37,7 +37,7 @@ from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
 from gradsync.comm.auto import AutoTuner
 from gradsync.config import TrainerConfig
 from gradsync.data import DistributedLoader, EvalLoader
-from gradsync.distributed import join_process_group, plan_distributed, shutdown
+from gradsync.distributed import join_process_group, lone_process_group, plan_distributed, shutdown
 from gradsync.errors import ConfigError, GradsyncError
 from gradsync.log import configure_logging
 from gradsync.profiling.breakdown import format_breakdown
@@ -62,6 +62,11 @@ class Trainer:
     def __init__(self, config: TrainerConfig) -> None:
         self._config = config
         planned = plan_distributed(config.device, config.backend)
+        if config.parallel.sharded:
+            # FSDP2 and DTensor build their meshes on a process group, even alone: a lone
+            # `python train.py` gets a one-rank group, so its checkpoints are sharded ones that
+            # a launched job of any size resumes (resharded).
+            planned = lone_process_group(planned, config.backend)
         check_precision_supported(config.precision, planned.device)
         self._dist = join_process_group(planned, config.timeout_s)
         self._logger = configure_logging(self._dist.rank)

@@ -67,3 +67,16 @@ def test_a_sharded_run_resumes_under_another_sharded_strategy_with_each_sample_o
     assert len({r["sha256"] for r in after}) == 1
     note = "written with parallel='fsdp', this run uses 'tp'" if written[1] == resumed[1] else "written by 4 ranks, this run has 2"
     assert any(note in w for w in after[0]["warnings"]), after[0]["warnings"]
+
+
+def test_a_lone_process_trains_sharded_and_a_launched_job_resumes_its_checkpoint(tmp_path):
+    # `python train.py` with parallel="fsdp": a one-rank group of its own (no launcher, no peers),
+    # so its checkpoints are sharded ones, which 2 launched ranks resume resharded.
+    checkpoints = tmp_path / "ckpt"
+    (alone,) = launch(train, 1, launcher=False, checkpoint_dir=str(checkpoints), parallel="fsdp", stop_after_step=5,
+                      one_cycle=False, timeout=150)
+    assert alone["steps"] == 5
+    after = launch(train, 2, checkpoint_dir=str(checkpoints), parallel="fsdp", one_cycle=False, timeout=150)
+    assert any("written by 1 ranks, this run has 2" in w for w in after[0]["warnings"]), after[0]["warnings"]
+    for epoch in ("2", "3"):
+        assert sorted(i for r in after for i in r["seen"][epoch]) == list(range(SAMPLES))
