@@ -130,8 +130,8 @@ class TrainerConfig:
                    "cannot reach. 'bf16' maps to FSDP's reduce_dtype; int8, top-k and PowerSGD work with parallel='ddp'.")
             )
         defaults = DDPConfig()
-        changed = [name for name in ("find_unused_parameters", "static_graph", "gradient_as_bucket_view", "comm_hook")
-                   if getattr(self.ddp, name) != getattr(defaults, name)]
+        changed = [name for name in ("bucket_cap_mb", "find_unused_parameters", "static_graph", "gradient_as_bucket_view",
+                                     "comm_hook") if getattr(self.ddp, name) != getattr(defaults, name)]
         if changed:
             raise ConfigError(
                 f"ddp.{', ddp.'.join(changed)} set with parallel={strategy!r}: these are DDP's options and FSDP and "

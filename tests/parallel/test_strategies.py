@@ -240,6 +240,7 @@ def _refused(**options):
     ({"parallel": "fsdp", "ddp": {"compression": "powersgd"}}, "'bf16' maps to FSDP's reduce_dtype"),
     ({"parallel": "tp", "ddp": {"compression": "bf16"}}, "nothing to compress"),
     ({"parallel": "fsdp", "ddp": {"find_unused_parameters": True}}, "these are DDP's options"),
+    ({"parallel": "hsdp", "ddp": {"bucket_cap_mb": 50}}, "ddp.bucket_cap_mb set with parallel='hsdp'"),
     ({"parallel": "fsdp+tp"}, "needs parallel.tp_size"),
     ({"parallel": "pipeline"}, "is unknown"),
     ({"parallel": {"strategy": "fsdp", "tp_size": 2}}, "applies to strategies 'tp' and 'fsdp+tp' only"),
@@ -294,3 +295,37 @@ def test_fsdp_mixed_precision_gathers_and_computes_in_bf16_and_reduces_as_asked(
     assert bf16_grads["reduced"] == fp32["reduced"] / 2, "compression='bf16' reduces them in bf16"
     # Same training, to bf16's precision.
     assert all(abs(a - b) < 0.05 * max(abs(b), 1e-3) + 1e-2 for a, b in zip(bf16["losses"], fp32["losses"]))
+
+
+class FullHeadCountAttention(nn.Module):
+    """Splits heads with the model's head count, as much single-GPU code does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = 2
+        self.q, self.k, self.v, self.o = (nn.Linear(WIDTH, WIDTH) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = x.shape[0]
+        q, k, v = (proj(x).view(batch, self.heads, WIDTH // self.heads) for proj in (self.q, self.k, self.v))
+        return self.o(F.scaled_dot_product_attention(q, k, v).reshape(batch, -1))
+
+
+def _full_head_count():
+    trainer = gradsync.setup(parallel="tp", seed=0, metrics={"progress": False, "tensorboard": False})
+    model = FullHeadCountAttention().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    model, optimizer, loader = trainer.prepare(model, optimizer, Regression(), batch_size=BATCH)
+    try:
+        for _ in trainer.epochs(1):
+            for x, y, _ in loader:
+                with trainer.step() as step:
+                    step.backward(F.mse_loss(model(x).sum(1, keepdim=True), y))
+    except gradsync.ConfigError as error:
+        return str(error)
+    return None
+
+
+def test_attention_that_splits_heads_by_their_full_count_is_explained_under_tensor_parallelism():
+    for error in launch(_full_head_count, 2, timeout=150):
+        assert error is not None and "1/2 of what it asked for" in error and "view(batch, length, -1, head_dim)" in error

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import math
+import re
 from typing import Any, ContextManager, Iterator
 
 import torch
@@ -177,6 +179,27 @@ class SampledExchanges:
                                for kind, tally in self.meter.kinds.items()})
 
 
+_VIEW_SIZE = re.compile(r"shape '\[([-\d, ]+)\]' is invalid for input of size (\d+)")
+
+
+def explain_head_split(error: BaseException, size: int) -> Exception | None:
+    """A reshape that asked for `size` times the elements it got: a model splitting heads with
+    its full head count while a column-wise layer gave it 1/size of the features."""
+    match = _VIEW_SIZE.search(str(error)) if isinstance(error, RuntimeError) and size > 1 else None
+    if match is None:
+        return None
+    dims = [int(d) for d in match[1].split(",")]
+    wanted = math.prod(d for d in dims if d != -1)
+    if -1 in dims or wanted != size * int(match[2]):
+        return None
+    return ConfigError(
+        f"a reshape to {dims} got {match[2]} elements, 1/{size} of what it asked for: under tensor parallelism over "
+        f"{size} ranks, a column-wise layer leaves each rank 1/{size} of its output features (its share of the heads). "
+        "Split heads with -1 for their count, e.g. q.view(batch, length, -1, head_dim), or give parallel.tp_plan "
+        "without that layer."
+    )
+
+
 def tp_size(strategy: str, world: int, given: int | None) -> int:
     size = given or world
     if world % size:
@@ -227,6 +250,9 @@ class TPStrategy(Strategy):
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> float:
         return clip_dtensor_aware(parameters, max_norm)
 
+    def explain(self, error: BaseException) -> Exception | None:
+        return explain_head_split(error, self.dist.world_size)
+
     def describe(self) -> dict[str, Any]:
         return {"strategy": self.name, "mesh": {"tp": self.dist.world_size}, "tp_layers": len(self.plan)}
 
@@ -275,6 +301,9 @@ class FSDPTPStrategy(FSDPStrategy):
 
     def exposed_estimate_s(self) -> float:
         return self.exchanges.exposed_estimate_s()
+
+    def explain(self, error: BaseException) -> Exception | None:
+        return explain_head_split(error, self.tp_size)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "tp_layers": len(self.plan)}
