@@ -12,15 +12,18 @@ from __future__ import annotations
 import base64
 import html
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 from gradsync.errors import GradsyncError
 from gradsync.report import figures
+from gradsync.report.advice import Advice, advise
 from gradsync.report.collect import RunRecords, collect
 from gradsync.rundir import RunDir
+from gradsync.rundir.records import METRICS_KEYS
 
-__all__ = ["RunRecords", "collect", "write_report"]
+__all__ = ["Advice", "RunRecords", "advise", "collect", "write_report"]
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -40,21 +43,46 @@ _LOADED_CHECK = (
 )
 
 
+def _status(records: RunRecords) -> str:
+    """First line of the page: how the run ended, when gradsync run judged it."""
+    if records.diagnosis is None:
+        return ""
+    status = str(records.diagnosis.get("status", "?"))
+    return f"<p id='status'>status: <span class='{'ok' if status == 'ok' else 'error'}'>{html.escape(status)}</span></p>"
+
+
 def _summary(records: RunRecords) -> str:
     rows = records.rows
     if not rows:
         return ""
     last = rows[-1]
-    step_ms = 1e3 * sum(r["step_time_s"] for r in rows) / len(rows)
+    step_ms = 1e3 * statistics.median(r["step_time_s"] for r in rows)
     exposed = sum(r["exposed_comm_s"] for r in rows) / max(1e-12, sum(r["step_time_s"] for r in rows))
+    # The median, not the last step (often a short batch), with the spread of the middle 80%.
+    rates = sorted(r["samples_per_s"] for r in rows)
+    low, high = rates[len(rates) // 10], rates[(len(rates) * 9) // 10 if len(rates) > 1 else 0]
     cells = [
         ("optimizer steps", str(len(rows))),
         ("last loss", f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "—"),
-        ("mean step time", f"{step_ms:.1f} ms"),
-        ("throughput (last step)", f"{last['samples_per_s']:.0f} samples/s"),
+        ("median step time", f"{step_ms:.1f} ms"),
+        ("throughput", f"{statistics.median(rates):.0f} samples/s (median; 80% of steps {low:.0f}–{high:.0f})"),
         ("exposed communication", f"{exposed:.1%} of step time"),
     ]
+    # The user's own logged values (eval/accuracy, ...): the last one of each.
+    for key in sorted({k for r in rows for k in r if k not in METRICS_KEYS and k != "loss"}):
+        value = next((r[key] for r in reversed(rows) if isinstance(r.get(key), (int, float))), None)
+        if value is not None:
+            cells.append((key, f"{value:.4g}"))
     return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in cells) + "</table>"
+
+
+def _advice(advice: list[Advice]) -> str:
+    if not advice:
+        return ""
+    items = "".join(
+        f"<li><b>{html.escape(a.measured)}</b>: {html.escape(a.action)}.</li>" for a in advice
+    )
+    return f"<h2>What to do next</h2><ol id='advice'>{items}</ol>"
 
 
 def _skipped(records: RunRecords) -> str:
@@ -131,7 +159,10 @@ def write_report(run: str | Path | RunRecords, output: str | Path | None = None)
     except OSError as error:
         raise _unwritable(page, error) from error
     pictures: list[tuple[Path, bytes]] = []
-    sections = [_skipped(records), _summary(records)]
+    failed = (records.diagnosis or {}).get("status") == "failed"
+    sections = [_status(records), _skipped(records), _advice(advise(records)), _summary(records)]
+    if failed:  # what went wrong comes before how fast it went
+        sections.append(_diagnosis(records.diagnosis))
     for title, draw, name in (
         ("Loss and throughput", figures.training_curves, "curves"),
         ("Where a step's time goes", figures.step_breakdown, "breakdown"),
@@ -142,7 +173,8 @@ def write_report(run: str | Path | RunRecords, output: str | Path | None = None)
         png = draw(records)
         if png is not None:
             sections.append(f"<h2>{title}</h2>" + _image(png, title, pictures_dir / f"{name}.png", pictures))
-    sections.append(_diagnosis(records.diagnosis))
+    if not failed:
+        sections.append(_diagnosis(records.diagnosis))
     sections.append(_benchmarks(records, pictures, pictures_dir))
     title = html.escape(f"gradsync report: {records.run_dir.resolve().name}")
     try:

@@ -1,0 +1,153 @@
+"""What to do next, from what the run measured: at most five recommendations, most at stake first.
+
+Each rule is a function of the run's records (metrics rows, profile breakdowns, the diagnosis)
+that returns one `Advice` or None. A rule speaks only when its number crosses a threshold the
+seed articles' decision procedure uses (exposed communication above ~30% of a step, ranks'
+busy time spread above ~15%, data loading a large share of the step, steps skipped for
+overflow), and its advice quotes that number. A run with nothing worth changing gets none.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gradsync.report.collect import RunRecords
+
+MOST_SHOWN = 5
+WARM_UP_STEPS = 3  # first optimizer steps left out: start-up, buckets rebuilt, auto's trials
+EXPOSED_SHARE = 0.30  # exposed communication above this share of the step is worth attacking
+BUSY_SPREAD_SHARE = 0.15  # ranks' busy time spread above this share of the median step: imbalance
+DATA_SHARE = 0.20  # data loading above this share of the step
+SKIPPED_SHARE = 0.10  # skipped optimizer steps above this share of the run
+# Findings whose own suggestion is the advice (warnings a run can go on with).
+ADVISED_WARNINGS = ("find_unused_parameters_unneeded", "accumulation_without_no_sync", "sampler_epoch_not_set",
+                    "fsdp_root_holds_most", "straggler", "nonfinite_gradients")
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One recommendation: what was measured (with its number) and what to change."""
+
+    rule: str
+    at_stake: float  # share of step time (or of steps) involved: the ranking key
+    measured: str
+    action: str
+
+
+def _steady(records: RunRecords) -> list[dict[str, Any]]:
+    rows = records.rows
+    return rows[WARM_UP_STEPS:] if len(rows) > WARM_UP_STEPS else rows
+
+
+def failed_run(records: RunRecords) -> Advice | None:
+    """A failed run's first error comes before anything about speed."""
+    diagnosis = records.diagnosis or {}
+    errors = [f for f in diagnosis.get("findings") or [] if f.get("severity") == "error"]
+    if diagnosis.get("status") != "failed" or not errors:
+        return None
+    first = errors[0]
+    where = "; ".join(f"rank {r}: {loc}" for r, loc in (first.get("locations") or {}).items())
+    return Advice(
+        "failed_run", float("inf"),
+        f"the run failed: {first.get('category')}" + (f" ({where})" if where else ""),
+        str(first.get("suggestion", "see the diagnosis below")),
+    )
+
+
+def exposed_communication(records: RunRecords) -> Advice | None:
+    rows = _steady(records)
+    total = sum(r["step_time_s"] for r in rows)
+    if not rows or total <= 0:
+        return None
+    share = sum(r["exposed_comm_s"] for r in rows) / total
+    if share <= EXPOSED_SHARE:
+        return None
+    link = [r["busbw_gbps"] for r in rows if r.get("busbw_gbps")]
+    on_link = f" while the gradient all-reduce reached {statistics.median(link):.2f} GB/s bus bandwidth" if link else ""
+    compressed = any((r.get("compression_ratio") or 1.0) > 1.0 for r in rows)
+    if compressed:
+        action = ("the gradients are compressed already: accumulate more micro-batches per step "
+                  "(accumulation_steps), so the same traffic serves more samples, or check the network "
+                  "with `gradsync doctor` (a slower link than the hosts have, or the wrong interface)")
+    else:
+        action = ("let gradsync measure the remedies on this run: ddp={'compression': 'auto', "
+                  "'bucket_cap_mb': 'auto'} (it tries fp16, bf16, int8, top-k and PowerSGD in the first "
+                  "steps and keeps the fastest), or accumulate micro-batches (accumulation_steps); "
+                  "`gradsync bench train` compares them side by side")
+    return Advice("exposed_communication", share,
+                  f"exposed communication is {share:.0%} of the step{on_link}", action)
+
+
+def rank_imbalance(records: RunRecords) -> Advice | None:
+    intervals = [r for r in records.intervals if r.get("busy_spread_s") is not None]
+    steps = [r["step_time_s"] for r in _steady(records)]
+    if not intervals or not steps:
+        return None
+    step = statistics.median(steps)
+    spread = statistics.median(r["busy_spread_s"] for r in intervals) / step if step > 0 else 0.0
+    if spread <= BUSY_SPREAD_SHARE:
+        return None
+    slowest = statistics.mode(r.get("interval_slowest_rank") for r in intervals)
+    return Advice(
+        "rank_imbalance", spread,
+        f"rank {slowest} is usually the busiest: the ranks' busy time per step differs by {spread:.0%} of a step",
+        "every rank waits for it at each reduction: look at its data loading (num_workers), its machine (CPU, "
+        "GPU clocks, other jobs: the machine plots below) and whether its batches are larger",
+    )
+
+
+def data_loading(records: RunRecords) -> Advice | None:
+    shares = {
+        rank: b["mean"]["data_s"] / b["mean"]["step_s"]
+        for rank, b in records.breakdowns.items()
+        if b["mean"].get("step_s") and b["mean"].get("data_s") is not None
+    }
+    if not shares:
+        return None
+    rank = max(shares, key=shares.__getitem__)
+    if shares[rank] <= DATA_SHARE:
+        return None
+    return Advice(
+        "data_loading", shares[rank],
+        f"data loading takes {shares[rank]:.0%} of the step on rank {rank} (profiled steps)",
+        "load batches in the background: prepare(..., num_workers=N) (or DataLoader(num_workers=N, "
+        "pin_memory=True)), and move decoding and augmentation out of the training process",
+    )
+
+
+def skipped_steps(records: RunRecords) -> Advice | None:
+    rows = _steady(records)
+    if not rows:
+        return None
+    overflow = sum(1 for r in rows if r.get("skipped") == "overflow") / len(rows)
+    nonfinite = sum(1 for r in rows if r.get("skipped") == "nonfinite") / len(rows)
+    if overflow > SKIPPED_SHARE:
+        return Advice("skipped_steps", overflow, f"fp16 gradients overflowed on {overflow:.0%} of the steps",
+                      "the loss scale keeps collapsing: use precision='bf16' (no scaler), or lower the learning rate")
+    if nonfinite > SKIPPED_SHARE:
+        return Advice("skipped_steps", nonfinite, f"the gradient norm was not finite on {nonfinite:.0%} of the steps",
+                      "the model is diverging: lower the learning rate, clip harder (max_grad_norm), or check the data")
+    return None
+
+
+def warnings_to_act_on(records: RunRecords) -> list[Advice]:
+    findings = (records.diagnosis or {}).get("findings") or []
+    return [
+        Advice(f["category"], 0.0, str(f.get("message", "")).split(". ")[0], str(f.get("suggestion", "")))
+        for f in findings
+        if f.get("severity") == "warning" and f.get("category") in ADVISED_WARNINGS
+    ]
+
+
+RULES: tuple[Callable[[RunRecords], Advice | None], ...] = (
+    failed_run, exposed_communication, rank_imbalance, data_loading, skipped_steps,
+)
+
+
+def advise(records: RunRecords) -> list[Advice]:
+    """The recommendations the run's numbers support, most at stake first, at most MOST_SHOWN."""
+    found = [advice for rule in RULES if (advice := rule(records)) is not None]
+    found.sort(key=lambda advice: advice.at_stake, reverse=True)
+    return (found + warnings_to_act_on(records))[:MOST_SHOWN]
