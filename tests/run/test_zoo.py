@@ -442,7 +442,11 @@ def test_a_collective_inside_a_compiled_function_is_named_by_its_line(zoo):
 
 def test_a_gloo_timeout_in_a_barrier_names_the_rank_that_skipped_it(zoo):
     run = zoo["init_timeout_skipped_barrier"]
-    _assert_error(run, "rank_stuck", [1], {0: "barrier", 1: "tokenize"})
+    finding = _assert_error(run, "rank_stuck", [1], {0: "barrier"})
+    # Rank 1 is caught inside tokenize's busy loop: on its body or, now and then, on the loop's
+    # own `while` line just above it (seen once in CI); either line names the loop.
+    path, line = run.line("tokenize").rsplit(":", 1)
+    assert finding["locations"]["1"] in (f"{path}:{line}", f"{path}:{int(line) - 1}"), run.explain()
     assert run.diagnosis["ranks"]["0"].startswith("failed as a consequence"), run.explain()
     # Gloo's own timeout ended the job, not gradsync's stall timeout: rank 1 was busy all along.
     assert run.diagnosis["trigger"] == "failure", run.explain()
