@@ -46,6 +46,7 @@ class DDPStrategy(Strategy):
         self._unused_check_steps: int | None = 0 if self.config.ddp.find_unused_parameters else None
         self._sometimes_unused: set[str] = set()
         self._spans: list[tuple[Any, Any]] = []  # by-hand reductions since the last take_exposed()
+        self._reduced_by_hand = 0  # windows whose boundary batch was skipped, reduced by reduce_unsynced
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self._model = model
@@ -104,7 +105,8 @@ class DDPStrategy(Strategy):
 
     @property
     def reductions(self) -> int:
-        return self.comm_timer.reductions if self.comm_timer is not None else 0
+        hook_passes = self.comm_timer.reductions if self.comm_timer is not None else 0
+        return hook_passes + self._reduced_by_hand
 
     def reduce_unsynced(self) -> bool:
         """Average accumulated gradients across ranks by hand (a rank without a gradient for a
@@ -124,7 +126,7 @@ class DDPStrategy(Strategy):
             for p in group:
                 p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
                 offset += p.numel()
-        self.comm_timer.reductions += 1  # type: ignore[union-attr]
+        self._reduced_by_hand += 1
         self._spans.append((start, self.clock.mark()))
         return True
 

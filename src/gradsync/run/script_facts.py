@@ -385,10 +385,11 @@ class ScriptCheck:
         forward and backward."""
         roots = []
         units = [unit for unit, _ in self.fsdp_units]
+        inside_of = {id(unit): {id(m) for m in unit.modules()} for unit in units}
         for root, site in self.fsdp_units:
-            if any(other is not root and any(m is root for m in other.modules()) for other in units):
+            if any(other is not root and id(root) in inside_of[id(other)] for other in units):
                 continue  # inside another unit
-            inner = {id(p) for unit in units if unit is not root and any(m is unit for m in root.modules())
+            inner = {id(p) for unit in units if unit is not root and id(unit) in inside_of[id(root)]
                      for p in unit.parameters()}
             own = [(name, p) for name, p in root.named_parameters() if id(p) not in inner]
             by_child: dict[str, int] = {}
