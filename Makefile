@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Test-only, installed without its declared dependencies (see requirements-dev.txt).
+HTA := HolisticTraceAnalysis==0.5.0
 
 .PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-resnet-300mbit bench-side-by-side clean
 
@@ -12,6 +14,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements-dev.txt
+	$(BIN)/pip install --quiet --no-deps $(HTA)
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

@@ -128,6 +128,16 @@ OPTIMIZER_STEP_PATCH = PrivateApi(
     f"profile with gradsync's trainer (metrics.profile_steps) or your own torch.profiler, or {_TORCH_TESTED}",
     required=True,
 )
+OPTIMIZER_STEP_COUNT = PrivateApi(
+    "torch.optim:Optimizer", "_patch_step_function", RUN,
+    "gradsync run wraps to count an unmodified script's optimizer steps for the report's timeline",
+    "the report's per-rank timeline counts synchronised backward passes as steps",
+)
+AUTOGRAD_CALLBACK = PrivateApi(
+    "torch.autograd:Variable", "_execution_engine", RUN,
+    "gradsync run queues a callback on to time the wait at the end of each backward pass (DDP's and FSDP's reductions)",
+    "the report's per-rank timeline counts only blocking collectives as waiting, not the wait at the end of backward",
+)
 AGENT_MONITOR = PrivateApi(
     "torch.distributed.elastic.agent.server.local_elastic_agent:LocalElasticAgent", "_monitor_workers", RESTARTS,
     "gradsync run wraps to see each attempt's failures (and, on several nodes, to tell the others at once)",
@@ -195,7 +205,7 @@ POWERSGD_STATE = tuple(
 
 PRIVATE_APIS: tuple[PrivateApi, ...] = (
     DDP_BUILTIN_HOOK, DDP_SYNC_BUFFERS, DDP_JOIN_SHADOW, *DDP_INSTANCE, DATALOADER_ITERATOR,
-    OPTIMIZER_STEP_PATCH, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *BUCKET_LAYOUT, *FSDP_FLUSH, *POWERSGD_STATE,
+    OPTIMIZER_STEP_PATCH, OPTIMIZER_STEP_COUNT, AUTOGRAD_CALLBACK, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *BUCKET_LAYOUT, *FSDP_FLUSH, *POWERSGD_STATE,
     FR_PICKLE, C10D_WORLD,  # not NCCL's dumpers: a CPU build lacks them by design
 )
 

@@ -24,6 +24,7 @@ class Listener(Protocol):
 
 _listener: Listener | None = None
 _steps_claimed = False
+_claimed_step: int | None = None  # the latest step the training code reported
 
 
 def listen(listener: Listener | None) -> None:
@@ -39,8 +40,16 @@ def claim_steps() -> None:
 
 
 def optimizer_step(step: int) -> None:
+    global _claimed_step
+    _claimed_step = step
     if _listener is not None:
         _listener.step(step)
+
+
+def claimed_step() -> int | None:
+    """The training code's own count of optimizer steps (a resumed trainer continues it), None
+    when it claims none."""
+    return _claimed_step if _steps_claimed else None
 
 
 def checkpoint_written(step: int) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import math
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -140,6 +141,8 @@ class Trainer:
         self._last_micro_step: tuple[int, int] | None = None  # (loader pass, batch index)
         self._last_step_end: Any = None
         self._skips_logged = 0
+        self._started = time.time()
+        self._describe_run()
         self._logger.info(
             f"world size {self.world_size} | backend {self._dist.backend or 'none (single process)'}"
             f" | parallel {config.parallel.strategy} | device {self.device} | precision {config.precision}"
@@ -797,6 +800,29 @@ class Trainer:
             self._closed = True
             shutdown(self._dist, barrier=False)
 
+    def _describe_run(self, ended: bool = False) -> None:
+        """run.json, for the report's header: the configuration as it ran (auto's choices once
+        made) and the wall time. A description is a convenience: a disk error only warns."""
+        if not self.is_main:
+            return
+        summary = self.summary()
+        description = {
+            "world_size": self.world_size,
+            "backend": self._dist.backend,
+            "device": str(self.device),
+            "parallel": self._config.parallel.strategy,
+            "precision": self._config.precision,
+            "compression": summary["compression"],
+            "accumulation_steps": summary["accumulation_steps"],
+            "started": self._started,
+        }
+        if ended:
+            description["ended"] = time.time()
+        try:
+            rundir.write_json(rundir.RunDir(self._run_dir).description, description)
+        except OSError as error:
+            self._logger.warning(f"could not write {rundir.RunDir(self._run_dir).description}: {error}")
+
     def summary(self) -> dict[str, Any]:
         """Totals over the run so far, identical on every rank: steps, skips, samples/s, comm
         share, and what the run chose: its compression (with auto's measurements), micro-batches
@@ -833,6 +859,7 @@ class Trainer:
         self._metrics.close()
         if self._checkpointer is not None:
             self._checkpointer.close()
+        self._describe_run(ended=True)
         shutdown(self._dist)
 
     def __enter__(self) -> "Trainer":

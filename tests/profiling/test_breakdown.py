@@ -24,6 +24,7 @@ from gradsync.profiling import (
     phase,
 )
 from tests.harness import launch
+from tests.profiling.traces import cuda_step, event
 
 PARTS = ("data_s", "forward_s", "backward_s", "exposed_comm_s", "optimizer_s", "other_s")
 
@@ -221,54 +222,9 @@ def test_close_writes_a_window_that_training_ended_inside_of(tmp_path):
     _assert_partitions(written["steps"])
 
 
-def _x(name, start, end, tid, cat="cpu_op", pid=100, correlation=None):
-    args = {} if correlation is None else {"correlation": correlation}
-    return {
-        "ph": "X",
-        "name": name,
-        "cat": cat,
-        "pid": pid,
-        "tid": tid,
-        "ts": start,
-        "dur": end - start,
-        "args": args,
-    }
-
-
 def test_cuda_trace_counts_nccl_kernels_and_device_waits():
-    """A hand-built trace in Kineto's CUDA layout (no GPU here): autograd on its device thread,
-    kernels on the GPU matched to their launches by correlation id, times in microseconds."""
-    main, autograd, gpu = 1, 2, 0
-    events = [
-        _x("gradsync:step#7", 0, 1000, main, "user_annotation"),
-        _x("gradsync:data", 0, 100, main, "user_annotation"),
-        _x("gradsync:forward", 100, 300, main, "user_annotation"),
-        _x("cudaLaunchKernel", 150, 155, main, "cuda_runtime", correlation=1),
-        _x("gradsync:backward", 300, 600, main, "user_annotation"),
-        _x("gradsync:optimizer", 600, 700, main, "user_annotation"),
-        _x("cudaStreamSynchronize", 620, 680, main, "cuda_runtime"),
-        _x("autograd::engine::evaluate_function: AddmmBackward0", 310, 400, autograd),
-        _x("cudaLaunchKernel", 320, 325, autograd, "cuda_runtime", correlation=2),
-        _x("autograd::engine::evaluate_function: AddmmBackward0", 400, 480, autograd),
-        _x("cudaLaunchKernel", 410, 415, autograd, "cuda_runtime", correlation=3),
-        # The CPU side of a collective only enqueues it: not communication time.
-        _x("c10d::allreduce_", 445, 460, autograd),
-        _x("nccl:all_reduce", 450, 458, autograd, "user_annotation"),
-        _x("cudaLaunchKernel", 452, 455, autograd, "cuda_runtime", correlation=4),
-        _x("gemm_forward", 160, 290, 7, "kernel", pid=gpu, correlation=1),
-        _x("gemm_backward_1", 330, 450, 7, "kernel", pid=gpu, correlation=2),
-        _x("gemm_backward_2", 450, 560, 7, "kernel", pid=gpu, correlation=3),
-        _x(
-            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
-            470,
-            660,
-            20,
-            "kernel",
-            pid=gpu,
-            correlation=4,
-        ),
-    ]
-    breakdown = analyze_trace({"traceEvents": events})
+    """A hand-built trace in Kineto's CUDA layout (no GPU here): see traces.cuda_step."""
+    breakdown = analyze_trace(cuda_step())
     (times,) = breakdown.steps
     assert breakdown.comm_source == "nccl"
     assert times.step == 7
@@ -293,4 +249,4 @@ def test_cuda_trace_counts_nccl_kernels_and_device_waits():
 
 def test_a_trace_without_step_ranges_is_refused():
     with pytest.raises(ConfigError, match="ProfileWindow"):
-        analyze_trace({"traceEvents": [_x("aten::mm", 0, 10, 1)]})
+        analyze_trace({"traceEvents": [event("aten::mm", 0, 10, 1)]})

@@ -88,3 +88,24 @@ def test_advice_is_ranked_by_what_is_at_stake_and_capped():
     assert len(advice) == MOST_SHOWN
     assert [a.rule for a in advice[:4]] == ["skipped_steps", "exposed_communication", "data_loading", "rank_imbalance"]
     assert advice[4].rule == "find_unused_parameters_unneeded" and advice[4].measured == "m"
+
+
+def _recorded(waits):
+    """gradsync run's readings of an unmodified script: one a second, rank -> share of time waiting."""
+    return {rank: [{"time": 100.0 + t, "optimizer_steps": 4 * t, "communication_wait_s": share * t} for t in range(11)]
+            for rank, share in waits.items()}
+
+
+def test_an_unmodified_script_is_advised_from_gradsync_runs_timeline():
+    # A straggler: rank 1 never waits; the others wait for it, not for the network.
+    straggling = _records(system=_recorded({0: 0.7, 1: 0.0, 2: 0.65}), diagnosis={"status": "ok", "findings": [
+        {"category": "straggler", "severity": "warning", "message": "The other ranks wait for rank 1. More.", "suggestion": "x"}]})
+    found = advise(straggling)
+    assert [a.rule for a in found] == ["rank_imbalance"], "the straggler warning says the same: not repeated"
+    assert found[0].measured.startswith("rank 1 is the one the others wait for in 10 of 10 intervals") and "up to 70%" in found[0].measured
+    # The network: even the rank that waits least waits 40% of the time.
+    network = exposed_communication(_records(system=_recorded({0: 0.45, 1: 0.4})))
+    assert network is not None and "40%" in network.measured and "no_sync" in network.action
+    assert rank_imbalance(_records(system=_recorded({0: 0.45, 1: 0.4}))) is None
+    # Healthy: little waiting anywhere.
+    assert advise(_records(system=_recorded({0: 0.08, 1: 0.05}), diagnosis={"status": "ok", "findings": []})) == []

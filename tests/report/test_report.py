@@ -15,21 +15,47 @@ from gradsync.errors import GradsyncError
 from gradsync.report import collect, write_report
 
 BIN = Path(sys.executable).parent
+ZOO = Path(__file__).parents[1] / "run" / "zoo"
 CHROMIUM = next((shutil.which(name) for name in ("chromium-headless-shell", "chromium", "chromium-browser") if shutil.which(name)), None)
 
 
-def _open_in_chromium(page: Path) -> str:
-    """The document after Chromium loaded it (offline: a page needing the network would show it)."""
+WINDOW = (1100, 1400)  # the window the issue's findings table ran off
+
+
+def _chromium(page: Path, *action: str) -> subprocess.CompletedProcess:
+    """Chromium on the page, offline (a page needing the network would show it), in a WINDOW-sized window."""
     done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--proxy-server=127.0.0.1:9", "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--hide-scrollbars",
+         "--proxy-server=127.0.0.1:9", "--virtual-time-budget=5000", f"--window-size={WINDOW[0]},{WINDOW[1]}",
+         *action, page.resolve().as_uri()],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout
+    return done
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (.ci/run installs chromium-headless-shell from Debian)")
+def _open_in_chromium(page: Path) -> str:
+    """The document after Chromium loaded it."""
+    return _chromium(page, "--dump-dom").stdout
+
+
+def _screenshot(page: Path, path: Path):
+    """What the first WINDOW of the page looks like, as RGB pixels."""
+    from PIL import Image
+
+    _chromium(page, f"--screenshot={path}")
+    return Image.open(path).convert("RGB")
+
+
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (.ci/run installs chromium-headless-shell from Debian)")
+
+
+def _header(html: str) -> dict[str, str]:
+    table = re.search(r"<table id='header'>(.*?)</table>", html)[1]
+    return dict(re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", table))
+
+
+@needs_chromium
 def test_the_demo_report_renders_every_plot_in_headless_chromium(demo_run, tmp_path):
     assert demo_run.returncode == 0, demo_run.stderr
     run_dir = tmp_path / "run"
@@ -40,13 +66,64 @@ def test_the_demo_report_renders_every_plot_in_headless_chromium(demo_run, tmp_p
     html = page.read_text()
     assert not re.search(r"(src|href)=['\"]https?:", html), "nothing may come from the network"
     plots = json.loads(re.search(r"id='gradsync-plots'>(.*?)</script>", html)[1])
-    assert plots == ["curves.png", "breakdown.png", "ranks.png", "machines.png", "exposed.png"]
+    assert plots == ["curves.png", "breakdown.png", "ranks.png", "machines.png", "exposed.png", "logged.png"]
     assert all((run_dir / "report_files" / name).stat().st_size > 5000 for name in plots)
+    header = _header(html)
+    assert (header["world size"], header["backend"], header["strategy"], header["precision"], header["compression"]) == (
+        "2", "gloo", "ddp", "fp32", "none")
+    assert header["accumulation (micro-batches per step)"] == "2" and header["wall time"].endswith(" s")
+    assert re.fullmatch(r"\d+ samples/s \(median; 80% of steps \d+–\d+\)", header["throughput"]), header["throughput"]
+    assert float(header["eval/accuracy"]) > 0.8, "the script's own logged value is in the header"
     document = _open_in_chromium(page)
     # The page counts, once loaded, the images the browser could decode.
     assert f'data-plots-loaded="{len(plots)}"' in document, document[:500]
-    for heading in ("Loss and throughput", "Where a step", "Ranks side by side", "The machines under", "Exposed communication", "Diagnosis"):
+    for heading in ("Loss and throughput", "Where a step", "Ranks side by side", "The machines under", "Exposed communication",
+                    "What the script logged", "Diagnosis"):
         assert heading in document
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory):
+    """A plain DDP script (no gradsync in it) under `gradsync run --profile-steps`, rank 1 slow to load its data."""
+    run_dir = tmp_path_factory.mktemp("straggler") / "run"
+    done = subprocess.run(
+        [str(BIN / "gradsync"), "run", "--standalone", "--nproc-per-node", "2", "--run-dir", str(run_dir),
+         "--profile-steps", "3:5", str(ZOO / "straggler.py"), "--steps", "16", "--delay", "0.25"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run_dir, done.stderr
+
+
+def test_a_plain_ddp_script_gets_its_ranks_over_time_and_advice_naming_the_slow_rank(straggler_run):
+    run_dir, printed = straggler_run
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith("gradsync run: advice: rank 1 is the one the others wait for"), printed[-2000:]
+    assert f"gradsync report {run_dir}" in last, "the advice line says where the page is"
+    page, *pictures = write_report(run_dir)
+    assert [p.name for p in pictures] == ["breakdown.png", "step-times.png", "waits.png", "slowest.png", "machines.png"]
+    html = page.read_text()
+    header = _header(html)
+    assert (header["world size"], header["backend"], header["strategy"], header["optimizer steps"]) == ("2", "gloo", "DDP", "16")
+    assert header["wall time"].endswith(" s") and "ms (all ranks)" in header["median time per optimizer step"]
+    assert html.index("id='status'") < html.index("id='advice'") < html.index("id='header'") < html.index("<img")
+    assert re.search(r"<ol id='advice'><li><b>rank 1 is the one the others wait for", html)
+    assert "optimizer step" in html and "Overlap (rank 0:" in html
+
+
+@needs_chromium
+def test_the_advice_block_and_the_header_render_in_headless_chromium(straggler_run, tmp_path):
+    run_dir, _ = straggler_run
+    page = write_report(run_dir)[0]
+    document = _open_in_chromium(page)
+    assert 'data-plots-loaded="5"' in document and 'data-wider-than-window="false"' in document
+    pixels = _screenshot(page, tmp_path / "top.png")
+    assert pixels.size == WINDOW
+    colours = pixels.getcolors(maxcolors=WINDOW[0] * WINDOW[1])
+    counts = {colour: n for n, colour in colours}
+    advice_background, table_border = (242, 247, 255), (204, 204, 204)
+    assert counts.get(advice_background, 0) > 0.5 * 1000 * 40, "the advice block shows on the first screen"
+    assert counts.get(table_border, 0) > 2 * 400, "so does the header's table"
 
 
 def _rows(steps, ranks=2):

@@ -313,3 +313,40 @@ def test_point_to_point_works_without_a_future_are_finished_once_completed():
         p2p = [r for r in result["records"] if r["op"] in ("isend", "irecv")]
         assert [r["op"] for r in p2p] == ["isend", "irecv"]
         assert [r["state"] for r in p2p] == ["finished", "finished"], "a completed isend must not look waited in"
+
+
+PEER_DELAY_S = 0.2
+
+
+def _late_peer_training(rank, recorder):
+    """Rank 1 sleeps before each forward: rank 0 waits for it at the end of each backward pass
+    (DDP's reducer) and in a final metric all_reduce."""
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    recorder.communication_wait_s = 0.0  # DDP's construction broadcast waited too: not part of this
+    for _ in range(3):
+        if rank == 1:
+            time.sleep(PEER_DELAY_S)
+        model(torch.randn(4, 4)).pow(2).mean().backward()
+    if rank == 1:
+        time.sleep(PEER_DELAY_S)
+    dist.all_reduce(torch.ones(1))
+
+
+def record_waits(record_buckets):
+    recorder_waits = {}
+
+    def train(rank, recorder):
+        _late_peer_training(rank, recorder)
+        recorder_waits["s"] = recorder.communication_wait_s
+
+    _recorded(train, record_buckets)
+    return recorder_waits["s"]
+
+
+@pytest.mark.parametrize("record_buckets", [False, True], ids=["cpp_reduction", "bucket_hook"])
+def test_a_rank_waiting_for_its_peer_counts_the_wait_at_the_end_of_backward_and_in_collectives(record_buckets):
+    waits = launch(record_waits, 2, record_buckets=record_buckets)
+    # Rank 0 waited for three of rank 1's four sleeps: the second is waited inside the second
+    # forward, where DDP rebuilds its buckets with a C++ broadcast no hook sees. Rank 1 hardly waited.
+    assert 0.8 * 3 * PEER_DELAY_S <= waits[0] < 4 * PEER_DELAY_S + 0.5, waits  # not the whole backward twice
+    assert waits[1] < 0.5 * PEER_DELAY_S, waits

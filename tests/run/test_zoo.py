@@ -8,6 +8,7 @@ their `# zoo: <tag>` markers, so the assertions name the exact line a user would
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -531,3 +532,33 @@ def test_options_torchrun_cannot_diagnose_are_refused(tmp_path):
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2 and "at least 1 second" in done.stderr
+
+
+def test_every_run_gets_a_report_that_leads_with_what_went_wrong(zoo):
+    """Per class, over the whole zoo: a failed run's page opens with the diagnosis (before any
+    plot), quotes each named line of the user's script and lists each rank's last collectives;
+    a healthy run's page opens with its plots. Advice lines end only a healthy `gradsync run`."""
+    from gradsync.report import write_report
+
+    for run in zoo.values():
+        if run.diagnosis.get("missing"):
+            continue
+        page = write_report(run.run_dir, run.run_dir.parent / f"{run.name}.report.html")[0]
+        html = page.read_text()
+        first_plot = html.find("<img")
+        diagnosis_at = html.index("<h2>Diagnosis</h2>")
+        advice_printed = "gradsync run: advice:" in run.output
+        if run.diagnosis["status"] == "ok":
+            assert first_plot == -1 or first_plot < diagnosis_at, run.name
+            continue
+        assert not advice_printed, f"{run.name}: a failed run's advice is its diagnosis"
+        assert first_plot == -1 or diagnosis_at < first_plot, run.name
+        for finding in run.findings("error"):
+            for location in finding.get("locations", {}).values():
+                path, _, line = location.rpartition(":")
+                if path.startswith("tests/run/zoo/"):
+                    assert re.search(rf"<span class='mark'>\s*{line} \| ", html), f"{run.name}: {location} is not quoted"
+        if "<pre id='last-collectives'>" not in html:
+            latest = max(run.run_dir.glob("workers/attempt*"), key=lambda p: int(p.name[7:]))
+            recorded = [p for p in latest.glob("rank*.ring") if p.stat().st_size]
+            assert not recorded, f"{run.name}: ranks recorded collectives, but the page does not list their last ones"

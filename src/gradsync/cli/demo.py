@@ -125,12 +125,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else fresh("demo-")
     code = launcher.main(launcher_argv(args, run_dir))
     if RunDir(run_dir).metrics.is_file():
-        from gradsync.report import advise, collect, write_report  # matplotlib: only once training is over
+        from gradsync.report import write_report  # matplotlib: only once training is over
 
-        records = collect(run_dir)
-        page = write_report(records)[0]
-        for advice in advise(records):
-            print(f"advice: {advice.measured} (see the report's 'What to do next')")
+        page = write_report(run_dir)[0]  # gradsync run has printed the advice it holds
         print(f"report: {page} (open it in a browser; `gradsync report RUN_DIR` draws it for any run)")
     return code
 

@@ -12,107 +12,27 @@ from __future__ import annotations
 import base64
 import html
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
 from gradsync.errors import GradsyncError
-from gradsync.report import figures
+from gradsync.report import figures, page
 from gradsync.report.advice import Advice, advise
 from gradsync.report.collect import RunRecords, collect
 from gradsync.rundir import RunDir
-from gradsync.rundir.records import METRICS_KEYS
 
 __all__ = ["Advice", "RunRecords", "advise", "collect", "write_report"]
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: .5em 0; } td, th { border: 1px solid #ccc; padding: .25em .6em; text-align: left; vertical-align: top; }
-.error { color: #a00; font-weight: bold; } .warning { color: #a60; font-weight: bold; } .ok { color: #080; font-weight: bold; }
-img { max-width: 100%; } pre { background: #f6f6f6; padding: .6em; overflow-x: auto; }
-.skipped { border: 2px solid #a60; padding: 0 .8em; }
-"""
-
-# Counts, once the page has loaded, the pictures the browser could decode: a check anyone (and
-# the tests, in headless Chromium) can read from the document.
+# Says, once the page has loaded, how many pictures the browser could decode and whether the
+# page is wider than the window (a table or line that runs off the right edge): checks anyone
+# (and the tests, in headless Chromium) can read from the document.
 _LOADED_CHECK = (
     "<script>window.addEventListener('load', function () {"
     "var shown = Array.prototype.filter.call(document.images, function (i) { return i.naturalWidth > 0; });"
-    "document.body.setAttribute('data-plots-loaded', String(shown.length)); });</script>"
+    "document.body.setAttribute('data-plots-loaded', String(shown.length));"
+    "document.body.setAttribute('data-wider-than-window', String(document.documentElement.scrollWidth > window.innerWidth));"
+    " });</script>"
 )
-
-
-def _status(records: RunRecords) -> str:
-    """First line of the page: how the run ended, when gradsync run judged it."""
-    if records.diagnosis is None:
-        return ""
-    status = str(records.diagnosis.get("status", "?"))
-    return f"<p id='status'>status: <span class='{'ok' if status == 'ok' else 'error'}'>{html.escape(status)}</span></p>"
-
-
-def _summary(records: RunRecords) -> str:
-    rows = records.rows
-    if not rows:
-        return ""
-    last = rows[-1]
-    step_ms = 1e3 * statistics.median(r["step_time_s"] for r in rows)
-    exposed = sum(r["exposed_comm_s"] for r in rows) / max(1e-12, sum(r["step_time_s"] for r in rows))
-    # The median, not the last step (often a short batch), with the spread of the middle 80%.
-    rates = sorted(r["samples_per_s"] for r in rows)
-    low, high = rates[len(rates) // 10], rates[(len(rates) * 9) // 10 if len(rates) > 1 else 0]
-    cells = [
-        ("optimizer steps", str(len(rows))),
-        ("last loss", f"{last['loss']:.4f}" if isinstance(last.get("loss"), (int, float)) else "—"),
-        ("median step time", f"{step_ms:.1f} ms"),
-        ("throughput", f"{statistics.median(rates):.0f} samples/s (median; 80% of steps {low:.0f}–{high:.0f})"),
-        ("exposed communication", f"{exposed:.1%} of step time"),
-    ]
-    # The user's own logged values (eval/accuracy, ...): the last one of each.
-    for key in sorted({k for r in rows for k in r if k not in METRICS_KEYS and k != "loss"}):
-        value = next((r[key] for r in reversed(rows) if isinstance(r.get(key), (int, float))), None)
-        if value is not None:
-            cells.append((key, f"{value:.4g}"))
-    return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in cells) + "</table>"
-
-
-def _advice(advice: list[Advice]) -> str:
-    if not advice:
-        return ""
-    items = "".join(
-        f"<li><b>{html.escape(a.measured)}</b>: {html.escape(a.action)}.</li>" for a in advice
-    )
-    return f"<h2>What to do next</h2><ol id='advice'>{items}</ol>"
-
-
-def _skipped(records: RunRecords) -> str:
-    if not records.skipped:
-        return ""
-    items = "".join(f"<li>{html.escape(note)}</li>" for note in records.skipped)
-    return f"<div class='skipped' id='skipped'><p class='warning'>Left out of this report:</p><ul>{items}</ul></div>"
-
-
-def _diagnosis(diagnosis: dict[str, Any] | None) -> str:
-    if diagnosis is None:
-        return ""
-    status = str(diagnosis.get("status", "?"))  # said at the top of the page (_status)
-    parts = ["<h2>Diagnosis</h2>"]
-    findings = diagnosis.get("findings") or []
-    if findings:
-        parts.append("<table><tr><th>severity</th><th>category</th><th>ranks</th><th>where</th><th>what happened</th><th>what to do</th></tr>")
-        for f in findings:
-            where = ", ".join(f"rank {r}: {loc}" for r, loc in (f.get("locations") or {}).items())
-            severity = str(f.get("severity", ""))
-            parts.append(
-                f"<tr><td class='{html.escape(severity)}'>{html.escape(severity)}</td><td>{html.escape(str(f.get('category', '')))}</td>"
-                f"<td>{html.escape(', '.join(map(str, f.get('ranks', []))))}</td><td>{html.escape(where)}</td>"
-                f"<td>{html.escape(str(f.get('message', '')))}</td><td>{html.escape(str(f.get('suggestion', '')))}</td></tr>"
-            )
-        parts.append("</table>")
-    ranks = diagnosis.get("ranks") or {}
-    if ranks and status != "ok":  # where each rank stood matters when something went wrong
-        parts.append("<pre>" + html.escape("\n".join(f"rank {r}: {line}" for r, line in sorted(ranks.items()))) + "</pre>")
-    return "".join(parts)
 
 
 def _benchmarks(records: RunRecords, pictures: list[tuple[Path, bytes]], pictures_dir: Path) -> str:
@@ -135,10 +55,10 @@ def _image(png: bytes, alt: str, path: Path, pictures: list[tuple[Path, bytes]])
     return f"<p><img class='plot' alt='{html.escape(alt)}' src='data:image/png;base64,{encoded}'></p>"
 
 
-def _unwritable(page: Path, error: OSError) -> GradsyncError:
-    culprit = f" ({error.filename})" if error.filename and Path(error.filename) != page else ""
+def _unwritable(report_page: Path, error: OSError) -> GradsyncError:
+    culprit = f" ({error.filename})" if error.filename and Path(error.filename) != report_page else ""
     return GradsyncError(
-        f"cannot write the report to {page}: {error.strerror or error}{culprit}; "
+        f"cannot write the report to {report_page}: {error.strerror or error}{culprit}; "
         "give it a file in a folder you can write (gradsync report --output FILE)"
     )
 
@@ -150,42 +70,51 @@ def write_report(run: str | Path | RunRecords, output: str | Path | None = None)
     """
     records = run if isinstance(run, RunRecords) else collect(run)
     figures._pyplot()  # a missing matplotlib stops the report here, before anything is written
-    page = Path(output) if output is not None else RunDir(records.run_dir).report
-    pictures_dir = page.parent / f"{page.stem}_files"
-    if page.is_dir():
-        raise GradsyncError(f"cannot write the report to {page}: it is a folder; give a file name, e.g. {page / 'report.html'}")
+    report_page = Path(output) if output is not None else RunDir(records.run_dir).report
+    pictures_dir = report_page.parent / f"{report_page.stem}_files"
+    if report_page.is_dir():
+        raise GradsyncError(f"cannot write the report to {report_page}: it is a folder; give a file name, e.g. {report_page / 'report.html'}")
     try:
         pictures_dir.mkdir(parents=True, exist_ok=True)  # an unwritable place fails here, before anything is drawn
     except OSError as error:
-        raise _unwritable(page, error) from error
+        raise _unwritable(report_page, error) from error
     pictures: list[tuple[Path, bytes]] = []
-    failed = (records.diagnosis or {}).get("status") == "failed"
-    sections = [_status(records), _skipped(records), _advice(advise(records)), _summary(records)]
-    if failed:  # what went wrong comes before how fast it went
-        sections.append(_diagnosis(records.diagnosis))
-    for title, draw, name in (
-        ("Loss and throughput", figures.training_curves, "curves"),
-        ("Where a step's time goes", figures.step_breakdown, "breakdown"),
-        ("Ranks side by side", figures.rank_heat_maps, "ranks"),
-        ("The machines under the ranks", figures.machines_over_time, "machines"),
-        ("Exposed communication over time", figures.exposed_communication, "exposed"),
-    ):
+    failed = (records.diagnosis or {}).get("status") not in (None, "ok")
+
+    def plot(title: str, draw: Any, name: str, note: str = "") -> str:
         png = draw(records)
-        if png is not None:
-            sections.append(f"<h2>{title}</h2>" + _image(png, title, pictures_dir / f"{name}.png", pictures))
+        return "" if png is None else f"<h2>{title}</h2>" + _image(png, title, pictures_dir / f"{name}.png", pictures) + note
+
+    sections = [page.status(records), page.skipped(records), page.advice(advise(records)), page.header(records)]
+    if failed:  # what went wrong, where, and what each rank did last, before how fast it went
+        sections += [page.diagnosis(records), page.last_collectives(records),
+                     plot("The ranks' last seconds", figures.last_collectives, "last-seconds")]
+    drawn = [
+        plot("Loss and throughput", figures.training_curves, "curves"),
+        plot("Where a step's time goes", figures.step_breakdown, "breakdown", page.overlap_note(records)),
+        plot("Ranks side by side", figures.rank_heat_maps, "ranks"),
+        plot("Step time per rank", figures.step_times, "step-times"),
+        plot("Waiting on communication, per rank", figures.communication_waits, "waits"),
+        plot("Which rank the others wait for", figures.busy_by_rank, "slowest"),
+        plot("The machines under the ranks", figures.machines_over_time, "machines"),
+        plot("Exposed communication over time", figures.exposed_communication, "exposed"),
+        plot("What the script logged", figures.user_scalars, "logged"),
+    ]
+    if any(drawn):
+        sections += [page.AXIS_NOTE, *drawn]
     if not failed:
-        sections.append(_diagnosis(records.diagnosis))
+        sections.append(page.diagnosis(records))
     sections.append(_benchmarks(records, pictures, pictures_dir))
     title = html.escape(f"gradsync report: {records.run_dir.resolve().name}")
     try:
         for path, png in pictures:
             path.write_bytes(png)
-        page.write_text(
-            f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_STYLE}</style></head>"
+        report_page.write_text(
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{page.STYLE}</style></head>"
             f"<body><h1>{title}</h1>{''.join(sections)}"
             f"<script type='application/json' id='gradsync-plots'>{json.dumps([p.name for p, _ in pictures])}</script>"
             f"{_LOADED_CHECK}</body></html>"
         )
     except OSError as error:
-        raise _unwritable(page, error) from error
-    return [page, *(path for path, _ in pictures)]
+        raise _unwritable(report_page, error) from error
+    return [report_page, *(path for path, _ in pictures)]

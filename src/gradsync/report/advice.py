@@ -1,7 +1,8 @@
 """What to do next, from what the run measured: at most five recommendations, most at stake first.
 
-Each rule is a function of the run's records (metrics rows, profile breakdowns, the diagnosis)
-that returns one `Advice` or None. A rule speaks only when its number crosses a threshold the
+Each rule is a function of the run's records (metrics rows, profile breakdowns, the diagnosis,
+and for a script without gradsync's trainer `gradsync run`'s per-rank timeline) that returns one
+`Advice` or None. A rule speaks only when its number crosses a threshold the
 seed articles' decision procedure uses (exposed communication above ~30% of a step, ranks'
 busy time spread above ~15%, data loading a large share of the step, steps skipped for
 overflow), and its advice quotes that number. A run with nothing worth changing gets none.
@@ -13,7 +14,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gradsync.report.collect import RunRecords
+from gradsync.errors import GradsyncError
+from gradsync.report import timeline
+from gradsync.report.collect import RunRecords, collect
 
 MOST_SHOWN = 5
 WARM_UP_STEPS = 3  # first optimizer steps left out: start-up, buckets rebuilt, auto's trials
@@ -36,6 +39,12 @@ class Advice:
     action: str
 
 
+_IMBALANCE_REMEDY = (
+    "every rank waits for it at each reduction: look at what only it does (logging, evaluation), its data loading "
+    "(num_workers), its machine (CPU, GPU clocks, other jobs: the machine plots below) and whether its batches are larger"
+)
+
+
 def _steady(records: RunRecords) -> list[dict[str, Any]]:
     rows = records.rows
     return rows[WARM_UP_STEPS:] if len(rows) > WARM_UP_STEPS else rows
@@ -56,7 +65,30 @@ def failed_run(records: RunRecords) -> Advice | None:
     )
 
 
+def _recorded(records: RunRecords) -> timeline.Timeline | None:
+    """gradsync run's per-rank timeline, for a script whose loop is not gradsync's trainer."""
+    if records.rows:
+        return None  # the trainer measured the same inside each step
+    return timeline.timeline({rank: rows for rank, rows in records.system.items() if rows})
+
+
+_UNMODIFIED_REMEDIES = (
+    "send fewer bytes per sample: accumulate micro-batches under ddp.no_sync(), register a compression hook "
+    "(ddp.register_comm_hook(None, bf16_compress_hook)), or move the loop to gradsync's trainer with "
+    "ddp={'compression': 'auto'}, which measures them on the run; `gradsync bench train` compares them side by side"
+)
+
+
 def exposed_communication(records: RunRecords) -> Advice | None:
+    recorded = _recorded(records)
+    if recorded is not None:
+        # The slowest rank's wait: it arrives last at each collective, so what it waits for is the transfer.
+        share = statistics.median(recorded.communication_share())
+        if share <= EXPOSED_SHARE:
+            return None
+        return Advice("exposed_communication", share,
+                      f"communication takes {share:.0%} of the time even on the rank that waits least for the others",
+                      _UNMODIFIED_REMEDIES)
     rows = _steady(records)
     total = sum(r["step_time_s"] for r in rows)
     if not rows or total <= 0:
@@ -81,6 +113,19 @@ def exposed_communication(records: RunRecords) -> Advice | None:
 
 
 def rank_imbalance(records: RunRecords) -> Advice | None:
+    recorded = _recorded(records)
+    if recorded is not None and len(recorded.ranks) > 1:
+        spread = statistics.median(recorded.imbalance_share())
+        if spread <= BUSY_SPREAD_SHARE:
+            return None
+        slowest = recorded.slowest_rank()
+        rank = statistics.mode(slowest)
+        return Advice(
+            "rank_imbalance", spread,
+            f"rank {rank} is the one the others wait for in {slowest.count(rank)} of {len(slowest)} intervals: "
+            f"the others wait up to {spread:.0%} of the time more than it does",
+            _IMBALANCE_REMEDY,
+        )
     intervals = [r for r in records.intervals if r.get("busy_spread_s") is not None]
     steps = [r["step_time_s"] for r in _steady(records)]
     if not intervals or not steps:
@@ -93,8 +138,7 @@ def rank_imbalance(records: RunRecords) -> Advice | None:
     return Advice(
         "rank_imbalance", spread,
         f"rank {slowest} is usually the busiest: the ranks' busy time per step differs by {spread:.0%} of a step",
-        "every rank waits for it at each reduction: look at its data loading (num_workers), its machine (CPU, "
-        "GPU clocks, other jobs: the machine plots below) and whether its batches are larger",
+        _IMBALANCE_REMEDY,
     )
 
 
@@ -132,12 +176,17 @@ def skipped_steps(records: RunRecords) -> Advice | None:
     return None
 
 
-def warnings_to_act_on(records: RunRecords) -> list[Advice]:
+# A measured rule that says what a warning says, with its number: the warning is not repeated.
+_SAID_BY = {"straggler": "rank_imbalance"}
+
+
+def warnings_to_act_on(records: RunRecords, measured: set[str] = frozenset()) -> list[Advice]:
     findings = (records.diagnosis or {}).get("findings") or []
     return [
         Advice(f["category"], 0.0, str(f.get("message", "")).split(". ")[0], str(f.get("suggestion", "")))
         for f in findings
         if f.get("severity") == "warning" and f.get("category") in ADVISED_WARNINGS
+        and _SAID_BY.get(f["category"]) not in measured
     ]
 
 
@@ -150,4 +199,17 @@ def advise(records: RunRecords) -> list[Advice]:
     """The recommendations the run's numbers support, most at stake first, at most MOST_SHOWN."""
     found = [advice for rule in RULES if (advice := rule(records)) is not None]
     found.sort(key=lambda advice: advice.at_stake, reverse=True)
-    return (found + warnings_to_act_on(records))[:MOST_SHOWN]
+    return (found + warnings_to_act_on(records, {advice.rule for advice in found}))[:MOST_SHOWN]
+
+
+def advice_lines(run_dir: Any) -> list[str]:
+    """The last lines of a healthy `gradsync run`: one per recommendation, pointing to the report.
+    A failed run prints none (its diagnosis is what to do); a folder that cannot be read, none."""
+    try:
+        records = collect(run_dir)
+    except GradsyncError:
+        return []
+    if (records.diagnosis or {}).get("status") not in (None, "ok"):
+        return []
+    return [f"advice: {a.measured.rstrip('.')} (what to do: `gradsync report {run_dir}`, 'What to do next')"
+            for a in advise(records)]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gradsync.errors import GradsyncError
-from gradsync.rundir import RunDir, TolerantReader, layout
+from gradsync.rundir import RunDir, TolerantReader, layout, read_attempt
 from gradsync.rundir.records import METRICS_REQUIRED
 
 
@@ -21,6 +21,9 @@ class RunRecords:
     `benchmarks`: (name, report.json) of each `gradsync bench train` report found in the folder.
     `system`: rank -> readings over time that `gradsync run` logged (workers/attemptN/system-rank{r}.jsonl,
     the latest attempt), for scripts that do not use gradsync's trainer.
+    `description`: run.json (the trainer's configuration and wall time), None without it.
+    `workers`: rank -> the latest attempt's last state of each worker (its exit record, else its
+    last snapshot), with its recorded collectives under "records": who it was, where it ended.
     `skipped`: what was damaged and left out (which file or lines, and why), one line each: a crash can cut any file
     short, and the rest of the run is still worth a report that says what is missing.
     """
@@ -31,6 +34,8 @@ class RunRecords:
     breakdowns: dict[int, dict[str, Any]] = field(default_factory=dict)
     benchmarks: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     system: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    description: dict[str, Any] | None = None
+    workers: dict[int, dict[str, Any]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
     @property
@@ -67,10 +72,18 @@ def collect(run_dir: str | Path) -> RunRecords:
             records.breakdowns[rank] = breakdown
         elif breakdown is not None:
             reader.skip(path, "no 'mean' breakdown in it")
+    if run.description.is_file():
+        description = reader.json_value(run.description)
+        if isinstance(description, dict):
+            records.description = description
+        elif description is not None:
+            reader.skip(run.description, "not a JSON object")
     attempt = run.latest_attempt()
     if attempt is not None:
         for rank, path in run.ranks_with(attempt, layout.SYSTEM).items():
             records.system[rank] = reader.rows(path, SYSTEM_KEYS)
+        snapshots, exits = read_attempt(run, attempt)
+        records.workers = dict(sorted({**snapshots, **exits}.items()))
     for path in sorted(directory.rglob("report.json")):
         report = reader.json_value(path)
         if isinstance(report, dict) and "results" in report:  # a `gradsync bench train` report

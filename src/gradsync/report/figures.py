@@ -7,10 +7,15 @@ recorded and no empty axes.
 from __future__ import annotations
 
 import io
+import statistics
 from typing import Any
 
 from gradsync.extras import require
+from gradsync.report import timeline
 from gradsync.report.collect import RunRecords
+from gradsync.rundir.records import METRICS_KEYS
+
+STEP_AXIS = "optimizer step"  # the x axis of every plot over time (seconds only where a run never stepped)
 
 # The breakdown's parts in the order a step runs them, and their colours across every figure.
 BREAKDOWN_PARTS = (
@@ -49,9 +54,9 @@ def training_curves(records: RunRecords) -> bytes | None:
     steps = [row["step"] for row in rows]
     if any("loss" in row for row in rows):
         loss.plot([r["step"] for r in rows if "loss" in r], [r["loss"] for r in rows if "loss" in r], color="tab:blue")
-    loss.set(title="training loss", xlabel="optimizer step", ylabel="loss")
+    loss.set(title="training loss", xlabel=STEP_AXIS, ylabel="loss")
     throughput.plot(steps, [row["samples_per_s"] for row in rows], color="tab:green")
-    throughput.set(title="throughput (all ranks)", xlabel="optimizer step", ylabel="samples / s")
+    throughput.set(title="throughput (all ranks)", xlabel=STEP_AXIS, ylabel="samples / s")
     return _png(figure)
 
 
@@ -67,8 +72,7 @@ def step_breakdown(records: RunRecords) -> bytes | None:
             heights = [1e3 * mean.get(key, 0.0) for mean in means]
             axes.bar([f"rank {r}" for r in ranks], heights, bottom=bottoms, label=label, color=colour)
             bottoms = [b + h for b, h in zip(bottoms, heights)]
-        overlap = ", ".join(f"rank {r}: {m.get('overlap_ratio') or 0:.0%}" for r, m in zip(ranks, means))
-        axes.set(title=f"profiled steps; communication hidden behind backward: {overlap}", ylabel="ms per step")
+        axes.set(title="profiled steps, mean per rank", ylabel="ms per step")
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
         return _png(figure)
     if not records.rows:
@@ -85,12 +89,17 @@ def step_breakdown(records: RunRecords) -> bytes | None:
 
 
 def rank_heat_maps(records: RunRecords) -> bytes | None:
-    """Per-rank busy time and utilisation over the gather intervals: a slow or starved rank stands out."""
+    """Per-rank busy time and utilisation over the gather intervals: a slow or starved rank stands out.
+
+    Both on fixed scales, so noise stays pale and a real difference does not: busy time as a
+    share of the run's median step (0-100%), utilisation 0-100%.
+    """
     intervals = records.intervals
     if not intervals:
         return None
+    median_step = statistics.median(row["step_time_s"] for row in records.rows)
     ranks = sorted({int(r) for row in intervals for r in row["rank_busy_s"]})
-    busy = [[1e3 * row["rank_busy_s"].get(str(r), float("nan")) for row in intervals] for r in ranks]
+    busy = [[100 * row["rank_busy_s"].get(str(r), float("nan")) / median_step for row in intervals] for r in ranks]
     utilisation_key = "gpu_util_percent" if any(
         "gpu_util_percent" in values for row in intervals for values in row.get("system", {}).values()
     ) else "cpu_percent"
@@ -98,16 +107,23 @@ def rank_heat_maps(records: RunRecords) -> bytes | None:
         [row.get("system", {}).get(str(r), {}).get(utilisation_key, float("nan")) for row in intervals] for r in ranks
     ]
     plt = _pyplot()
-    figure, axes = plt.subplots(1, 2, figsize=(11, 1.2 + 0.45 * len(ranks)), squeeze=False)
+    figure, axes = plt.subplots(1, 2, figsize=(11, 1.4 + 0.45 * len(ranks)), squeeze=False)
     steps = [row["step"] for row in intervals]
-    titles = ("busy time per step (ms)", f"{utilisation_key.replace('_', ' ')}")
+    titles = (f"busy time, % of the median step ({1e3 * median_step:.1f} ms)", f"{utilisation_key.replace('_', ' ')} (%)")
     for axis, values, title, colours in zip(axes[0], (busy, utilisation), titles, ("magma", "viridis")):
-        image = axis.imshow(values, aspect="auto", cmap=colours, interpolation="nearest")
-        axis.set(title=title, xlabel="interval ending at step", yticks=range(len(ranks)), yticklabels=[f"rank {r}" for r in ranks])
-        ticks = list(range(0, len(steps), max(1, -(-len(steps) // 6))))  # at most 6 labels
-        axis.set_xticks(ticks, [str(steps[i]) for i in ticks])
-        figure.colorbar(image, ax=axis)
+        _heat_map(figure, axis, values, title, colours, ranks, steps, "interval ending at optimizer step")
     return _png(figure)
+
+
+def _heat_map(figure: Any, axis: Any, values: list[list[float]], title: str, colours: str, ranks: list[int],
+              ends: list[int], xlabel: str) -> Any:
+    """Ranks down, intervals across, on the fixed 0-100 scale (above 100: the scale's top colour)."""
+    image = axis.imshow(values, aspect="auto", cmap=colours, interpolation="nearest", vmin=0, vmax=100)
+    axis.set(title=title, xlabel=xlabel, yticks=range(len(ranks)), yticklabels=[f"rank {r}" for r in ranks])
+    ticks = list(range(0, len(ends), max(1, -(-len(ends) // 6))))  # at most 6 labels
+    axis.set_xticks(ticks, [str(ends[i]) for i in ticks])
+    figure.colorbar(image, ax=axis, extend="max")
+    return image
 
 
 def exposed_communication(records: RunRecords) -> bytes | None:
@@ -118,26 +134,145 @@ def exposed_communication(records: RunRecords) -> bytes | None:
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(11, 3))
     axes.plot([row["step"] for row in rows], [100 * row["exposed_comm_share"] for row in rows], color="tab:red")
-    axes.set(title="exposed communication", xlabel="optimizer step", ylabel="% of the step", ylim=(0, None))
+    axes.set(title="exposed communication", xlabel=STEP_AXIS, ylabel="% of the step", ylim=(0, None))
     return _png(figure)
 
 
 def machines_over_time(records: RunRecords) -> bytes | None:
-    """Each rank's utilisation and network rate over the run, as `gradsync run` logged them."""
+    """Each rank's utilisation and network rate over the run, as `gradsync run` logged them,
+    placed at the step each reading was taken (seconds only for a run that never stepped)."""
     series = {rank: rows for rank, rows in sorted(records.system.items()) if rows}
     if not series:
         return None
+    key = timeline.counter(series)
     start = min(rows[0]["time"] for rows in series.values())
     gpu = any("gpu_util_percent" in row for rows in series.values() for row in rows)
     utilisation_key = "gpu_util_percent" if gpu else "cpu_percent"
     plt = _pyplot()
     figure, (utilisation, network) = plt.subplots(1, 2, figsize=(11, 3.4))
     for rank, rows in series.items():
-        seconds = [row["time"] - start for row in rows]
-        utilisation.plot(seconds, [row.get(utilisation_key, float("nan")) for row in rows], label=f"rank {rank}")
-        network.plot(seconds, [row.get("net_sent_mbps", float("nan")) for row in rows], label=f"rank {rank}")
-    utilisation.set(title=utilisation_key.replace("_", " "), xlabel="seconds", ylabel="%")
-    network.set(title="sent on the backend's interface", xlabel="seconds", ylabel="Mbit/s")
+        x = timeline.step_at(rows, key) or [row["time"] - start for row in rows]
+        utilisation.plot(x, [row.get(utilisation_key, float("nan")) for row in rows], label=f"rank {rank}")
+        network.plot(x, [row.get("net_sent_mbps", float("nan")) for row in rows], label=f"rank {rank}")
+    xlabel = STEP_AXIS if key == "optimizer_steps" else "backward pass" if key else "seconds since the first reading"
+    utilisation.set(title=utilisation_key.replace("_", " "), xlabel=xlabel, ylabel="%")
+    network.set(title="sent on the backend's interface", xlabel=xlabel, ylabel="Mbit/s")
     for axis in (utilisation, network):
         axis.legend(fontsize="small")
     return _png(figure)
+
+
+def _recorded_timeline(records: RunRecords) -> timeline.Timeline | None:
+    """The recorder's per-rank timeline, for runs the trainer does not measure per rank itself."""
+    if records.intervals:
+        return None  # the trainer's rank heat maps show the same, measured inside the step
+    return timeline.timeline({rank: rows for rank, rows in records.system.items() if rows})
+
+
+def step_times(records: RunRecords) -> bytes | None:
+    """How long a step took on each rank, interval by interval, from `gradsync run`'s readings."""
+    found = _recorded_timeline(records)
+    if found is None:
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(11, 3.2))
+    for rank in found.ranks:
+        axes.plot(found.ends, [1e3 * t for t in found.step_time_s[rank]], marker=".", label=f"rank {rank}")
+    axes.set(title=f"time per {found.unit}", xlabel=f"interval ending at {found.unit}", ylabel="ms", ylim=(0, None))
+    axes.legend(fontsize="small")
+    return _png(figure)
+
+
+def communication_waits(records: RunRecords) -> bytes | None:
+    """The share of each interval a rank spent waiting on communication (blocking collectives and
+    the end-of-backward wait for gradient reductions)."""
+    found = _recorded_timeline(records)
+    if found is None:
+        return None
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(11, 3.2))
+    for rank in found.ranks:
+        axes.plot(found.ends, [100 * w for w in found.wait_share[rank]], marker=".", label=f"rank {rank}")
+    axes.set(title="waiting on communication (collectives, and backward's wait for gradient reductions)",
+             xlabel=f"interval ending at {found.unit}", ylabel="% of the interval", ylim=(0, 100))
+    axes.legend(fontsize="small")
+    return _png(figure)
+
+
+def busy_by_rank(records: RunRecords) -> bytes | None:
+    """Ranks down, intervals across: the share of time each rank worked (did not wait), 0-100%,
+    with the slowest rank of each interval (the one that waited least) marked."""
+    found = _recorded_timeline(records)
+    if found is None or len(found.ranks) < 2:
+        return None
+    ranks = found.ranks
+    busy = [[100 * (1 - w) for w in found.wait_share[rank]] for rank in ranks]
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(11, 1.6 + 0.45 * len(ranks)))
+    _heat_map(figure, axes, busy, "working, not waiting (% of the interval); x: the slowest rank", "magma", ranks,
+              found.ends, f"interval ending at {found.unit}")
+    slowest = found.slowest_rank()
+    axes.scatter(range(len(slowest)), [ranks.index(r) for r in slowest], marker="x", color="tab:cyan", s=30)
+    return _png(figure)
+
+
+def user_scalars(records: RunRecords) -> bytes | None:
+    """What the script logged itself (`trainer.log(...)`: accuracy, eval loss, ...), one panel each."""
+    keys = sorted({k for row in records.rows for k, v in row.items()
+                   if k not in METRICS_KEYS and k != "loss" and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    if not keys:
+        return None
+    plt = _pyplot()
+    columns = min(3, len(keys))
+    lines = -(-len(keys) // columns)
+    figure, axes = plt.subplots(lines, columns, figsize=(11, 3 * lines), squeeze=False)
+    for axis, key in zip(axes.flat, keys):
+        points = [(row["step"], row[key]) for row in records.rows if isinstance(row.get(key), (int, float))]
+        axis.plot(*zip(*points), marker="." if len(points) < 30 else None, color="tab:blue")
+        axis.set(title=key, xlabel=STEP_AXIS)
+    for axis in list(axes.flat)[len(keys):]:
+        axis.set_visible(False)
+    return _png(figure)
+
+
+LAST_SECONDS = 10.0  # how much of each rank's end the failure timeline shows
+
+
+def last_collectives(records: RunRecords) -> bytes | None:
+    """What each rank did in its last seconds: every recorded collective as a bar from entry to
+    completion; one never completed runs to the end in red. Drawn for runs that did not end well."""
+    if (records.diagnosis or {}).get("status") in (None, "ok"):
+        return None
+    lanes = {rank: state.get("records") or [] for rank, state in records.workers.items()}
+    lanes = {rank: recs for rank, recs in lanes.items() if recs}
+    if not lanes:
+        return None
+    end = max(state.get("time") or 0.0 for state in records.workers.values())
+    end = max(end, *(r.get("finished") or r["entered"] for recs in lanes.values() for r in recs))
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(11, 1.2 + 0.6 * len(lanes)))
+    ranks = sorted(lanes)
+    for lane, rank in enumerate(ranks):
+        recent = [r for r in lanes[rank] if (r.get("finished") or end) >= end - LAST_SECONDS]
+        for record in recent:
+            start = max(record["entered"], end - LAST_SECONDS) - end
+            done = record.get("finished")
+            open_ended = done is None or record.get("state") == "failed"
+            stop = (done if done is not None else end) - end
+            axes.barh(lane, max(stop - start, 0.02), left=start, height=0.6,
+                      color="tab:red" if open_ended else "tab:blue", edgecolor="black", linewidth=0.3)
+        if recent:
+            last = recent[-1]
+            label = f"{last['op']} #{last['seq']}" if last.get("seq") is not None else last["op"]
+            axes.annotate(label + (f" at {_short_site(last.get('site'))}" if last.get("site") else ""),
+                          (0, lane), xytext=(4, 0), textcoords="offset points", va="center", fontsize="small")
+    axes.set(title=f"each rank's collectives in its last {LAST_SECONDS:.0f} s (red: never completed)",
+             xlabel="seconds before the last record", yticks=range(len(ranks)), yticklabels=[f"rank {r}" for r in ranks],
+             xlim=(-LAST_SECONDS, max(1.0, LAST_SECONDS * 0.35)))
+    axes.invert_yaxis()
+    return _png(figure)
+
+
+def _short_site(site: str | None) -> str:
+    """file:line without the folders (the page quotes the full path where it matters)."""
+    return (site or "").rsplit("/", 1)[-1]

@@ -104,6 +104,12 @@ class CollectiveRecorder:
         self.last_progress = time.time()
         self.phase = "starting"
         self.backward_passes = 0
+        # For the report's per-rank timeline of a script gradsync does not otherwise see into:
+        # optimizer steps (counted by the worker) and the seconds the training thread spent
+        # waiting on communication, in blocking collectives and at the end of each backward
+        # pass (DDP's and FSDP's final waits for their reductions).
+        self.optimizer_steps = 0
+        self.communication_wait_s = 0.0
         self.first_nonfinite: dict[str, Any] | None = None
         self.nonfinite_passes = 0
         self.ddp_models: list[DDPWatch] = []
@@ -189,6 +195,7 @@ class CollectiveRecorder:
             self.finish(record, error)
             raise
         self.finish(record)
+        self.communication_wait_s += record.finished - record.entered
         return result
 
     def finish_when_done(self, record: Record, future: Any) -> None:
@@ -691,8 +698,10 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
 
     @functools.wraps(original)
     def backward(tensors, *args, **kwargs):
-        if not recorder.pending_reductions or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
             return original(tensors, *args, **kwargs)
+        if not recorder.pending_reductions:
+            return _timing_final_wait(recorder, tensors, lambda: original(tensors, *args, **kwargs))
         models = list(recorder.pending_reductions.values())
         recorder.pending_reductions.clear()
         site = caller_location()
@@ -702,7 +711,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
             for ddp in models
         ]
         try:
-            result = original(tensors, *args, **kwargs)
+            result = _timing_final_wait(recorder, tensors, lambda: original(tensors, *args, **kwargs))
         except BaseException as error:
             for record in records:
                 recorder.finish(record, error)
@@ -717,6 +726,36 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
 
     backward.__gradsync_original__ = original
     return backward
+
+
+def _timing_final_wait(recorder: CollectiveRecorder, tensors: Any, run: Callable[[], Any]) -> Any:
+    """Run a backward pass and add to the recorder the time between the end of its gradient
+    computation and its return: what DDP's reducer (and FSDP's final callback) wait for the
+    reductions still in flight, the exposed communication of the pass.
+
+    The end of the computation is an autograd engine callback queued from a pre-hook on the
+    loss's node, the first node the engine runs; callbacks run in the order queued, so it runs
+    before the ones DDP and FSDP queue once their first gradient is ready. On CUDA this is the
+    CPU's wait only (NCCL's wait is a stream dependency, not a CPU block).
+    """
+    first = next((t for t in (tensors if isinstance(tensors, (list, tuple)) else (tensors,))
+                  if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
+    engine = compat.AUTOGRAD_CALLBACK.get(None)
+    if first is None or engine is None or not dist.is_initialized():
+        return run()
+    computed: list[float] = []
+
+    def queue_mark(_grad_outputs: Any) -> None:
+        engine.queue_callback(lambda: computed.append(time.time()))
+
+    handle = first.grad_fn.register_prehook(queue_mark)
+    try:
+        result = run()
+    finally:
+        handle.remove()
+    if computed:
+        recorder.communication_wait_s += time.time() - computed[0]
+    return result
 
 
 def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Callable[[], None]:

@@ -30,6 +30,7 @@ from torch.distributed.run import determine_local_world_size, get_args_parser, r
 from gradsync import compat
 from gradsync.commandline import one_line_errors
 from gradsync.errors import ConfigError
+from gradsync.report.advice import advice_lines
 from gradsync.run import faults, publish
 from gradsync.run.analysis import stopped_by_signal
 from gradsync.run.jobwide import rendezvous_store
@@ -169,6 +170,8 @@ def main(argv: list[str]) -> int:
         publish.write(diagnosis, options.run_dir)  # shown when the stall was found
     else:
         publish.publish(diagnosis, options.run_dir)
+    for line in advice_lines(options.run_dir):
+        print(f"gradsync run: {line}", file=sys.stderr)
     return 0 if diagnosis["status"] == "ok" else 1
 
 

@@ -14,6 +14,7 @@ left open is destroyed once the script has returned.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -30,6 +31,7 @@ import psutil
 import torch.distributed as dist
 from torch.optim import Optimizer
 
+from gradsync import compat, events
 from gradsync.distributed import end_process
 from gradsync.metrics.system import SystemSampler
 from gradsync.netif import backend_interface
@@ -129,6 +131,7 @@ class SnapshotWriter(threading.Thread):
         self.stopped = threading.Event()
         self._last_stack: list[str] = []
         self._activity = Activity()
+        self._backend: str | None = None
         # What the machine under this rank does, one reading per snapshot (~0.1 ms each), for
         # `gradsync report` on scripts that do not use gradsync's trainer.
         self.system = SystemSampler(self.interval_s, backend_interface())
@@ -165,8 +168,16 @@ class SnapshotWriter(threading.Thread):
             reading = self.system.sample()
         except psutil.Error:
             return
+        recorder = self.recorder
+        claimed = events.claimed_step()
+        progress = {
+            # The trainer's own count when it runs (a resumed run continues from its checkpoint's step).
+            "optimizer_steps": recorder.optimizer_steps if claimed is None else claimed,
+            "backward_passes": recorder.backward_passes,
+            "communication_wait_s": recorder.communication_wait_s,
+        }
         with self.system_log.open("a") as log:
-            log.write(json.dumps({"time": time.time(), **reading}) + "\n")
+            log.write(json.dumps({"time": time.time(), **progress, **reading}) + "\n")
 
     def state(self) -> dict[str, Any]:
         recorder = self.recorder
@@ -179,6 +190,7 @@ class SnapshotWriter(threading.Thread):
         # other threads and children count only while the main thread is not blocked in a
         # collective: what a collective waits for is the other ranks, never this rank's helpers
         # (a busy prefetcher would otherwise hide the hang for as long as it runs).
+        self._backend = _backend() or self._backend  # remembered past the script's destroy_process_group
         busy = self._activity.busy()
         if (busy and not self._blocked_in_collective(stack)) or stack != self._last_stack:
             recorder.last_progress = now
@@ -197,6 +209,7 @@ class SnapshotWriter(threading.Thread):
             "unused_parameters": recorder.unused_parameters(),
             "ddp_parameters": [watch.reducer_order for watch in recorder.ddp_models],
             "meshes": recorder.meshes,
+            "backend": self._backend,
         }
 
     def _blocked_in_collective(self, stack: list[str]) -> bool:
@@ -208,6 +221,8 @@ class SnapshotWriter(threading.Thread):
         self.stopped.set()
         state = self.state()
         state["exit"] = outcome
+        with contextlib.suppress(OSError):
+            self._log_system()  # the steps since the last reading belong to the timeline too
         try:
             # After the state (the dump then covers everything the rank did) and before the exit
             # record (the launcher reads a rank's files once it has ended).
@@ -215,6 +230,14 @@ class SnapshotWriter(threading.Thread):
         except OSError:
             pass
         write_json(self.exit_path, state)
+
+
+def _backend() -> str | None:
+    """The default group's backend, once the script has created it."""
+    try:
+        return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else None
+    except (RuntimeError, ValueError):
+        return None
 
 
 def describe_exception(error: BaseException) -> dict[str, Any]:
@@ -280,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "started": time.time(),
+        "cwd": os.getcwd(),  # what the user's relative file:line locations are relative to
         "target": target,
         # The store this rendezvous round's workers share: the same on every node of one round, a
         # new one each round when restarts are on (the launcher sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE).
@@ -300,7 +324,10 @@ def main(argv: list[str] | None = None) -> None:
     check = None
     if options.doctor_steps is not None:
         check = _install_script_check(recorder, writer, options, identity)
-    profile = _install_profile_window(options, rank) if options.profile_steps is not None else None
+    profile = None
+    if options.profile_steps is not None:
+        profile = ProfileWindow(*parse_profile_steps(options.profile_steps), options.run_dir, rank)
+    _count_optimizer_steps(recorder, profile)
     writer.start()
 
     def finish(outcome: dict[str, Any]) -> None:
@@ -353,42 +380,41 @@ def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, 
     return check
 
 
-def _install_profile_window(options: RunOptions, rank: int) -> ProfileWindow:
-    """--profile-steps A:B on an unmodified script: optimizer steps are the script's step() calls.
+def _count_optimizer_steps(recorder: CollectiveRecorder, window: ProfileWindow | None) -> None:
+    """An unmodified script's optimizer steps: counted for the report's timeline and, under
+    --profile-steps A:B, to open and close the profiling window.
 
     A step is one outermost optimizer step (an optimizer stepping inside another's step, like
-    ZeroRedundancyOptimizer's local one, is part of it). The window turns the profiler on and
-    off after a step has returned: torch's step hooks run inside the step's own profiler range,
-    which would be left open (torch warns, and the step's optimizer time is lost). So each
-    optimizer class's step gets an outer wrapper, put on where torch puts its own. With A = 1
-    recording starts now, so step 1 also holds the script's set-up: profile from step 2 on for
-    a clean breakdown.
+    ZeroRedundancyOptimizer's local one, is part of it). The count moves after a step has
+    returned: torch's step hooks run inside the step's own profiler range, which the window
+    would leave open (torch warns, and the step's optimizer time is lost). So each optimizer
+    class's step gets an outer wrapper, put on where torch puts its own. With A = 1 recording
+    starts now, so step 1 also holds the script's set-up: profile from step 2 on for a clean
+    breakdown.
     """
-    assert options.profile_steps is not None
-    first, last = parse_profile_steps(options.profile_steps)
-    window = ProfileWindow(first, last, options.run_dir, rank)
+    patch_step_function = compat.OPTIMIZER_STEP_COUNT.get(None)
+    if patch_step_function is None:
+        return  # compat.check_run has said what the timeline counts instead
     depth = 0
-    steps = 0
 
     def counted(step: Callable) -> Callable:
         @functools.wraps(step)
-        def step_then_profile(*args: Any, **kwargs: Any) -> Any:
-            nonlocal depth, steps
+        def step_then_count(*args: Any, **kwargs: Any) -> Any:
+            nonlocal depth
             depth += 1
             try:
                 result = step(*args, **kwargs)
             finally:
                 depth -= 1
             if depth == 0:
-                steps += 1
-                window.step_finished(steps)
+                recorder.optimizer_steps += 1
+                if window is not None:
+                    window.step_finished(recorder.optimizer_steps)
             return result
 
-        step_then_profile.hooked = True  # torch's marker: its own wrapper is already inside
-        step_then_profile.gradsync_counted = True
-        return step_then_profile
-
-    patch_step_function = Optimizer._patch_step_function
+        step_then_count.hooked = True  # torch's marker: its own wrapper is already inside
+        step_then_count.gradsync_counted = True
+        return step_then_count
 
     @functools.wraps(patch_step_function)
     def _patch_step_function(optimizer: Optimizer) -> None:
@@ -398,7 +424,6 @@ def _install_profile_window(options: RunOptions, rank: int) -> ProfileWindow:
             cls.step = counted(cls.step)
 
     Optimizer._patch_step_function = _patch_step_function
-    return window
 
 
 def _tear_down(recorder: CollectiveRecorder) -> None:

@@ -7,11 +7,12 @@ group (which may be the stuck thing).
       run_options.json             gradsync run (launcher)         every worker
       launcher.log                 torchrun's agent, in the launcher   people
       metrics.jsonl, tensorboard/  the trainer (rank 0)            gradsync report, TensorBoard
+      run.json                     the trainer (rank 0)            gradsync report
       profile/rankR.*.json         the trainer or the worker       gradsync report
       workers/attemptN/            each worker of attempt N:       the launcher's monitor and
         rankR.json, .exit.json       snapshot, how it ended          analysis, gradsync report
         rankR.ring, rankR.log        collectives, its output
-        system-rankR.jsonl           machine readings
+        system-rankR.jsonl           machine readings, progress
         flight-rankR.json, flight/   Flight Recorder: compact, and torch's own dump (fr_trace)
         fault-rankR.json             an injected fault that fired
         script-check-rankR.json      what --doctor-steps saw

@@ -40,6 +40,12 @@ class RunDir:
         return self.root / "metrics.jsonl"
 
     @property
+    def description(self) -> Path:
+        """What the trainer ran with (world size, backend, strategy, precision, compression,
+        accumulation) and when it started and ended, written by its rank 0 (RunDescription)."""
+        return self.root / "run.json"
+
+    @property
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 
@@ -105,7 +111,7 @@ class RunDir:
         return self.attempt(attempt) / LOG.format(rank)
 
     def system(self, attempt: int, rank: int) -> Path:
-        """One JSON line of machine readings per snapshot (SystemReading)."""
+        """One JSON line of machine readings and progress counters per snapshot (SystemReading)."""
         return self.attempt(attempt) / SYSTEM.format(rank)
 
     def fault(self, attempt: int, rank: int) -> Path:

@@ -59,6 +59,7 @@ class Identity(TypedDict):
     host: str
     pid: int
     started: float
+    cwd: str  # the working directory the script started in: its relative file:line paths start here
     target: str
     round_store: str  # MASTER_ADDR:MASTER_PORT: which rendezvous round the rank belongs to
 
@@ -78,6 +79,23 @@ class Snapshot(Identity):
     unused_parameters: list[str]
     ddp_parameters: list[list[str]]
     meshes: list[dict[str, Any]]  # init_device_mesh calls: {"shape", "names", "site"}, in order
+    backend: str | None  # the default process group's, once created
+
+
+class SystemReading(TypedDict, total=False):
+    """One line of a worker's system-rankR.jsonl, written with each snapshot: the machine under
+    the rank (gradsync.metrics.system's keys) and the rank's progress so far, cumulative, from
+    which `gradsync report` draws step times and communication waits of an unmodified script."""
+
+    time: float
+    optimizer_steps: int  # outermost optimizer.step() calls
+    backward_passes: int  # backward passes whose gradients DDP synchronised
+    communication_wait_s: float  # in blocking collectives and at the end of backward passes
+    cpu_percent: float
+    rss_mb: float
+    net_sent_mbps: float
+    net_recv_mbps: float
+    gpu_util_percent: float
 
 
 class ExitOutcome(TypedDict, total=False):
@@ -148,6 +166,21 @@ class MetricsRow(TypedDict, total=False):
     busy_spread_s: float
     interval_slowest_rank: int
     gpu_util_spread: float
+
+
+class RunDescription(TypedDict, total=False):
+    """run.json: what the trainer ran with, written at start and rewritten at close (with what
+    auto chose and when it ended)."""
+
+    world_size: int
+    backend: str | None  # None: a single process without a process group
+    device: str
+    parallel: str
+    precision: str
+    compression: str  # "auto" until it chose, then its choice
+    accumulation_steps: int
+    started: float
+    ended: float  # absent while running, or when the run died
 
 
 # Keys of MetricsRow that `trainer.log()` may not take: gradsync writes them itself.
