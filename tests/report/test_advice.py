@@ -45,6 +45,7 @@ def test_exposed_communication_above_30_percent_is_advised_with_its_share_and_th
     advice = exposed_communication(_records(rows=_rows(exposed=0.045, busbw=0.29)))
     assert advice is not None and "exposed communication is 45% of the step" in advice.measured
     assert "0.29 GB/s" in advice.measured and "'compression': 'auto'" in advice.action
+    assert "(all of it hidden, steps would be at most 1.8x faster)" in advice.measured, "the gain's bound: 1 / (1 - 45%)"
     # Already compressed: accumulate or check the network instead.
     compressed = exposed_communication(_records(rows=_rows(exposed=0.045, ratio=4.0)))
     assert "compressed already" in compressed.action

@@ -13,41 +13,10 @@ import pytest
 from gradsync.cli import main
 from gradsync.errors import GradsyncError
 from gradsync.report import collect, write_report
+from tests.report.browser import WINDOW, needs_chromium, open_in_chromium, screenshot
 
 BIN = Path(sys.executable).parent
 ZOO = Path(__file__).parents[1] / "run" / "zoo"
-CHROMIUM = next((shutil.which(name) for name in ("chromium-headless-shell", "chromium", "chromium-browser") if shutil.which(name)), None)
-
-
-WINDOW = (1100, 1400)  # the window the issue's findings table ran off
-
-
-def _chromium(page: Path, *action: str) -> subprocess.CompletedProcess:
-    """Chromium on the page, offline (a page needing the network would show it), in a WINDOW-sized window."""
-    done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--hide-scrollbars",
-         "--proxy-server=127.0.0.1:9", "--virtual-time-budget=5000", f"--window-size={WINDOW[0]},{WINDOW[1]}",
-         *action, page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    return done
-
-
-def _open_in_chromium(page: Path) -> str:
-    """The document after Chromium loaded it."""
-    return _chromium(page, "--dump-dom").stdout
-
-
-def _screenshot(page: Path, path: Path):
-    """What the first WINDOW of the page looks like, as RGB pixels."""
-    from PIL import Image
-
-    _chromium(page, f"--screenshot={path}")
-    return Image.open(path).convert("RGB")
-
-
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (.ci/run installs chromium-headless-shell from Debian)")
 
 
 def _header(html: str) -> dict[str, str]:
@@ -74,7 +43,7 @@ def test_the_demo_report_renders_every_plot_in_headless_chromium(demo_run, tmp_p
     assert header["accumulation (micro-batches per step)"] == "2" and header["wall time"].endswith(" s")
     assert re.fullmatch(r"\d+ samples/s \(median; 80% of steps \d+–\d+\)", header["throughput"]), header["throughput"]
     assert float(header["eval/accuracy"]) > 0.8, "the script's own logged value is in the header"
-    document = _open_in_chromium(page)
+    document = open_in_chromium(page)
     # The page counts, once loaded, the images the browser could decode.
     assert f'data-plots-loaded="{len(plots)}"' in document, document[:500]
     for heading in ("Loss and throughput", "Where a step", "Ranks side by side", "The machines under", "Exposed communication",
@@ -115,9 +84,9 @@ def test_a_plain_ddp_script_gets_its_ranks_over_time_and_advice_naming_the_slow_
 def test_the_advice_block_and_the_header_render_in_headless_chromium(straggler_run, tmp_path):
     run_dir, _ = straggler_run
     page = write_report(run_dir)[0]
-    document = _open_in_chromium(page)
+    document = open_in_chromium(page)
     assert 'data-plots-loaded="5"' in document and 'data-wider-than-window="false"' in document
-    pixels = _screenshot(page, tmp_path / "top.png")
+    pixels = screenshot(page, tmp_path / "top.png")
     assert pixels.size == WINDOW
     colours = pixels.getcolors(maxcolors=WINDOW[0] * WINDOW[1])
     counts = {colour: n for n, colour in colours}

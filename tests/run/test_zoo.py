@@ -539,12 +539,15 @@ def test_every_run_gets_a_report_that_leads_with_what_went_wrong(zoo):
     plot), quotes each named line of the user's script and lists each rank's last collectives;
     a healthy run's page opens with its plots. Advice lines end only a healthy `gradsync run`."""
     from gradsync.report import write_report
+    from tests.report.browser import CHROMIUM, open_in_chromium
 
     for run in zoo.values():
         if run.diagnosis.get("missing"):
             continue
         page = write_report(run.run_dir, run.run_dir.parent / f"{run.name}.report.html")[0]
         html = page.read_text()
+        if CHROMIUM is not None:  # the findings, quotes and last collectives fit the window
+            assert 'data-wider-than-window="false"' in open_in_chromium(page), f"{run.name}: the page runs off the right edge"
         first_plot = html.find("<img")
         diagnosis_at = html.index("<h2>Diagnosis</h2>")
         advice_printed = "gradsync run: advice:" in run.output

@@ -5,7 +5,9 @@ and for a script without gradsync's trainer `gradsync run`'s per-rank timeline) 
 `Advice` or None. A rule speaks only when its number crosses a threshold the
 seed articles' decision procedure uses (exposed communication above ~30% of a step, ranks'
 busy time spread above ~15%, data loading a large share of the step, steps skipped for
-overflow), and its advice quotes that number. A run with nothing worth changing gets none.
+overflow), and its advice quotes that number with the most it can gain: a step loses at most the
+share at stake, so removing it makes steps at most 1 / (1 - share) times faster. A run with
+nothing worth changing gets none.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ _IMBALANCE_REMEDY = (
     "every rank waits for it at each reduction: look at what only it does (logging, evaluation), its data loading "
     "(num_workers), its machine (CPU, GPU clocks, other jobs: the machine plots below) and whether its batches are larger"
 )
+
+
+def _at_most_faster(share: float, what: str) -> str:
+    """The gain's upper bound: a step loses at most the share at stake."""
+    return f" ({what}, steps would be at most {1 / max(1e-9, 1 - share):.2g}x faster)"
 
 
 def _steady(records: RunRecords) -> list[dict[str, Any]]:
@@ -87,7 +94,8 @@ def exposed_communication(records: RunRecords) -> Advice | None:
         if share <= EXPOSED_SHARE:
             return None
         return Advice("exposed_communication", share,
-                      f"communication takes {share:.0%} of the time even on the rank that waits least for the others",
+                      f"communication takes {share:.0%} of the time even on the rank that waits least for the others"
+                      + _at_most_faster(share, "all of it hidden"),
                       _UNMODIFIED_REMEDIES)
     rows = _steady(records)
     total = sum(r["step_time_s"] for r in rows)
@@ -109,7 +117,8 @@ def exposed_communication(records: RunRecords) -> Advice | None:
                   "steps and keeps the fastest), or accumulate micro-batches (accumulation_steps); "
                   "`gradsync bench train` compares them side by side")
     return Advice("exposed_communication", share,
-                  f"exposed communication is {share:.0%} of the step{on_link}", action)
+                  f"exposed communication is {share:.0%} of the step{on_link}" + _at_most_faster(share, "all of it hidden"),
+                  action)
 
 
 def rank_imbalance(records: RunRecords) -> Advice | None:
@@ -123,7 +132,7 @@ def rank_imbalance(records: RunRecords) -> Advice | None:
         return Advice(
             "rank_imbalance", spread,
             f"rank {rank} is the one the others wait for in {slowest.count(rank)} of {len(slowest)} intervals: "
-            f"the others wait up to {spread:.0%} of the time more than it does",
+            f"the others wait up to {spread:.0%} of the time more than it does" + _at_most_faster(spread, "balanced"),
             _IMBALANCE_REMEDY,
         )
     intervals = [r for r in records.intervals if r.get("busy_spread_s") is not None]
@@ -137,7 +146,8 @@ def rank_imbalance(records: RunRecords) -> Advice | None:
     slowest = statistics.mode(r.get("interval_slowest_rank") for r in intervals)
     return Advice(
         "rank_imbalance", spread,
-        f"rank {slowest} is usually the busiest: the ranks' busy time per step differs by {spread:.0%} of a step",
+        f"rank {slowest} is usually the busiest: the ranks' busy time per step differs by {spread:.0%} of a step"
+        + _at_most_faster(spread, "balanced"),
         _IMBALANCE_REMEDY,
     )
 
@@ -155,7 +165,8 @@ def data_loading(records: RunRecords) -> Advice | None:
         return None
     return Advice(
         "data_loading", shares[rank],
-        f"data loading takes {shares[rank]:.0%} of the step on rank {rank} (profiled steps)",
+        f"data loading takes {shares[rank]:.0%} of the step on rank {rank} (profiled steps)"
+        + _at_most_faster(shares[rank], "loaded in the background"),
         "load batches in the background: prepare(..., num_workers=N) (or DataLoader(num_workers=N, "
         "pin_memory=True)), and move decoding and augmentation out of the training process",
     )
