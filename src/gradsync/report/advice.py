@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gradsync.errors import GradsyncError
-from gradsync.report import timeline
 from gradsync.report.collect import RunRecords, collect
 
 MOST_SHOWN = 5
@@ -72,13 +71,6 @@ def failed_run(records: RunRecords) -> Advice | None:
     )
 
 
-def _recorded(records: RunRecords) -> timeline.Timeline | None:
-    """gradsync run's per-rank timeline, for a script whose loop is not gradsync's trainer."""
-    if records.rows:
-        return None  # the trainer measured the same inside each step
-    return timeline.timeline({rank: rows for rank, rows in records.system.items() if rows})
-
-
 _UNMODIFIED_REMEDIES = (
     "send fewer bytes per sample: accumulate micro-batches under ddp.no_sync(), register a compression hook "
     "(ddp.register_comm_hook(None, bf16_compress_hook)), or move the loop to gradsync's trainer with "
@@ -87,7 +79,7 @@ _UNMODIFIED_REMEDIES = (
 
 
 def exposed_communication(records: RunRecords) -> Advice | None:
-    recorded = _recorded(records)
+    recorded = records.recorded
     if recorded is not None:
         # The slowest rank's wait: it arrives last at each collective, so what it waits for is the transfer.
         share = statistics.median(recorded.communication_share())
@@ -122,7 +114,7 @@ def exposed_communication(records: RunRecords) -> Advice | None:
 
 
 def rank_imbalance(records: RunRecords) -> Advice | None:
-    recorded = _recorded(records)
+    recorded = records.recorded
     if recorded is not None and len(recorded.ranks) > 1:
         spread = statistics.median(recorded.imbalance_share())
         if spread <= BUSY_SPREAD_SHARE:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gradsync.errors import GradsyncError
+from gradsync.report import timeline
 from gradsync.rundir import RunDir, TolerantReader, layout, read_attempt
 from gradsync.rundir.records import METRICS_REQUIRED
 
@@ -43,9 +45,27 @@ class RunRecords:
         """The rows that close a gather interval: they carry per-rank busy time and system metrics."""
         return [row for row in self.rows if "rank_busy_s" in row]
 
+    @functools.cached_property
+    def recorded(self) -> timeline.Timeline | None:
+        """gradsync run's per-rank step times and waits, for a run whose loop is not gradsync's
+        trainer (the trainer measures the same inside each step, so its runs use its rows)."""
+        if self.rows:
+            return None
+        return timeline.timeline({rank: rows for rank, rows in self.system.items() if rows})
+
 
 # Every machine reading carries its time; a line without it is damage.
 SYSTEM_KEYS = ("time",)
+
+
+def _json_object(reader: TolerantReader, path: Path) -> dict[str, Any] | None:
+    """The file's JSON object; None when there is no such file, or (noted) when it holds none."""
+    if not path.is_file():
+        return None
+    value = reader.json_value(path)
+    if value is not None and not isinstance(value, dict):
+        reader.skip(path, "not a JSON object")
+    return value if isinstance(value, dict) else None
 
 
 def collect(run_dir: str | Path) -> RunRecords:
@@ -60,24 +80,14 @@ def collect(run_dir: str | Path) -> RunRecords:
     reader = TolerantReader(directory, records.skipped)
     if run.metrics.is_file():
         records.rows = reader.rows(run.metrics, METRICS_REQUIRED)
-    if run.diagnosis.is_file():
-        diagnosis = reader.json_value(run.diagnosis)
-        if isinstance(diagnosis, dict):
-            records.diagnosis = diagnosis
-        elif diagnosis is not None:
-            reader.skip(run.diagnosis, "not a JSON object")
+    records.diagnosis = _json_object(reader, run.diagnosis)
     for rank, path in run.profile_breakdowns().items():
         breakdown = reader.json_value(path)
         if isinstance(breakdown, dict) and isinstance(breakdown.get("mean"), dict):
             records.breakdowns[rank] = breakdown
         elif breakdown is not None:
             reader.skip(path, "no 'mean' breakdown in it")
-    if run.description.is_file():
-        description = reader.json_value(run.description)
-        if isinstance(description, dict):
-            records.description = description
-        elif description is not None:
-            reader.skip(run.description, "not a JSON object")
+    records.description = _json_object(reader, run.description)
     attempt = run.latest_attempt()
     if attempt is not None:
         for rank, path in run.ranks_with(attempt, layout.SYSTEM).items():

@@ -162,47 +162,40 @@ def machines_over_time(records: RunRecords) -> bytes | None:
     return _png(figure)
 
 
-def _recorded_timeline(records: RunRecords) -> timeline.Timeline | None:
-    """The recorder's per-rank timeline, for runs the trainer does not measure per rank itself."""
-    if records.intervals:
-        return None  # the trainer's rank heat maps show the same, measured inside the step
-    return timeline.timeline({rank: rows for rank, rows in records.system.items() if rows})
+def _per_rank_lines(found: timeline.Timeline, values: dict[int, list[float]], title: str, ylabel: str, top: float | None) -> bytes:
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(11, 3.2))
+    for rank in found.ranks:
+        axes.plot(found.ends, values[rank], marker=".", label=f"rank {rank}")
+    axes.set(title=title, xlabel=f"interval ending at {found.unit}", ylabel=ylabel, ylim=(0, top))
+    axes.legend(fontsize="small")
+    return _png(figure)
 
 
 def step_times(records: RunRecords) -> bytes | None:
     """How long a step took on each rank, interval by interval, from `gradsync run`'s readings."""
-    found = _recorded_timeline(records)
+    found = records.recorded
     if found is None:
         return None
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(11, 3.2))
-    for rank in found.ranks:
-        axes.plot(found.ends, [1e3 * t for t in found.step_time_s[rank]], marker=".", label=f"rank {rank}")
-    axes.set(title=f"time per {found.unit}", xlabel=f"interval ending at {found.unit}", ylabel="ms", ylim=(0, None))
-    axes.legend(fontsize="small")
-    return _png(figure)
+    milliseconds = {rank: [1e3 * t for t in times] for rank, times in found.step_time_s.items()}
+    return _per_rank_lines(found, milliseconds, f"time per {found.unit}", "ms", None)
 
 
 def communication_waits(records: RunRecords) -> bytes | None:
     """The share of each interval a rank spent waiting on communication (blocking collectives and
     the end-of-backward wait for gradient reductions)."""
-    found = _recorded_timeline(records)
+    found = records.recorded
     if found is None:
         return None
-    plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(11, 3.2))
-    for rank in found.ranks:
-        axes.plot(found.ends, [100 * w for w in found.wait_share[rank]], marker=".", label=f"rank {rank}")
-    axes.set(title="waiting on communication (collectives, and backward's wait for gradient reductions)",
-             xlabel=f"interval ending at {found.unit}", ylabel="% of the interval", ylim=(0, 100))
-    axes.legend(fontsize="small")
-    return _png(figure)
+    percent = {rank: [100 * w for w in waits] for rank, waits in found.wait_share.items()}
+    return _per_rank_lines(found, percent, "waiting on communication (collectives, and backward's wait for gradient reductions)",
+                           "% of the interval", 100)
 
 
 def busy_by_rank(records: RunRecords) -> bytes | None:
     """Ranks down, intervals across: the share of time each rank worked (did not wait), 0-100%,
     with the slowest rank of each interval (the one that waited least) marked."""
-    found = _recorded_timeline(records)
+    found = records.recorded
     if found is None or len(found.ranks) < 2:
         return None
     ranks = found.ranks

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gradsync.report import timeline
 from gradsync.report.advice import Advice
 from gradsync.report.collect import RunRecords
 from gradsync.rundir.records import METRICS_KEYS
@@ -94,7 +93,7 @@ def _what_ran(records: RunRecords) -> list[tuple[str, str]]:
 def _how_fast(records: RunRecords) -> list[tuple[str, str]]:
     rows = records.rows
     if not rows:
-        found = timeline.timeline({rank: r for rank, r in records.system.items() if r})
+        found = records.recorded
         if found is None:
             return []
         steps = max(max((row.get("optimizer_steps") or 0) for row in rows) for rows in records.system.values() if rows)
