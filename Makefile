@@ -58,10 +58,12 @@ bench-checkpoint-overhead: $(STAMP)
 bench-compression-accuracy: $(STAMP)
 	$(BIN)/python benchmarks/compression_accuracy.py
 
-# The issue's setup: ResNet-18 on two simulated hosts joined by a 300 Mbit/s link (needs root).
+# ResNet-18 on two simulated hosts joined by a 300 Mbit/s link (needs root): gradsync's configurations
+# and the peers (a hand-written DDP loop, PyTorch's own hooks) in two interleaved rounds (~25 min).
 bench-resnet-300mbit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 300mbit \
-		--configs fp32,fp16,powersgd,int8,auto --steps 16 --warmup 3 --output-dir gradsync_runs/bench-resnet18-300mbit
+		--configs plain,torch-fp16,torch-powersgd,fp32,fp16,powersgd,int8,auto --steps 16 --warmup 3 --rounds 2 \
+		--output-dir gradsync_runs/bench-resnet18-300mbit
 
 # The parallelism strategies side by side on the GPT: 4 workers on 2 simulated hosts joined by
 # 300 Mbit/s, then on this host's loopback (the 300 Mbit/s run needs root; ~15 min in all).

@@ -2,12 +2,13 @@
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 import pytest
 
-from gradsync.bench.train import parse_configs
+from gradsync.bench.train import parse_configs, render
 from gradsync.errors import ConfigError
 
 
@@ -16,12 +17,15 @@ def test_configs_are_checked():
     for bad in ("", "fp32,zip", ","):
         with pytest.raises(ConfigError, match="comma-separated"):
             parse_configs(bad)
+    assert parse_configs("plain,torch-powersgd,auto") == ["plain", "torch-powersgd", "auto"]
+    with pytest.raises(ConfigError, match="names fp32 twice"):
+        parse_configs("fp32,int8,fp32")
 
 
-def test_a_small_benchmark_reports_every_config_and_draws_it(tmp_path):
+def test_a_small_benchmark_runs_peers_and_configs_in_interleaved_rounds_and_draws_it(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "gradsync", "bench", "train", "--workload", "mlp", "--configs", "fp32,int8",
+        [sys.executable, "-m", "gradsync", "bench", "train", "--workload", "mlp", "--configs", "plain,fp32,int8",
          "--steps", "6", "--warmup", "2", "--batch-size", "16", "--json", "--output-dir", str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=240,
     )
@@ -33,19 +37,35 @@ def test_a_small_benchmark_reports_every_config_and_draws_it(tmp_path):
     assert "data:image/png;base64," in page and "samples/s/worker" in page
     assert report["allreduce"] and report["allreduce"][-1]["bytes"] == 64 << 20
     assert report["workload"] == "mlp" and report["world_size"] == 2 and report["single_worker_samples_per_s"] > 0
-    assert [r["config"] for r in report["results"]] == ["fp32", "int8"]
-    assert report["single_worker_samples_per_s"] == pytest.approx(sum(report["single_worker_runs"]) / 2)
+    # Two rounds, the second in reverse order, with the lone worker before, between and after.
+    jobs = [line.split(": ", 1)[1] for line in done.stderr.splitlines() if line.startswith("mlp: ")]
+    assert jobs == ["1 worker, fp32 (the reference, before round 1)",
+                    *(f"2 workers, {c} (round 1 of 2)" for c in ("plain", "fp32", "int8")),
+                    "1 worker, fp32 (the reference, after round 1)",
+                    *(f"2 workers, {c} (round 2 of 2)" for c in ("int8", "fp32", "plain")),
+                    "1 worker, fp32 (the reference, after round 2)"]
+    references = report["single_worker_runs"]
+    assert report["rounds"] == 2 and len(references) == 3
+    assert report["single_worker_samples_per_s"] == pytest.approx(sum(references) / 3)
+    assert [r["config"] for r in report["results"]] == ["plain", "fp32", "int8"]
     for r in report["results"]:
-        assert r["samples_per_s_per_worker"] > 0 and 0 < r["exposed_comm_share"] < 1
-        assert r["scaling_efficiency"] == pytest.approx(r["samples_per_s_per_worker"] / report["single_worker_samples_per_s"])
-        assert r["final_loss"] > 0 and len(r["loss_curve"]) >= 1
-    fp32, int8 = report["results"]
+        efficiencies = [x["scaling_efficiency"] for x in r["rounds"]]
+        for number, x in enumerate(r["rounds"]):  # each round against the lone runs around it
+            assert x["scaling_efficiency"] == pytest.approx(x["samples_per_s_per_worker"] / statistics.fmean(references[number:number + 2]))
+        assert r["scaling_efficiency"] == pytest.approx(statistics.median(efficiencies))
+        assert r["scaling_efficiency_spread"] == [min(efficiencies), max(efficiencies)]
+        assert r["samples_per_s_per_worker"] > 0 and r["final_loss"] > 0 and len(r["loss_curve"]) >= 1
+    plain, fp32, int8 = report["results"]
+    assert 0 < fp32["exposed_comm_share"] < 1 and plain["exposed_comm_share"] is None, "a peer's bare loop is not metered"
+    # The peer trains the same model on the same batches: DDP's plain all-reduce lands on the same loss.
+    assert plain["final_loss"] == pytest.approx(fp32["final_loss"], rel=1e-5)
     assert int8["comm_bytes_per_step"] < fp32["comm_bytes_per_step"] / 3
+    table = render(report).splitlines()
+    assert table[0].endswith("around the rounds)") and "2 rounds" in table[0]
+    assert table[2].split()[:1] == ["plain"] and " — " in table[2], "what a peer does not meter shows as a dash"
 
 
 def test_the_table_says_when_auto_raised_accumulation():
-    from gradsync.bench.train import render
-
     def row(config, chosen):
         return {"config": config, "samples_per_s_per_worker": 20.0, "scaling_efficiency": 0.8, "exposed_comm_share": 0.1,
                 "comm_bytes_per_step": 2**20, "final_loss": 1.0, "chosen": chosen}

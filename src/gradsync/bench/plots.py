@@ -41,7 +41,10 @@ def write_bench_report(report: dict[str, Any], output_dir: str | Path) -> list[P
     figure, (throughput, breakdown, losses, bandwidth) = plt.subplots(1, 4, figsize=(20, 4.5))
     figure.suptitle(f"{report['workload']}: {report['world_size']} workers, batch {report['batch_size_per_worker']} per worker")
 
-    throughput.bar(names, [r["samples_per_s_per_worker"] for r in results], color="tab:blue")
+    spreads = [r.get("rounds") or [] for r in results]
+    errors = [[r["samples_per_s_per_worker"] - min((x["samples_per_s_per_worker"] for x in rounds), default=r["samples_per_s_per_worker"]) for r, rounds in zip(results, spreads)],
+              [max((x["samples_per_s_per_worker"] for x in rounds), default=r["samples_per_s_per_worker"]) - r["samples_per_s_per_worker"] for r, rounds in zip(results, spreads)]]
+    throughput.bar(names, [r["samples_per_s_per_worker"] for r in results], color="tab:blue", yerr=errors, capsize=3)
     throughput.axhline(report["single_worker_samples_per_s"], color="black", linestyle="--", label="one worker alone")
     for index, r in enumerate(results):
         throughput.annotate(f"{r['scaling_efficiency']:.0%}", (index, r["samples_per_s_per_worker"]), ha="center", va="bottom")
@@ -50,8 +53,12 @@ def write_bench_report(report: dict[str, Any], output_dir: str | Path) -> list[P
 
     step_ms = [1e3 * report["batch_size_per_worker"] / r["samples_per_s_per_worker"] for r in results]
     exposed = [s * (r["exposed_comm_share"] or 0) for s, r in zip(step_ms, results)]
-    breakdown.bar(names, [s - e for s, e in zip(step_ms, exposed)], label="compute and hidden communication", color="tab:green")
+    metered = [r["exposed_comm_share"] is not None for r in results]
+    breakdown.bar(names, [s - e for s, e in zip(step_ms, exposed)], label="compute and hidden communication",
+                  color=["tab:green" if m else "tab:gray" for m in metered])
     breakdown.bar(names, exposed, bottom=[s - e for s, e in zip(step_ms, exposed)], label="exposed communication", color="tab:red")
+    if not all(metered):  # a peer's bare loop is not metered: its step is one grey bar
+        breakdown.bar([], [], color="tab:gray", label="step (a peer: not metered)")
     breakdown.set_ylabel("step time (ms)")
     breakdown.legend(loc="lower right")
 

@@ -1,9 +1,13 @@
-"""`gradsync bench train`: what each communication setting buys on a real training workload.
+"""`gradsync bench train`: what each communication setting buys on a real training workload,
+next to the peers a user would otherwise write.
 
-For a built-in workload it runs one worker alone (the reference), then N workers once per
-configuration, each a fresh job through the launcher, then the lone worker again: the
-reference is the mean of the two, so a machine that speeds up or slows down during the
-benchmark does not favour the configurations measured early or late. It reports per configuration: samples/s
+For a built-in workload it runs one worker alone (the reference), then N workers per
+configuration, each a fresh job through the launcher, in interleaved rounds (`rounds`, default
+2: every configuration once per round, the order reversed every other round) with the lone
+worker again after each round. Round r's efficiency is against the lone runs just before and
+after it, and each configuration reports the median over its rounds and their spread: on a
+machine whose whole-run figures swing by 10 points, only comparisons inside one run mean
+anything, and the interleaving keeps drift from favouring whoever ran early or late. It reports per configuration: samples/s
 per worker, scaling efficiency (per-worker throughput / the lone worker's), the share of step
 time spent in exposed communication, bytes sent per step, and the final loss. The global batch
 is the same for every configuration (per-worker batch x N), so losses are comparable, unless
@@ -11,9 +15,11 @@ auto is allowed to raise accumulation (`--auto-max-accumulation`): then its repo
 chose. Steps here are micro-batches (batches each worker takes), whatever the accumulation.
 
 Configurations: fp32 or ddp (DDP's plain all-reduce), fp16, bf16, powersgd, int8, topk (gradient
-compression, gradsync.comm), auto (tries them and keeps the fastest), and the other parallelism
+compression, gradsync.comm), auto (tries them and keeps the fastest), the other parallelism
 strategies (gradsync.parallel): fsdp, hsdp (sharded within a host, replicated across), tp (tensor
-parallel over every worker) and fsdp+tp (tensor parallel within a host, FSDP across). Every one
+parallel over every worker) and fsdp+tp (tensor parallel within a host, FSDP across), and the
+peers (gradsync.bench.peers): plain (a hand-written DDP loop without gradsync), torch-fp16,
+torch-bf16 and torch-powersgd (PyTorch's own hooks on that loop). Every one
 keeps the same global batch: a tensor-parallel group takes the batches of all its workers at
 once. Throughput is measured after `warmup` steps; auto's warm-up includes its trials, so its
 number is what it settled on. Memory per worker is reported two ways: the model state it holds
@@ -35,13 +41,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from gradsync.bench.peers import PEERS
 from gradsync.comm.auto import DECISION_STEPS
 from gradsync.errors import ConfigError
 from gradsync.rundir import RunDir
 
 COMPRESSIONS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
 STRATEGIES = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
-CONFIGS = COMPRESSIONS + STRATEGIES
+CONFIGS = COMPRESSIONS + STRATEGIES + PEERS
 SWEEP_MAX = "64M"  # largest all-reduce in the report's bandwidth sweep
 AUTO_TRIAL_STEPS = DECISION_STEPS  # steps before auto has settled, left out of every job's throughput
 
@@ -96,6 +103,9 @@ def parse_configs(text: str) -> list[str]:
     unknown = [c for c in configs if c not in CONFIGS]
     if not configs or unknown:
         raise ConfigError(f"--configs {text!r}: use a comma-separated list of {', '.join(CONFIGS)}.")
+    repeated = sorted({c for c in configs if configs.count(c) > 1})
+    if repeated:
+        raise ConfigError(f"--configs {text!r} names {', '.join(repeated)} twice; each runs in every round (--rounds).")
     return configs
 
 
@@ -204,6 +214,28 @@ def local_runner(workers: int, module_argv: list[str]) -> int:
     return subprocess.run(command, env=env).returncode
 
 
+def _median_round(outcomes: list[dict[str, Any]], references: list[float]) -> dict[str, Any]:
+    """One configuration's rounds as one result: the median round's keys (its loss, its bytes),
+    the median throughput and efficiency, and every round with the spread.
+
+    Round r's efficiency is against the lone worker's runs just before and after it, so a
+    machine that drifts during the benchmark moves both sides of the ratio alike."""
+    rounds = [
+        {"samples_per_s_per_worker": o["samples_per_s_per_worker"],
+         "scaling_efficiency": o["samples_per_s_per_worker"] / statistics.fmean(references[r:r + 2])}
+        for r, o in enumerate(outcomes)
+    ]
+    efficiencies = [r["scaling_efficiency"] for r in rounds]
+    middle = sorted(range(len(rounds)), key=efficiencies.__getitem__)[(len(rounds) - 1) // 2]
+    return {
+        **outcomes[middle],
+        "samples_per_s_per_worker": statistics.median(r["samples_per_s_per_worker"] for r in rounds),
+        "scaling_efficiency": statistics.median(efficiencies),
+        "scaling_efficiency_spread": [min(efficiencies), max(efficiencies)],
+        "rounds": rounds,
+    }
+
+
 def run_benchmark(
     workload: str,
     configs: list[str],
@@ -214,11 +246,15 @@ def run_benchmark(
     runner: Runner,
     single_runner: Runner | None = None,
     warmup: int = 5,
+    rounds: int = 2,
     auto_max_accumulation: int = 1,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the lone reference and every configuration; the report as in `--json`.
+    """Run the lone reference and every configuration, in interleaved rounds; the report as in `--json`.
 
+    Each round runs every configuration once, the order reversed every other round, with the
+    lone worker before the first round and after each: a configuration measured early is not
+    favoured by a machine that slows down later, nor one measured next to the reference.
     `auto_max_accumulation` > 1 lets auto raise the accumulation up to that many micro-batches.
     """
     single_runner = single_runner or runner
@@ -228,32 +264,39 @@ def run_benchmark(
     job_steps = steps + job_warmup - warmup
     with tempfile.TemporaryDirectory(prefix="gradsync-bench-") as scratch:
 
-        def job(config: str, count: int, run: Runner) -> dict[str, Any]:
-            result = Path(scratch) / f"{config}-{count}.json"
+        def job(config: str, count: int, run: Runner, attempt: int) -> dict[str, Any]:
+            result = Path(scratch) / f"{config}-{count}-{attempt}.json"
             args = ["--workload", workload, "--config", config, "--steps", str(job_steps), "--warmup", str(job_warmup),
                     "--batch-size", str(batch_size), "--max-accumulation", str(auto_max_accumulation), "--result", str(result),
-                    "--run-dir", str(Path(scratch) / f"run-{config}-{count}")]
-            code = run(count, ["gradsync.bench.train", *args])
+                    "--run-dir", str(Path(scratch) / f"run-{config}-{count}-{attempt}")]
+            module = "gradsync.bench.peers" if config in PEERS else "gradsync.bench.train"
+            code = run(count, [module, *args])
             if code != 0 or not result.exists():
                 raise RuntimeError(f"the {config} job on {count} worker(s) failed (exit code {code}); its output is above")
             return json.loads(result.read_text())
 
-        log(f"{workload}: 1 worker, fp32 (the reference, before)")
-        single = job("fp32", 1, single_runner)
-        results = []
-        for config in configs:
-            log(f"{workload}: {workers} workers, {config}")
-            outcome = job(config, workers, runner)
-            results.append(outcome)
-            log(f"  {outcome['samples_per_s_per_worker']:.1f} samples/s per worker, exposed comm "
-                f"{(outcome['exposed_comm_share'] or 0):.0%}")
-        log(f"{workload}: 1 worker, fp32 (the reference, after)")
-        single_runs = [single["samples_per_s_per_worker"], job("fp32", 1, single_runner)["samples_per_s_per_worker"]]
-        reference = statistics.fmean(single_runs)
-        log(f"one worker alone: {reference:.1f} samples/s (before {single_runs[0]:.1f}, after {single_runs[1]:.1f})")
+        def reference(attempt: int) -> dict[str, Any]:
+            log(f"{workload}: 1 worker, fp32 (the reference, {'before round 1' if attempt == 0 else f'after round {attempt}'})")
+            return job("fp32", 1, single_runner, attempt)
+
+        single = reference(0)
+        references = [single["samples_per_s_per_worker"]]
+        outcomes: dict[str, list[dict[str, Any]]] = {config: [] for config in configs}
+        for round_number in range(rounds):
+            for config in configs if round_number % 2 == 0 else configs[::-1]:
+                log(f"{workload}: {workers} workers, {config} (round {round_number + 1} of {rounds})")
+                outcome = job(config, workers, runner, round_number)
+                outcomes[config].append(outcome)
+                exposed = outcome["exposed_comm_share"]
+                log(f"  {outcome['samples_per_s_per_worker']:.1f} samples/s per worker"
+                    + (f", exposed comm {exposed:.0%}" if exposed is not None else ""))
+            references.append(reference(round_number + 1)["samples_per_s_per_worker"])
+        log(f"one worker alone: {statistics.fmean(references):.1f} samples/s "
+            f"({', '.join(f'{r:.1f}' for r in references)} around the rounds)")
+        results = [_median_round(outcomes[config], references) for config in configs]
         for outcome in results:
-            outcome["scaling_efficiency"] = outcome["samples_per_s_per_worker"] / reference
-            log(f"  {outcome['config']}: scaling efficiency {outcome['scaling_efficiency']:.0%}")
+            low, high = outcome["scaling_efficiency_spread"]
+            log(f"  {outcome['config']}: scaling efficiency {outcome['scaling_efficiency']:.0%} (rounds {low:.0%}-{high:.0%})")
         # The network's own capacity, on the same workers: what the configurations compete for.
         log(f"all-reduce sweep on {workers} workers (1K to {SWEEP_MAX})")
         sweep = Path(scratch) / "allreduce.json"
@@ -269,21 +312,27 @@ def run_benchmark(
         "steps": job_steps,
         "timed_from_step": job_warmup,
         "auto_max_accumulation": auto_max_accumulation,
-        "single_worker_samples_per_s": reference,
-        "single_worker_runs": single_runs,  # samples/s before and after the configurations
+        "rounds": rounds,
+        "single_worker_samples_per_s": statistics.fmean(references),
+        "single_worker_runs": references,  # samples/s before the first round and after each
         "single_worker_final_loss": single["final_loss"],
         "results": results,
         "allreduce": allreduce,
     }
 
 
+def _megabytes(value: float | None) -> str:
+    return "—" if value is None else f"{value / 2**20:.2f}"
+
+
 def render(report: dict[str, Any]) -> str:
     runs = report.get("single_worker_runs")  # absent in reports written before it was measured twice
+    rounds = report.get("rounds", 1)
     lines = [
-        f"# {report['workload']}: {report['world_size']} workers, batch {report['batch_size_per_worker']} per worker; "
-        f"one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s"
-        + (f" (before {runs[0]:.1f}, after {runs[1]:.1f})" if runs else ""),
-        f"{'config':>9} {'samples/s/worker':>17} {'scaling eff.':>13} {'exposed comm':>13} {'sent MB/step':>13} "
+        f"# {report['workload']}: {report['world_size']} workers, batch {report['batch_size_per_worker']} per worker, "
+        f"{rounds} round{'s' if rounds > 1 else ''}; one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s"
+        + (f" ({', '.join(f'{r:.1f}' for r in runs)} around the rounds)" if runs else ""),
+        f"{'config':>14} {'samples/s/worker':>17} {'scaling eff.':>13} {'rounds':>9} {'exposed comm':>13} {'sent MB/step':>13} "
         f"{'state MB':>9} {'peak RSS MB':>12} {'final loss':>11}  chosen",
     ]
     for r in report["results"]:
@@ -291,9 +340,12 @@ def render(report: dict[str, Any]) -> str:
         chosen = picked.get("compression") or ""
         if picked.get("accumulation_steps", 1) > 1:
             chosen += f", accumulation {picked['accumulation_steps']}"
+        spread = r.get("scaling_efficiency_spread")
+        spread_text = f"{spread[0]:.0%}-{spread[1]:.0%}" if spread and len(r.get("rounds", [])) > 1 else "—"
+        exposed = r["exposed_comm_share"]
         lines.append(
-            f"{r['config']:>9} {r['samples_per_s_per_worker']:>17.1f} {r['scaling_efficiency']:>12.0%} "
-            f"{(r['exposed_comm_share'] or 0):>12.0%} {r.get('traffic_bytes_per_step', r['comm_bytes_per_step']) / 2**20:>13.2f} "
+            f"{r['config']:>14} {r['samples_per_s_per_worker']:>17.1f} {r['scaling_efficiency']:>12.0%} {spread_text:>9} "
+            f"{'—' if exposed is None else f'{exposed:.0%}':>13} {_megabytes(r.get('traffic_bytes_per_step', r['comm_bytes_per_step'])):>13} "
             f"{r.get('state_mb_per_worker', float('nan')):>9.1f} {r.get('peak_rss_mb_per_worker', float('nan')):>12.0f} "
             f"{r['final_loss']:>11.4f}  {chosen}"
         )

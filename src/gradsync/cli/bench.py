@@ -41,6 +41,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     _add_cluster_arguments(training)
     training.add_argument("--steps", type=int, default=30, help="optimizer steps per job after warm-up (default 30)")
     training.add_argument("--warmup", type=int, default=5, help="steps left out of the throughput (default 5)")
+    training.add_argument("--rounds", type=int, default=2,
+                          help="runs of every configuration, interleaved, the order reversed every other round; the "
+                               "report gives each one's median and spread (default 2)")
     training.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
     training.add_argument("--auto-max-accumulation", type=int, default=1, metavar="K",
                           help="let auto raise accumulation up to K micro-batches per step when communication stays "
@@ -104,8 +107,9 @@ def run_train(args: argparse.Namespace) -> int:
         workers = args.nproc_per_node * max(1, args.hosts)
         if workers < 2:
             raise ConfigError("scaling needs at least 2 workers: raise --nproc-per-node or --hosts")
-        if args.steps < 2 or args.warmup < 1 or args.batch_size < 1 or args.auto_max_accumulation < 1:
-            raise ConfigError("--steps must be >= 2, --warmup >= 1, --batch-size >= 1 and --auto-max-accumulation >= 1")
+        if args.steps < 2 or args.warmup < 1 or args.batch_size < 1 or args.auto_max_accumulation < 1 or args.rounds < 1:
+            raise ConfigError("--steps must be >= 2, --warmup >= 1, --batch-size >= 1, --rounds >= 1 and "
+                              "--auto-max-accumulation >= 1")
         if args.output_dir:
             from gradsync.bench.plots import pyplot
 
@@ -131,7 +135,8 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         report = train.run_benchmark(
             args.workload, configs, workers=workers, steps=args.steps + args.warmup, warmup=args.warmup,
-            batch_size=args.batch_size, auto_max_accumulation=args.auto_max_accumulation, runner=runner, log=log,
+            batch_size=args.batch_size, rounds=args.rounds, auto_max_accumulation=args.auto_max_accumulation, runner=runner,
+            log=log,
         )
     finally:
         if simulated is not None:

@@ -1,0 +1,124 @@
+"""The peers `gradsync bench train` measures gradsync against: a hand-written DDP loop, and
+PyTorch's own communication hooks on that loop.
+
+A peer trains the same workload (model, data, optimizer, batch per worker, bucket size) as
+gradsync's configurations, written the way a user writes it without gradsync: a
+DistributedSampler, DDP and one of torch's hooks. It reports the keys of gradsync's own jobs
+that a bare loop can know (throughput, the final loss); what only gradsync meters (exposed
+communication, bytes sent) is None.
+
+Configurations: `plain` (DDP's own all-reduce), `torch-fp16` and `torch-bf16`
+(`fp16_compress_hook`, `bf16_compress_hook`), `torch-powersgd` (`powerSGD_hook`, rank 4, error
+feedback and warm start, plain all-reduce for the first ~10% of the steps, as gradsync's
+`powersgd` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+PEERS = ("plain", "torch-fp16", "torch-bf16", "torch-powersgd")
+LOSS_EVERY = 5  # steps between the loss curve's points (the trainer logs every 5 in the benchmark too)
+BUCKET_CAP_MB = 25.0  # DDP's default, and gradsync's fixed configurations'
+
+
+def _register_hook(model, config: str, steps: int) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if config == "torch-fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif config == "torch-bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif config == "torch-powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=max(2, steps // 10),
+            use_error_feedback=True, warm_start=True,
+        )
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    from gradsync.bench.workloads import WORKLOADS
+    from gradsync.distributed import end_process
+
+    parser = argparse.ArgumentParser(prog="python -m gradsync.bench.peers")
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), required=True)
+    parser.add_argument("--config", choices=PEERS, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--result", required=True)
+    args, _ = parser.parse_known_args(argv)  # gradsync's jobs take options a peer has no use for
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda" if cuda else "cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    workload = WORKLOADS[args.workload]
+    torch.manual_seed(0)
+    model = workload.build_model().to(device)
+    dataset = workload.build_dataset(args.steps * args.batch_size * world)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=DistributedSampler(dataset, shuffle=False))
+    model = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+    _register_hook(model, args.config, args.steps)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=args.lr, momentum=0.9)
+    step_ends: list[float] = []
+    curve: list[list[float]] = []
+    for step, batch in enumerate(loader, 1):
+        batch = [t.to(device, non_blocking=True) for t in batch]
+        loss = workload.loss(model, batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % LOSS_EVERY == 0:
+            curve.append([step, loss.item()])  # this rank's: averaging it would add a collective per point
+        if cuda:
+            torch.cuda.synchronize()
+        step_ends.append(time.perf_counter())
+    measured = step_ends[args.warmup:]
+    totals = torch.tensor([measured[-1] - measured[0] if len(measured) > 1 else float("nan"), loss.item() / world,
+                           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64, device=device)
+    seconds = totals[:1].clone()
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the job runs at its slowest worker's pace
+    dist.all_reduce(totals[1:2])  # the last step's loss, averaged over the workers
+    peak = totals[2:].clone()
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        timed_steps = len(measured) - 1
+        state = sum(p.numel() * p.element_size() * (3 if p.requires_grad else 1) for p in model.parameters())
+        result = {
+            "config": args.config,
+            "world_size": world,
+            "samples_per_s_per_worker": timed_steps * args.batch_size / float(seconds) if timed_steps > 0 else None,
+            "exposed_comm_share": None,
+            "comm_bytes_per_step": None,
+            "traffic_bytes_per_step": None,
+            "compression_ratio": None,
+            "final_loss": float(totals[1]),
+            "loss_curve": curve,
+            "chosen": None,
+            "parallel": {"strategy": "ddp"},
+            "state_mb_per_worker": state / 2**20,  # parameters, gradients and SGD's momentum
+            "peak_rss_mb_per_worker": float(peak) / 2**20,
+        }
+        Path(args.result).write_text(json.dumps(result))
+    dist.barrier()
+    end_process(0)  # not the interpreter's teardown, which races with Gloo's threads (gradsync.distributed)
+
+
+if __name__ == "__main__":
+    main()
