@@ -27,6 +27,21 @@ LOSS_EVERY = 5  # steps between the loss curve's points (the trainer logs every 
 BUCKET_CAP_MB = 25.0  # DDP's default, and gradsync's fixed configurations'
 
 
+def job_parser(module: str, configs: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The command line of one benchmark job, gradsync's or a peer's: the same workload, steps and batch."""
+    from gradsync.bench.workloads import WORKLOADS
+
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    parser.add_argument("--workload", choices=tuple(WORKLOADS), required=True)
+    parser.add_argument("--config", choices=configs, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--result", required=True)
+    return parser
+
+
 def _register_hook(model, config: str, steps: int) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
@@ -52,15 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     from gradsync.bench.workloads import WORKLOADS
     from gradsync.distributed import end_process
 
-    parser = argparse.ArgumentParser(prog="python -m gradsync.bench.peers")
-    parser.add_argument("--workload", choices=tuple(WORKLOADS), required=True)
-    parser.add_argument("--config", choices=PEERS, required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--warmup", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--result", required=True)
-    args, _ = parser.parse_known_args(argv)  # gradsync's jobs take options a peer has no use for
+    args, _ = job_parser("gradsync.bench.peers", PEERS).parse_known_args(argv)  # a peer ignores gradsync's own options
 
     cuda = torch.cuda.is_available()
     if cuda:

@@ -29,7 +29,6 @@ peak resident memory (activations, buffers and the runtime included).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -41,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gradsync.bench.peers import PEERS
+from gradsync.bench.peers import PEERS, job_parser
 from gradsync.comm.auto import DECISION_STEPS
 from gradsync.errors import ConfigError
 from gradsync.rundir import RunDir
@@ -120,15 +119,8 @@ def worker_main(argv: list[str] | None = None) -> None:
     from gradsync.bench.workloads import WORKLOADS
     from gradsync.distributed import end_process
 
-    parser = argparse.ArgumentParser(prog="python -m gradsync.bench.train")
-    parser.add_argument("--workload", choices=tuple(WORKLOADS), required=True)
-    parser.add_argument("--config", choices=CONFIGS, required=True)
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--warmup", type=int, required=True)
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser = job_parser("gradsync.bench.train", CONFIGS)
     parser.add_argument("--max-accumulation", type=int, default=1)
-    parser.add_argument("--result", required=True)
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
 
