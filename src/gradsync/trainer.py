@@ -818,10 +818,11 @@ class Trainer:
         }
         if ended:
             description["ended"] = time.time()
+        path = rundir.RunDir(self._run_dir).description
         try:
-            rundir.write_json(rundir.RunDir(self._run_dir).description, description)
+            rundir.write_json(path, description)
         except OSError as error:
-            self._logger.warning(f"could not write {rundir.RunDir(self._run_dir).description}: {error}")
+            self._logger.warning(f"could not write {path}: {error}")
 
     def summary(self) -> dict[str, Any]:
         """Totals over the run so far, identical on every rank: steps, skips, samples/s, comm

@@ -79,14 +79,13 @@ def write_report(run: str | Path | RunRecords, output: str | Path | None = None)
     except OSError as error:
         raise _unwritable(report_page, error) from error
     pictures: list[tuple[Path, bytes]] = []
-    failed = (records.diagnosis or {}).get("status") not in (None, "ok")
 
     def plot(title: str, draw: Any, name: str, note: str = "") -> str:
         png = draw(records)
         return "" if png is None else f"<h2>{title}</h2>" + _image(png, title, pictures_dir / f"{name}.png", pictures) + note
 
     sections = [page.status(records), page.skipped(records), page.advice(advise(records)), page.header(records)]
-    if failed:  # what went wrong, where, and what each rank did last, before how fast it went
+    if records.failed:  # what went wrong, where, and what each rank did last, before how fast it went
         sections += [page.diagnosis(records), page.last_collectives(records),
                      plot("The ranks' last seconds", figures.last_collectives, "last-seconds")]
     drawn = [
@@ -102,7 +101,7 @@ def write_report(run: str | Path | RunRecords, output: str | Path | None = None)
     ]
     if any(drawn):
         sections += [page.AXIS_NOTE, *drawn]
-    if not failed:
+    if not records.failed:
         sections.append(page.diagnosis(records))
     sections.append(_benchmarks(records, pictures, pictures_dir))
     title = html.escape(f"gradsync report: {records.run_dir.resolve().name}")

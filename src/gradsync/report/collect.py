@@ -45,6 +45,23 @@ class RunRecords:
         """The rows that close a gather interval: they carry per-rank busy time and system metrics."""
         return [row for row in self.rows if "rank_busy_s" in row]
 
+    @property
+    def failed(self) -> bool:
+        """gradsync run judged the run failed or stopped: what went wrong leads the page."""
+        return (self.diagnosis or {}).get("status") not in (None, "ok")
+
+    @property
+    def collectives(self) -> dict[int, list[dict[str, Any]]]:
+        """rank -> the latest attempt's recorded collectives, oldest first (ranks that recorded none left out)."""
+        return {rank: state["records"] for rank, state in self.workers.items() if state.get("records")}
+
+    @functools.cached_property
+    def last_seen(self) -> float:
+        """The latest moment any worker was seen: its last snapshot, or a collective entered or completed."""
+        moments = [state.get("time") or 0.0 for state in self.workers.values()]
+        moments += [r.get("finished") or r["entered"] for records in self.collectives.values() for r in records]
+        return max(moments, default=0.0)
+
     @functools.cached_property
     def recorded(self) -> timeline.Timeline | None:
         """gradsync run's per-rank step times and waits, for a run whose loop is not gradsync's

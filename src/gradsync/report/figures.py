@@ -234,14 +234,10 @@ LAST_SECONDS = 10.0  # how much of each rank's end the failure timeline shows
 def last_collectives(records: RunRecords) -> bytes | None:
     """What each rank did in its last seconds: every recorded collective as a bar from entry to
     completion; one never completed runs to the end in red. Drawn for runs that did not end well."""
-    if (records.diagnosis or {}).get("status") in (None, "ok"):
+    lanes = records.collectives
+    if not records.failed or not lanes:
         return None
-    lanes = {rank: state.get("records") or [] for rank, state in records.workers.items()}
-    lanes = {rank: recs for rank, recs in lanes.items() if recs}
-    if not lanes:
-        return None
-    end = max(state.get("time") or 0.0 for state in records.workers.values())
-    end = max(end, *(r.get("finished") or r["entered"] for recs in lanes.values() for r in recs))
+    end = records.last_seen
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(11, 1.2 + 0.6 * len(lanes)))
     ranks = sorted(lanes)

@@ -228,15 +228,10 @@ def _record_line(record: dict[str, Any], end: float) -> str:
 
 def last_collectives(records: RunRecords) -> str:
     """Each rank's last few collectives as text, newest last (the figure shows their timing)."""
-    if (records.diagnosis or {}).get("status") in (None, "ok"):
+    if not records.failed or not records.collectives:
         return ""
-    lanes = {rank: (state.get("records") or [])[-LAST_SHOWN:] for rank, state in records.workers.items()}
-    lanes = {rank: recs for rank, recs in lanes.items() if recs}
-    if not lanes:
-        return ""
-    end = max(max(r.get("finished") or r["entered"] for r in recs) for recs in lanes.values())
-    end = max([end] + [state.get("time") or 0.0 for state in records.workers.values()])
-    text = "\n".join(f"rank {rank}:\n" + "\n".join(f"  {_record_line(r, end)}" for r in recs) for rank, recs in lanes.items())
+    text = "\n".join(f"rank {rank}:\n" + "\n".join(f"  {_record_line(r, records.last_seen)}" for r in recs[-LAST_SHOWN:])
+                     for rank, recs in records.collectives.items())
     return f"<h2>Each rank's last collectives</h2><pre id='last-collectives'>{html.escape(text)}</pre>"
 
 

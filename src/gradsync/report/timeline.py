@@ -17,13 +17,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
+
 MOST_INTERVALS = 40  # enough to see a trend, few enough for a heat map cell to be visible
 FEWEST_INTERVALS = 3  # fewer is not a timeline: a run of a few seconds, or one that hung early
 
 
 @dataclass(frozen=True)
 class Timeline:
-    """Intervals of `width` steps (or backward passes: `unit`) ending at `ends`, per rank."""
+    """Intervals of equal numbers of steps (or backward passes: `unit`) ending at `ends`, per rank."""
 
     unit: str  # "optimizer step" or "backward pass"
     ends: list[int]
@@ -69,13 +71,6 @@ def _first_sightings(rows: list[dict[str, Any]], key: str) -> list[tuple[int, fl
     return points
 
 
-def _interpolate(points: list[tuple[int, float, float]], at: int, index: int) -> float:
-    for (x0, *y0), (x1, *y1) in zip(points, points[1:]):
-        if x0 <= at <= x1:
-            return y0[index] + (y1[index] - y0[index]) * (at - x0) / (x1 - x0)
-    raise ValueError(f"{at} outside the readings")  # edges are chosen inside every rank's range
-
-
 def timeline(system: dict[int, list[dict[str, Any]]]) -> Timeline | None:
     """The ranks' intervals, or None when the readings hold no steps (or too few readings)."""
     key = counter(system)
@@ -92,19 +87,17 @@ def timeline(system: dict[int, list[dict[str, Any]]]) -> Timeline | None:
     if intervals < FEWEST_INTERVALS:
         return None
     width = math.ceil((high - low) / intervals)
-    edges = list(range(low, high + 1, width))
-    if len(edges) < 2:
-        return None
+    edges = list(range(low, high + 1, width))  # at least two: width <= high - low
     step_time: dict[int, list[float]] = {}
     wait_share: dict[int, list[float]] = {}
     for rank, p in sorted(points.items()):
-        times = [_interpolate(p, edge, 0) for edge in edges]
-        waits = [_interpolate(p, edge, 1) for edge in edges]
+        counts, moments, waited = zip(*p)
+        times, waits = numpy.interp(edges, counts, moments), numpy.interp(edges, counts, waited)
         step_time[rank], wait_share[rank] = [], []
         for i in range(1, len(edges)):
             elapsed = times[i] - times[i - 1]
-            step_time[rank].append(elapsed / (edges[i] - edges[i - 1]))
-            wait_share[rank].append(min(1.0, max(0.0, (waits[i] - waits[i - 1]) / elapsed)) if elapsed > 0 else 0.0)
+            step_time[rank].append(float(elapsed / (edges[i] - edges[i - 1])))
+            wait_share[rank].append(float(min(1.0, max(0.0, (waits[i] - waits[i - 1]) / elapsed))) if elapsed > 0 else 0.0)
     unit = "optimizer step" if key == "optimizer_steps" else "backward pass"
     return Timeline(unit, edges[1:], step_time, wait_share)
 

@@ -693,7 +693,7 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
     return originals
 
 
-def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable:
+def _wrap_backward(recorder: CollectiveRecorder, original: Callable, engine: Any) -> Callable:
     """`torch.autograd.backward` (what `loss.backward()` calls), recording DDP's reduction in it."""
 
     @functools.wraps(original)
@@ -701,7 +701,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
         if torch.compiler.is_compiling():
             return original(tensors, *args, **kwargs)
         if not recorder.pending_reductions:
-            return _timing_final_wait(recorder, tensors, lambda: original(tensors, *args, **kwargs))
+            return _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs))
         models = list(recorder.pending_reductions.values())
         recorder.pending_reductions.clear()
         site = caller_location()
@@ -711,7 +711,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
             for ddp in models
         ]
         try:
-            result = _timing_final_wait(recorder, tensors, lambda: original(tensors, *args, **kwargs))
+            result = _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs))
         except BaseException as error:
             for record in records:
                 recorder.finish(record, error)
@@ -728,7 +728,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable) -> Callable
     return backward
 
 
-def _timing_final_wait(recorder: CollectiveRecorder, tensors: Any, run: Callable[[], Any]) -> Any:
+def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, run: Callable[[], Any]) -> Any:
     """Run a backward pass and add to the recorder the time between the end of its gradient
     computation and its return: what DDP's reducer (and FSDP's final callback) wait for the
     reductions still in flight, the exposed communication of the pass.
@@ -736,11 +736,11 @@ def _timing_final_wait(recorder: CollectiveRecorder, tensors: Any, run: Callable
     The end of the computation is an autograd engine callback queued from a pre-hook on the
     loss's node, the first node the engine runs; callbacks run in the order queued, so it runs
     before the ones DDP and FSDP queue once their first gradient is ready. On CUDA this is the
-    CPU's wait only (NCCL's wait is a stream dependency, not a CPU block).
+    CPU's wait only (NCCL's wait is a stream dependency, not a CPU block). `engine`: autograd's,
+    None on a torch without it (then only blocking collectives count as waiting).
     """
     first = next((t for t in (tensors if isinstance(tensors, (list, tuple)) else (tensors,))
                   if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
-    engine = compat.AUTOGRAD_CALLBACK.get(None)
     if first is None or engine is None or not dist.is_initialized():
         return run()
     computed: list[float] = []
@@ -788,7 +788,8 @@ def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Calla
     originals += _patch_ddp(recorder, record_buckets)
     originals += _patch_device_mesh(recorder)
     originals.append((torch.autograd, "backward", torch.autograd.backward))
-    torch.autograd.backward = _wrap_backward(recorder, torch.autograd.backward)
+    # Looked up once here, not on every backward pass.
+    torch.autograd.backward = _wrap_backward(recorder, torch.autograd.backward, compat.AUTOGRAD_CALLBACK.get(None))
 
     def uninstall() -> None:
         for owner, name, original in reversed(originals):
