@@ -10,7 +10,7 @@ from gradsync.errors import ConfigError
 from gradsync.run.collectives import CollectiveRecorder, install
 from tests.harness import launch
 
-ALL_FACES = (compat.RUN, compat.DOCTOR_STEPS, compat.PROFILE_STEPS, compat.RESTARTS, compat.TRAINER, compat.POWERSGD)
+ALL_FACES = (compat.RUN, compat.DOCTOR_STEPS, compat.PROFILE_STEPS, compat.RESTARTS, compat.TRAINER)
 
 
 class StandIn:

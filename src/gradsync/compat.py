@@ -27,7 +27,6 @@ DOCTOR_STEPS = "gradsync run --doctor-steps"
 PROFILE_STEPS = "gradsync run --profile-steps"
 RESTARTS = "gradsync run --max-restarts"
 TRAINER = "the trainer"
-POWERSGD = "compression 'powersgd'"
 
 _ABSENT = object()
 
@@ -76,7 +75,6 @@ class PrivateApi:
 
 
 _DDP = "torch.nn.parallel:DistributedDataParallel"
-_POWERSGD_STATE = "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook:PowerSGDState"
 _TORCH_TESTED = f"install torch {TESTED_TORCH}, the version gradsync is tested with"
 
 DDP_BUILTIN_HOOK = PrivateApi(
@@ -194,18 +192,9 @@ def missing_fsdp_flush() -> str | None:
     return f"torch {torch.__version__} has no {', '.join(api.where for api in lacking)}" if lacking else None
 
 
-POWERSGD_STATE = tuple(
-    PrivateApi(_POWERSGD_STATE, name, POWERSGD, "gradsync uses to count bytes sent, to time its start and to checkpoint it",
-               f"choose another compression (fp16, bf16, int8, topk), or {_TORCH_TESTED}", required=True)
-    for name in (
-        "error_dict", "p_memory_dict", "q_memory_dict", "rng", "iter", "start_powerSGD_iter",
-        "min_compression_rate", "total_numel_after_compression",
-    )
-)
-
 PRIVATE_APIS: tuple[PrivateApi, ...] = (
     DDP_BUILTIN_HOOK, DDP_SYNC_BUFFERS, DDP_JOIN_SHADOW, *DDP_INSTANCE, DATALOADER_ITERATOR,
-    OPTIMIZER_STEP_PATCH, OPTIMIZER_STEP_COUNT, AUTOGRAD_CALLBACK, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *BUCKET_LAYOUT, *FSDP_FLUSH, *POWERSGD_STATE,
+    OPTIMIZER_STEP_PATCH, OPTIMIZER_STEP_COUNT, AUTOGRAD_CALLBACK, AGENT_MONITOR, AGENT_INITIALIZE, PROFILER_ENABLED, *BUCKET_LAYOUT, *FSDP_FLUSH,
     FR_PICKLE, C10D_WORLD,  # not NCCL's dumpers: a CPU build lacks them by design
 )
 

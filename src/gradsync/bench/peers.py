@@ -10,7 +10,10 @@ communication, bytes sent) is None.
 Configurations: `plain` (DDP's own all-reduce), `torch-fp16` and `torch-bf16`
 (`fp16_compress_hook`, `bf16_compress_hook`), `torch-powersgd` (`powerSGD_hook`, rank 4, error
 feedback and warm start, plain all-reduce for the first ~10% of the steps, as gradsync's
-`powersgd` does).
+`powersgd` does), and `no-comm`: the same loop without DDP, so the workers never communicate.
+`no-comm` is the ceiling of scaling efficiency on the machine at hand: its workers still compete
+for cores and memory bandwidth (two on 2 cores lose ~5% to each other), which no communication
+setting can win back.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import resource
 import time
 from pathlib import Path
 
-PEERS = ("plain", "torch-fp16", "torch-bf16", "torch-powersgd")
+PEERS = ("plain", "torch-fp16", "torch-bf16", "torch-powersgd", "no-comm")
 LOSS_EVERY = 5  # steps between the loss curve's points (the trainer logs every 5 in the benchmark too)
 BUCKET_CAP_MB = 25.0  # DDP's default, and gradsync's fixed configurations'
 
@@ -80,8 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     model = workload.build_model().to(device)
     dataset = workload.build_dataset(args.steps * args.batch_size * world)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=DistributedSampler(dataset, shuffle=False))
-    model = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
-    _register_hook(model, args.config, args.steps)
+    if args.config != "no-comm":
+        model = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+        _register_hook(model, args.config, args.steps)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=args.lr, momentum=0.9)
     step_ends: list[float] = []
     curve: list[list[float]] = []

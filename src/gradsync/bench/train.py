@@ -19,7 +19,8 @@ compression, gradsync.comm), auto (tries them and keeps the fastest), the other 
 strategies (gradsync.parallel): fsdp, hsdp (sharded within a host, replicated across), tp (tensor
 parallel over every worker) and fsdp+tp (tensor parallel within a host, FSDP across), and the
 peers (gradsync.bench.peers): plain (a hand-written DDP loop without gradsync), torch-fp16,
-torch-bf16 and torch-powersgd (PyTorch's own hooks on that loop). Every one
+torch-bf16 and torch-powersgd (PyTorch's own hooks on that loop), and no-comm (that loop without
+DDP: the ceiling, workers that compete for the machine but never communicate). Every one
 keeps the same global batch: a tensor-parallel group takes the batches of all its workers at
 once. Throughput is measured after `warmup` steps; auto's warm-up includes its trials, so its
 number is what it settled on. Memory per worker is reported two ways: the model state it holds

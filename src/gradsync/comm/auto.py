@@ -3,10 +3,19 @@
 Models of step time (bandwidth x bytes, minus what overlaps with backward, plus codec cost) are
 easy to write and easy to get wrong: overlap, the codec's CPU cost competing with the backward,
 and per-message latency all vary by machine. So auto measures instead: after a short warm-up it
-runs a few real training steps with each candidate (plain fp32 first), measures every rank's
-step time (the slowest rank counts), and keeps the fastest. A compressor must beat the less
-lossy choices by more than `margin` to be chosen, because compression costs accuracy and often
-loses on fast links; on a fast network auto therefore keeps plain fp32.
+runs a few real training steps with each candidate, measures every rank's step time (the
+slowest rank counts), and keeps the fastest. A compressor must beat plain fp32 by more than
+`margin` to be chosen, because compression costs accuracy and often loses on fast links; on a
+fast network auto therefore keeps plain fp32. Between compressors, speed decides: they train
+alike (within a point of each other on the digits demo), so the fastest wins unless the next
+less lossy one is within the noise of the trials (at least `TIE`), and then the less lossy wins.
+
+The trials run in a palindrome, fp32, bf16, PowerSGD, int8 (twice as long), PowerSGD, bf16,
+fp32: each candidate's steps are then centred on the same moment, so a step time that drifts
+steadily while the run warms up (or another job starts) shifts every candidate alike instead
+of favouring whoever ran last. A trial's step time is the lower quartile of its steps
+(`typical_step_s`), and the noise is measured, not assumed: the spread of each trial's steps
+around their median.
 
 By default nothing about the batch changes: the global batch size stays the user's. Only
 when the user allows it (`max_accumulation_steps` > 1) and communication still leaves more than
@@ -41,9 +50,28 @@ from gradsync.metrics.timing import synchronized_time
 # Least lossy first: on a tie the earlier one wins.
 CANDIDATES = ("none", "bf16", "powersgd", "int8")
 WARMUP_STEPS = 5
-STEPS_PER_TRIAL = 4  # measured steps per trial, after one step that pays for the switch
-# Optimizer steps before auto has decided: warm-up, then each candidate and the baseline again.
-DECISION_STEPS = WARMUP_STEPS + (len(CANDIDATES) + 1) * (STEPS_PER_TRIAL + 1)
+STEPS_PER_TRIAL = 3  # measured steps per segment of the palindrome, after one step that pays for the switch
+TIE = 0.02  # compressors closer than this (or than twice the trials' noise) count as equally fast
+
+
+def trial_schedule(candidates: int, steps_per_trial: int) -> list[tuple[int, int]]:
+    """(candidate, measured steps) per segment: there and back, the turning candidate once, twice as long."""
+    there = list(range(candidates))
+    return [(c, 2 * steps_per_trial if c == there[-1] else steps_per_trial) for c in there + there[-2::-1]]
+
+
+def typical_step_s(times: list[float]) -> float:
+    """What a candidate's step costs: the lower quartile of its measured steps.
+
+    Interference only ever slows a step (another process on the core, a candidate's first
+    steps paying for buffers it allocates), so the faster steps show the candidate's own cost;
+    the quartile, unlike the minimum, still needs a quarter of the steps to be that fast.
+    """
+    return statistics.quantiles(times, n=4, method="inclusive")[0] if len(times) > 1 else times[0]
+
+
+# Optimizer steps before auto has decided: warm-up, then every segment with its switch step.
+DECISION_STEPS = WARMUP_STEPS + sum(steps + 1 for _, steps in trial_schedule(len(CANDIDATES), STEPS_PER_TRIAL))
 
 
 def choose_accumulation(step_s: float, exposed_s: float, current: int, most: int, margin: float) -> tuple[int, float, float]:
@@ -104,8 +132,13 @@ class Trial:
     hook: CompressionHook
     step_times: list[float] = field(default_factory=list)
     exposed_times: list[float] = field(default_factory=list)  # exposed communication per step
-    median_s: float | None = None  # the median over its steps, slowest rank
+    step_s: float | None = None  # its typical step (typical_step_s), slowest rank
     exposed_s: float | None = None  # median exposed communication per step, least-waiting rank
+    noise: float | None = None  # median absolute deviation of its steps / its median, noisiest rank
+
+    def spread(self) -> float:
+        median = statistics.median(self.step_times)
+        return statistics.median(abs(t - median) for t in self.step_times) / median if median > 0 else 0.0
 
 
 class AutoTuner:
@@ -129,7 +162,6 @@ class AutoTuner:
         """`accumulation_steps`: the trainer's micro-batches per step while auto measures."""
         self.process_group = process_group
         self.warmup_steps = warmup_steps
-        self.steps_per_trial = steps_per_trial
         self.margin = margin
         self.log = log
         self.stats = CompressionStats()  # shared, so per-step metrics stay continuous across switches
@@ -139,7 +171,7 @@ class AutoTuner:
                 name=name,
                 min_numel=base.min_numel,
                 powersgd_rank=base.powersgd_rank,
-                powersgd_start_step=2,  # its own warm-up already happened in auto's
+                powersgd_start_step=0,  # its plain warm-up is auto's own; plain steps in its trial would hide its speed
                 topk_ratio=base.topk_ratio,
             )
             hook = PlainHook(config, process_group) if name == "none" else make_hook(config, process_group)
@@ -151,10 +183,9 @@ class AutoTuner:
         self.max_accumulation = max(base.max_accumulation_steps, accumulation_steps)
         self.accumulation_steps = accumulation_steps  # auto's choice once decided (unchanged unless allowed)
         self.baseline_exposed_s: float | None = None  # fp32's exposed communication per step, least-waiting rank
+        self.tie: float | None = None  # the relative difference in step time auto treated as noise
         self.steps = 0
-        # The baseline is measured first and again last: step times drift while a run warms up,
-        # and a baseline measured only first would look slower than it is.
-        self._schedule = [*range(len(self.trials)), 0]
+        self._schedule = trial_schedule(len(self.trials), steps_per_trial)
         self._position = -1  # warming up
         self._segment_steps = 0
         self._last: float = 0.0
@@ -163,7 +194,7 @@ class AutoTuner:
     def current(self) -> CompressionHook:
         if self.chosen is not None:
             return self.chosen.hook
-        return self.trials[self._schedule[min(max(0, self._position), len(self._schedule) - 1)]].hook
+        return self.trials[self._schedule[min(max(0, self._position), len(self._schedule) - 1)][0]].hook
 
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]  # a DDP hook (see compression.py)
         return self.current(state, bucket)
@@ -191,13 +222,14 @@ class AutoTuner:
         if self._position >= 0:
             # The first step after a switch pays for the switch (new buffers, PowerSGD's first
             # low-rank pass), so it is left out of the trial's measurement.
+            candidate, steps = self._schedule[self._position]
             if self._segment_steps > 0:
-                trial = self.trials[self._schedule[self._position]]
+                trial = self.trials[candidate]
                 trial.step_times.append(now - self._last)
                 trial.exposed_times.append(exposed_s)
             self._segment_steps += 1
             self._last = now
-            if self._segment_steps <= self.steps_per_trial:
+            if self._segment_steps <= steps:
                 return
         self._position += 1
         self._segment_steps = 0
@@ -209,23 +241,31 @@ class AutoTuner:
         baseline = self.trials[0]
         # One collective: MAX of the step times (the slowest rank sets the pace) and MAX of the
         # negated exposed times, i.e. the least exposed rank's, whose wait was only communication.
-        measured = [statistics.median(t.step_times) for t in self.trials]
+        # And MAX of each trial's spread: the noisiest rank's.
+        n = len(self.trials)
+        measured = [typical_step_s(t.step_times) for t in self.trials]
         measured += [-statistics.median(t.exposed_times) for t in self.trials]
+        measured += [t.spread() for t in self.trials]
         values = torch.tensor(measured, dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.process_group)
-        medians = values.tolist()
-        for trial, median, negated_exposed in zip(self.trials, medians, medians[len(self.trials):]):
-            trial.median_s, trial.exposed_s = median, max(0.0, -negated_exposed)
+        agreed = values.tolist()
+        for trial, step_s, negated_exposed, noise in zip(self.trials, agreed, agreed[n : 2 * n], agreed[2 * n :]):
+            trial.step_s, trial.exposed_s, trial.noise = step_s, max(0.0, -negated_exposed), noise
         self.baseline_exposed_s = baseline.exposed_s
-        exposed_share = self.baseline_exposed_s / baseline.median_s if baseline.median_s > 0 else 0.0
+        exposed_share = self.baseline_exposed_s / baseline.step_s if baseline.step_s > 0 else 0.0
+        # Two trials of a few steps each differ by chance by about one spread (median absolute
+        # deviation) of their steps; twice that is rarely exceeded by chance.
+        self.tie = max(TIE, 2 * statistics.median(t.noise for t in self.trials))
         best = baseline
         if exposed_share >= self.margin:
-            for trial in self.trials[1:]:
-                if trial.median_s < best.median_s * (1 - self.margin):
-                    best = trial
+            winners = [t for t in self.trials[1:] if t.step_s < baseline.step_s * (1 - self.margin)]
+            if winners:
+                fastest = min(winners, key=lambda t: t.step_s)
+                # The least lossy compressor within the tie of the fastest (CANDIDATES is least lossy first).
+                best = next(t for t in winners if t.step_s <= fastest.step_s * (1 + self.tie))
         self.chosen = best
-        timings = ", ".join(f"{t.name} {t.median_s * 1e3:.1f} ms" for t in self.trials)
+        timings = ", ".join(f"{t.name} {t.step_s * 1e3:.1f} ms" for t in self.trials)
         exposed = f"fp32 left {self.baseline_exposed_s * 1e3:.1f} ms ({exposed_share:.0%}) of each step waiting for communication"
         if exposed_share < self.margin:
             why = (f"{exposed}, less than the {self.margin:.0%} a compressor must save, so gradients stay exact "
@@ -233,25 +273,26 @@ class AutoTuner:
         elif best is baseline:
             why = f"{exposed}, but no compressor was more than {self.margin:.0%} faster, so gradients stay exact"
         else:
-            why = (f"{exposed}; {best.name} cut the step time by {1 - best.median_s / baseline.median_s:.0%} "
-                   "(communication was the bottleneck)")
-        self.log(f"auto compression chose {best.name}: {why}. Median step times: {timings}.")
+            why = (f"{exposed}; {best.name} cut the step time by {1 - best.step_s / baseline.step_s:.0%} "
+                   f"(communication was the bottleneck; compressors within {self.tie:.0%} of the fastest, "
+                   "the trials' noise, count as tied and the least lossy of them wins)")
+        self.log(f"auto compression chose {best.name}: {why}. Step times (lower quartile of each trial): {timings}.")
         if self.max_accumulation > self.measured_accumulation:
             self._decide_accumulation(best)
 
     def _decide_accumulation(self, best: Trial) -> None:
-        assert best.median_s is not None and best.exposed_s is not None
-        share = best.exposed_s / best.median_s if best.median_s > 0 else 0.0
+        assert best.step_s is not None and best.exposed_s is not None
+        share = best.exposed_s / best.step_s if best.step_s > 0 else 0.0
         current = self.measured_accumulation
         self.accumulation_steps, predicted_step_s, predicted = choose_accumulation(
-            best.median_s, best.exposed_s, current, self.max_accumulation, self.margin
+            best.step_s, best.exposed_s, current, self.max_accumulation, self.margin
         )
         exposed = f"with {best.name}, {share:.0%} of each step still waited for communication"
         if self.accumulation_steps == current:
             self.log(f"auto kept accumulation as it is ({current} per step): {exposed}, under the {self.margin:.0%} "
                      "worth growing the global batch for.")
             return
-        per_sample = predicted_step_s / (self.accumulation_steps / current * best.median_s)
+        per_sample = predicted_step_s / (self.accumulation_steps / current * best.step_s)
         self.log(f"auto raises accumulation from {current} to {self.accumulation_steps} micro-batches per step "
                  f"(allowed up to {self.max_accumulation}): {exposed}; one all-reduce per {self.accumulation_steps} "
                  f"micro-batches should leave {predicted:.0%} exposed and take {1 - per_sample:.0%} less time per sample.")
@@ -260,9 +301,11 @@ class AutoTuner:
         """What auto measured and chose (for reports and the benchmark JSON)."""
         return {
             "compression": None if self.chosen is None else self.chosen.name,
-            "step_time_s": {t.name: t.median_s for t in self.trials},
+            "step_time_s": {t.name: t.step_s for t in self.trials},
             "baseline_exposed_comm_s": self.baseline_exposed_s,
             "exposed_comm_s": {t.name: t.exposed_s for t in self.trials},
+            "noise": {t.name: t.noise for t in self.trials},
+            "tie": self.tie,
             "accumulation_steps": self.accumulation_steps,
             "margin": self.margin,
         }

@@ -1,0 +1,101 @@
+"""The docs' tables of a `bench train` report: gradsync's configurations beside the PyTorch peer
+doing the same thing, with the ceiling, written into a Markdown file between two markers.
+
+A table in the docs goes stale the moment the code changes, and one copied by hand from a log
+drifts from the run it claims to come from. So the docs hold the table a make target wrote from
+one report, with the command that produced it (date-free, so rerunning it changes only the
+numbers):
+
+    python -m gradsync.bench.tables REPORT.json DOC.md --marker NAME --command "make bench-..."
+
+replaces what lies between `<!-- NAME -->` and `<!-- /NAME -->` in DOC.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from gradsync.errors import ConfigError
+
+# gradsync's configuration -> the peer that does the same thing without gradsync.
+PEER_OF = {"fp32": "plain", "fp16": "torch-fp16", "bf16": "torch-bf16", "powersgd": "torch-powersgd"}
+CEILING = "no-comm"
+
+
+def _efficiency(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return ""
+    low, high = row.get("scaling_efficiency_spread") or (row["scaling_efficiency"],) * 2
+    return f"{row['scaling_efficiency']:.0%} ({100 * low:.0f}–{100 * high:.0f})"
+
+
+def _exposed(row: dict[str, Any]) -> str:
+    return "—" if row.get("exposed_comm_share") is None else f"{row['exposed_comm_share']:.0%}"
+
+
+def peer_table(report: dict[str, Any], command: str) -> str:
+    """The Markdown block: the command, the lone worker, the ceiling, then one row per gradsync
+    configuration with its peer beside it (peers without a gradsync twin get a row of their own)."""
+    rows = {r["config"]: r for r in report["results"]}
+    runs = report.get("single_worker_runs") or [report["single_worker_samples_per_s"]]
+    lines = [
+        "```",
+        command,
+        "```",
+        "",
+        f"{report['world_size']} workers, batch {report['batch_size_per_worker']} per worker, {report.get('rounds', 1)} "
+        f"interleaved rounds (median, and the rounds' range). One worker alone: "
+        f"{report['single_worker_samples_per_s']:.1f} samples/s ({', '.join(f'{r:.1f}' for r in runs)} around the rounds).",
+    ]
+    if CEILING in rows:
+        lines += ["", f"**Ceiling** (`{CEILING}`: the same workers training side by side, never communicating): "
+                      f"{_efficiency(rows[CEILING])}. No communication setting can beat it on this machine."]
+    lines += [
+        "",
+        "| PyTorch peer | scaling efficiency | gradsync | scaling efficiency | exposed comm | final loss |",
+        "|---|---|---|---|---|---|",
+    ]
+    paired = set()
+    for config, row in rows.items():
+        if config == CEILING or config in PEER_OF.values():
+            continue
+        peer = rows.get(PEER_OF.get(config, ""))
+        chosen = (row.get("chosen") or {}).get("compression")
+        name = f"`{config}`" + (f" (chose {chosen})" if chosen else "")
+        peer_name = ""
+        if peer is not None:
+            paired.add(peer["config"])
+            peer_name = f"`{peer['config']}`"
+        lines.append(f"| {peer_name} | {_efficiency(peer)} | {name} | {_efficiency(row)} | {_exposed(row)} | {row['final_loss']:.4f} |")
+    for config, row in rows.items():
+        if config in PEER_OF.values() and config not in paired:
+            lines.append(f"| `{config}` | {_efficiency(row)} | | | — | {row['final_loss']:.4f} |")
+    return "\n".join(lines)
+
+
+def splice(text: str, marker: str, block: str) -> str:
+    """`text` with what lies between `<!-- marker -->` and `<!-- /marker -->` replaced by `block`."""
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ConfigError(f"the document needs exactly one {start} followed by one {end} around the table to replace.")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{block}\n{end}{tail}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gradsync.bench.tables", description=__doc__.split("\n\n")[0])
+    parser.add_argument("report", type=Path, help="report.json of gradsync bench train")
+    parser.add_argument("doc", type=Path, help="the Markdown file to update")
+    parser.add_argument("--marker", required=True, help="the name in the <!-- NAME --> ... <!-- /NAME --> markers")
+    parser.add_argument("--command", required=True, help="the command that produced the report, shown above the table")
+    args = parser.parse_args(argv)
+    block = peer_table(json.loads(args.report.read_text()), args.command)
+    args.doc.write_text(splice(args.doc.read_text(), args.marker, block))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The docs' peer table: each gradsync configuration beside its PyTorch twin, the ceiling, and the splice."""
+
+import json
+
+import pytest
+
+from gradsync.bench.tables import main, peer_table, splice
+from gradsync.errors import ConfigError
+
+
+def _row(config, efficiency, spread=None, exposed=None, chosen=None, loss=2.0):
+    return {"config": config, "scaling_efficiency": efficiency, "scaling_efficiency_spread": spread or [efficiency, efficiency],
+            "exposed_comm_share": exposed, "final_loss": loss, "chosen": {"compression": chosen} if chosen else None}
+
+
+REPORT = {
+    "world_size": 2, "batch_size_per_worker": 32, "rounds": 2, "single_worker_samples_per_s": 43.0,
+    "single_worker_runs": [43.5, 42.5, 43.0],
+    "results": [
+        _row("no-comm", 0.95, [0.94, 0.96]), _row("torch-powersgd", 0.90, [0.88, 0.92]), _row("torch-bf16", 0.70),
+        _row("fp32", 0.45, exposed=0.51), _row("powersgd", 0.92, [0.91, 0.93], exposed=0.04),
+        _row("auto", 0.93, exposed=0.03, chosen="powersgd"),
+    ],
+}
+
+
+def test_each_gradsync_configuration_sits_beside_the_peer_doing_the_same_thing():
+    lines = peer_table(REPORT, "gradsync bench train --configs ...").splitlines()
+    assert lines[1] == "gradsync bench train --configs ..."
+    assert "One worker alone: 43.0 samples/s (43.5, 42.5, 43.0 around the rounds)" in lines[4]
+    assert any(line.startswith("**Ceiling** (`no-comm`") and "95% (94–96)" in line for line in lines)
+    table = lines[lines.index("|---|---|---|---|---|---|") + 1:]
+    assert table == [
+        "|  |  | `fp32` | 45% (45–45) | 51% | 2.0000 |",  # its peer, plain, did not run
+        "| `torch-powersgd` | 90% (88–92) | `powersgd` | 92% (91–93) | 4% | 2.0000 |",
+        "|  |  | `auto` (chose powersgd) | 93% (93–93) | 3% | 2.0000 |",
+        "| `torch-bf16` | 70% (70–70) | | | — | 2.0000 |",  # bf16 did not run: the peer stands alone
+    ]
+
+
+def test_the_table_replaces_only_what_lies_between_its_markers(tmp_path):
+    doc = "intro\n<!-- t -->\nold table\n<!-- /t -->\nafter\n"
+    assert splice(doc, "t", "new") == "intro\n<!-- t -->\nnew\n<!-- /t -->\nafter\n"
+    for broken in ("no markers", "<!-- /t --> <!-- t -->", "<!-- t --><!-- /t --><!-- t -->"):
+        with pytest.raises(ConfigError, match="exactly one <!-- t -->"):
+            splice(broken, "t", "new")
+    report, target = tmp_path / "report.json", tmp_path / "doc.md"
+    report.write_text(json.dumps(REPORT))
+    target.write_text(doc)
+    main([str(report), str(target), "--marker", "t", "--command", "make bench"])
+    text = target.read_text()
+    assert text.startswith("intro\n<!-- t -->\n```\nmake bench\n```") and text.endswith("<!-- /t -->\nafter\n")
+    assert "old table" not in text and "`powersgd` | 92% (91–93)" in text
