@@ -1,8 +1,9 @@
-"""What each gradient compressor costs in accuracy: the digits demo trained once per compressor.
+"""What each gradient compressor, and periodic synchronisation, costs in accuracy: the digits
+demo trained once per setting.
 
-Every run has the same seed, data, schedule and number of epochs; only `ddp.compression`
-changes. It prints the final test accuracy and loss of each next to fp32 (`none`) and draws the
-loss curves side by side.
+Every run has the same seed, data, schedule and number of epochs (so the same samples); only
+`ddp.compression` or `ddp.periodic` changes. It prints the final test accuracy and loss of each
+next to fp32 (`none`) and draws the loss curves side by side.
 
 Run with `make bench-compression-accuracy` or `python benchmarks/compression_accuracy.py`.
 """
@@ -17,13 +18,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-COMPRESSORS = ("none", "fp16", "bf16", "int8", "topk", "powersgd")
+# name -> the demo's options
+SETTINGS = {
+    **{name: ["--compression", name] for name in ("none", "fp16", "bf16", "int8", "topk", "powersgd")},
+    **{f"{method}-{every}": ["--periodic-every", str(every), "--periodic-method", method]
+       for method in ("average", "diloco") for every in (4, 16)},
+}
 
 
-def train(compression: str, run_dir: Path, epochs: int) -> list[dict]:
+def train(options: list[str], run_dir: Path, epochs: int) -> list[dict]:
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "gradsync.demo.digits",
-         "--compression", compression, "--epochs", str(epochs), "--run-dir", str(run_dir)],
+         *options, "--epochs", str(epochs), "--run-dir", str(run_dir)],
         check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -36,11 +42,11 @@ def main() -> None:
     args = parser.parse_args()
     curves, accuracy = {}, {}
     with tempfile.TemporaryDirectory() as scratch:
-        for name in COMPRESSORS:
-            rows = train(name, Path(scratch) / name, args.epochs)
+        for name, options in SETTINGS.items():
+            rows = train(options, Path(scratch) / name, args.epochs)
             curves[name] = [(r["step"], r["loss"]) for r in rows if "loss" in r]
             accuracy[name] = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r][-1]
-            print(f"{name:>9}: test accuracy {100 * accuracy[name]:.2f}% ({100 * (accuracy[name] - accuracy['none']):+.2f} "
+            print(f"{name:>10}: test accuracy {100 * accuracy[name]:.2f}% ({100 * (accuracy[name] - accuracy['none']):+.2f} "
                   f"points vs fp32), final train loss {curves[name][-1][1]:.4f}", flush=True)
     import matplotlib
 

@@ -28,6 +28,7 @@ _PUBLIC = {
     "agree_all": "gradsync.agreement",
     "agree_any": "gradsync.agreement",
     "CompressionConfig": "gradsync.comm.compression",
+    "PeriodicSyncConfig": "gradsync.comm.periodic",
     "TrainerConfig": "gradsync.config",
     "DDPConfig": "gradsync.ddp",
     "MetricsConfig": "gradsync.metrics.config",
@@ -44,6 +45,7 @@ _PUBLIC = {
 if TYPE_CHECKING:
     from gradsync.agreement import agree_all, agree_any
     from gradsync.comm.compression import CompressionConfig
+    from gradsync.comm.periodic import PeriodicSyncConfig
     from gradsync.config import TrainerConfig
     from gradsync.data import DistributedLoader, EvalLoader
     from gradsync.ddp import DDPConfig

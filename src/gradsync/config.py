@@ -131,7 +131,7 @@ class TrainerConfig:
             )
         defaults = DDPConfig()
         changed = [name for name in ("bucket_cap_mb", "find_unused_parameters", "static_graph", "gradient_as_bucket_view",
-                                     "comm_hook") if getattr(self.ddp, name) != getattr(defaults, name)]
+                                     "comm_hook", "periodic") if getattr(self.ddp, name) != getattr(defaults, name)]
         if changed:
             raise ConfigError(
                 f"ddp.{', ddp.'.join(changed)} set with parallel={strategy!r}: these are DDP's options and FSDP and "

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gradsync.comm.compression import CompressionConfig
+from gradsync.comm.periodic import PeriodicSyncConfig
 from gradsync.errors import ConfigError
 from gradsync.sections import section
 
@@ -23,6 +24,11 @@ class DDPConfig:
     "powersgd"; see gradsync.comm) or lets "auto" pick one by trying them in the first steps:
     a name, a `CompressionConfig`, or a dict of its fields.
 
+    `periodic` makes each rank take `every` optimizer steps alone and then agree on one model
+    (local SGD or DiLoCo; see gradsync.comm.periodic), for links too slow for any compressor.
+    It changes the optimisation, so it is off unless asked for: a `PeriodicSyncConfig`, or a
+    dict of its fields, e.g. {"every": 16}.
+
     `comm_hook` is an advanced escape hatch: a DDP communication hook `hook(state, bucket)`
     that gradsync wraps with its own timing, because DDP accepts only one hook per model.
     `comm_hook_state` is its state (default: the process group).
@@ -34,6 +40,7 @@ class DDPConfig:
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     compression: CompressionConfig = field(default_factory=CompressionConfig)
+    periodic: PeriodicSyncConfig = field(default_factory=PeriodicSyncConfig)
     comm_hook: Callable[..., Any] | None = None
     comm_hook_state: Any = None
 
@@ -42,6 +49,14 @@ class DDPConfig:
         if isinstance(compression, str):
             compression = CompressionConfig(name=compression)
         object.__setattr__(self, "compression", section(CompressionConfig, compression, "ddp.compression"))
+        object.__setattr__(self, "periodic", section(PeriodicSyncConfig, self.periodic, "ddp.periodic"))
+        if self.periodic.enabled and (self.compression.name != "none" or self.comm_hook is not None):
+            raise ConfigError(
+                f"ddp.periodic.every={self.periodic.every} with "
+                + (f"ddp.compression={self.compression.name!r}" if self.compression.name != "none" else "ddp.comm_hook")
+                + ": periodic synchronisation sends no gradients, so there is nothing for a gradient hook to do. "
+                "Drop one of them."
+            )
         if self.comm_hook is not None and self.compression.name != "none":
             raise ConfigError(
                 f"ddp.comm_hook and ddp.compression={self.compression.name!r} both set: DDP runs one "

@@ -428,6 +428,7 @@ class Trainer:
         from gradsync.checkpoint.checkpointer import model_state
 
         assert self._model is not None and self._optimizer is not None and self._loader is not None
+        self._strategy.before_checkpoint()
         loader_state = self._loader.state_dict()
         if epoch_done:
             loader_state.update(epoch=loader_state["epoch"] + 1, position=0, epoch_start=0, samples_consumed=0)
@@ -444,6 +445,8 @@ class Trainer:
             "accumulation": self._accumulation.state_dict(),
             "metrics": self._metrics.state_dict(pending=self._finished),
             "tracked": {name: obj.state_dict() for name, obj in self._tracked.items()},
+            # Ranks that step alone between agreements (ddp.periodic) each have their own optimizer state.
+            "optimizer": optimizer if self._strategy.local_optimizer_state else None,
         }
         # A sharded optimizer state (DTensors) is written by every rank, each its shards.
         if self._strategy.sharded:
@@ -476,6 +479,8 @@ class Trainer:
             set_rng_state(loaded.own["rng"])
             self._restore_accumulation(loaded.own.get("accumulation"))
             self._strategy.load_state_dict(loaded.own)
+            if self._strategy.local_optimizer_state and loaded.own.get("optimizer") is not None:
+                set_optimizer_state_dict(self._model, self._optimizer, loaded.own["optimizer"])
             self._finished = self._metrics.load_state_dict(loaded.own["metrics"])
         else:
             self._logger.warning(self._world_size_change_note(loaded))
@@ -618,7 +623,7 @@ class Trainer:
     def _close_window(self, reduced: bool) -> bool:
         """Reduce (if DDP did not), clip and step the optimizer; True if an update was applied."""
         window, record = self._window, self._record
-        assert window is not None and record is not None and self._optimizer is not None
+        assert window is not None and record is not None and self._optimizer is not None and self._loader is not None
         self._window = self._record = None
         self._optimizer_steps += 1
         applied = False
@@ -630,6 +635,8 @@ class Trainer:
             with phase("optimizer"):
                 applied = self._apply_update(window, record)
             self._strategy.after_update()
+        if window.last_batch == len(self._loader) - 1:
+            self._strategy.end_epoch()
         with phase("optimizer"):
             self._optimizer.zero_grad(set_to_none=True)
         record.exposed.extend(self._strategy.take_exposed())

@@ -25,8 +25,8 @@ def test_configs_are_checked():
 def test_a_small_benchmark_runs_peers_and_configs_in_interleaved_rounds_and_draws_it(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "gradsync", "bench", "train", "--workload", "mlp", "--configs", "plain,fp32,int8",
-         "--steps", "6", "--warmup", "2", "--batch-size", "16", "--json", "--output-dir", str(tmp_path)],
+        [sys.executable, "-m", "gradsync", "bench", "train", "--workload", "mlp", "--configs", "plain,fp32,int8,diloco",
+         "--steps", "6", "--warmup", "2", "--batch-size", "16", "--periodic-every", "3", "--json", "--output-dir", str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -40,14 +40,14 @@ def test_a_small_benchmark_runs_peers_and_configs_in_interleaved_rounds_and_draw
     # Two rounds, the second in reverse order, with the lone worker before, between and after.
     jobs = [line.split(": ", 1)[1] for line in done.stderr.splitlines() if line.startswith("mlp: ")]
     assert jobs == ["1 worker, fp32 (the reference, before round 1)",
-                    *(f"2 workers, {c} (round 1 of 2)" for c in ("plain", "fp32", "int8")),
+                    *(f"2 workers, {c} (round 1 of 2)" for c in ("plain", "fp32", "int8", "diloco")),
                     "1 worker, fp32 (the reference, after round 1)",
-                    *(f"2 workers, {c} (round 2 of 2)" for c in ("int8", "fp32", "plain")),
+                    *(f"2 workers, {c} (round 2 of 2)" for c in ("diloco", "int8", "fp32", "plain")),
                     "1 worker, fp32 (the reference, after round 2)"]
     references = report["single_worker_runs"]
     assert report["rounds"] == 2 and len(references) == 3
     assert report["single_worker_samples_per_s"] == pytest.approx(sum(references) / 3)
-    assert [r["config"] for r in report["results"]] == ["plain", "fp32", "int8"]
+    assert [r["config"] for r in report["results"]] == ["plain", "fp32", "int8", "diloco"]
     for r in report["results"]:
         efficiencies = [x["scaling_efficiency"] for x in r["rounds"]]
         for number, x in enumerate(r["rounds"]):  # each round against the lone runs around it
@@ -55,12 +55,15 @@ def test_a_small_benchmark_runs_peers_and_configs_in_interleaved_rounds_and_draw
         assert r["scaling_efficiency"] == pytest.approx(statistics.median(efficiencies))
         assert r["scaling_efficiency_spread"] == [min(efficiencies), max(efficiencies)]
         assert r["samples_per_s_per_worker"] > 0 and r["final_loss"] > 0 and len(r["loss_curve"]) >= 1
-    plain, fp32, int8 = report["results"]
+    plain, fp32, int8, diloco = report["results"]
     assert 0 < fp32["exposed_comm_share"] < 1 and plain["exposed_comm_share"] is None, "a peer's bare loop is not metered"
     # The peer trains the same model on the same batches: DDP's plain all-reduce lands on the same loss.
     assert plain["final_loss"] == pytest.approx(fp32["final_loss"], rel=1e-5)
     assert int8["comm_bytes_per_step"] < fp32["comm_bytes_per_step"] / 3
+    # DiLoCo sends the parameters every 3 steps (and at the epoch's end), no gradients.
+    assert diloco["periodic_every"] == 3 and 0 < diloco["comm_bytes_per_step"] < 0.75 * fp32["comm_bytes_per_step"]
     table = render(report).splitlines()
+    assert table[-1].startswith("        diloco") and table[-1].endswith("agrees every 3 steps")
     assert table[0].endswith("around the rounds)") and "2 rounds" in table[0]
     assert table[2].split()[:1] == ["plain"] and " — " in table[2], "what a peer does not meter shows as a dash"
 

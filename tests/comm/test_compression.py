@@ -242,6 +242,15 @@ def test_auto_keeps_exact_gradients_when_fp32_leaves_little_communication_expose
     assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "int8": 0.060}, exposed=0.030)[0] == "int8"
 
 
+def test_auto_proposes_periodic_synchronisation_only_while_compression_leaves_the_step_waiting():
+    timings = {"none": 0.100, "bf16": 0.070}
+    # fp32 computes 40 ms and waits 60; one agreement (about fp32's 60 ms) per 14 steps leaves 9.7%, per 13 10.3%.
+    waiting = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.03}, margin=0.10, describe=True)[0]
+    assert (waiting["compression"], waiting["proposed_periodic_every"]) == ("bf16", 14)
+    hidden = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.005}, margin=0.10, describe=True)[0]
+    assert hidden["proposed_periodic_every"] is None
+
+
 def test_auto_accumulation_is_the_smallest_multiple_that_hides_the_communication():
     from gradsync.comm.auto import choose_accumulation
 

@@ -65,6 +65,8 @@ def peer_table(report: dict[str, Any], command: str) -> str:
         peer = rows.get(PEER_OF.get(config, ""))
         chosen = (row.get("chosen") or {}).get("compression")
         name = f"`{config}`" + (f" (chose {chosen})" if chosen else "")
+        if row.get("periodic_every"):
+            name += f" (agrees every {row['periodic_every']} steps)"
         peer_name = ""
         if peer is not None:
             paired.add(peer["config"])

@@ -17,7 +17,9 @@ chose. Steps here are micro-batches (batches each worker takes), whatever the ac
 Configurations: fp32 or ddp (DDP's plain all-reduce), fp16, bf16, powersgd, int8, topk (gradient
 compression, gradsync.comm), auto (tries them and keeps the fastest), the other parallelism
 strategies (gradsync.parallel): fsdp, hsdp (sharded within a host, replicated across), tp (tensor
-parallel over every worker) and fsdp+tp (tensor parallel within a host, FSDP across), and the
+parallel over every worker) and fsdp+tp (tensor parallel within a host, FSDP across), periodic
+synchronisation (gradsync.comm.periodic: diloco and local-sgd, agreeing every `periodic_every`
+optimizer steps; their final loss says what it costs), and the
 peers (gradsync.bench.peers): plain (a hand-written DDP loop without gradsync), torch-fp16,
 torch-bf16 and torch-powersgd (PyTorch's own hooks on that loop), and no-comm (that loop without
 DDP: the ceiling, workers that compete for the machine but never communicate). Every one
@@ -48,13 +50,14 @@ from gradsync.rundir import RunDir
 
 COMPRESSIONS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
 STRATEGIES = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
-CONFIGS = COMPRESSIONS + STRATEGIES + PEERS
+PERIODIC = {"diloco": "diloco", "local-sgd": "average"}  # config -> ddp.periodic.method (every --periodic-every steps)
+CONFIGS = COMPRESSIONS + STRATEGIES + tuple(PERIODIC) + PEERS
 SWEEP_MAX = "64M"  # largest all-reduce in the report's bandwidth sweep
 AUTO_TRIAL_STEPS = DECISION_STEPS  # steps before auto has settled, left out of every job's throughput
 
 
 def compression_for(config: str) -> str:
-    return "none" if config in ("fp32", *STRATEGIES) else config
+    return "none" if config in ("fp32", *STRATEGIES, *PERIODIC) else config
 
 
 def parallel_for(config: str, world: int, local_world: int) -> dict[str, Any]:
@@ -122,6 +125,7 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     parser = job_parser("gradsync.bench.train", CONFIGS)
     parser.add_argument("--max-accumulation", type=int, default=1)
+    parser.add_argument("--periodic-every", type=int, default=16)
     parser.add_argument("--run-dir", required=True)
     args = parser.parse_args(argv)
 
@@ -133,6 +137,7 @@ def worker_main(argv: list[str] | None = None) -> None:
         ddp={
             "compression": {"name": "auto", "max_accumulation_steps": args.max_accumulation} if auto else compression_for(args.config),
             "bucket_cap_mb": "auto" if auto else 25.0,
+            **({"periodic": {"every": args.periodic_every, "method": PERIODIC[args.config]}} if args.config in PERIODIC else {}),
         },
         parallel=parallel,
         run_dir=args.run_dir,
@@ -179,12 +184,14 @@ def worker_main(argv: list[str] | None = None) -> None:
             "exposed_comm_share": (
                 sum(r["exposed_comm_s"] for r in late) / sum(r["step_time_s"] for r in late) if late else None
             ),
-            "comm_bytes_per_step": statistics.fmean(r["comm_bytes"] for r in late) if late and "comm_bytes" in late[0] else 0,
+            # A step that sent nothing (periodic synchronisation between agreements) has no byte counts.
+            "comm_bytes_per_step": statistics.fmean(r.get("comm_bytes", 0) for r in late) if late else 0,
             "traffic_bytes_per_step": statistics.fmean(traffic_bytes(r, summary["parallel"], trainer.world_size) for r in late) if late else 0,
-            "compression_ratio": statistics.fmean(r["compression_ratio"] for r in late) if late and "compression_ratio" in late[0] else None,
+            "compression_ratio": statistics.fmean(ratios) if (ratios := [r["compression_ratio"] for r in late if "compression_ratio" in r]) else None,
             "final_loss": summary["loss"] if summary["loss"] is not None else loss_value,
             "loss_curve": [[r["step"], r.get("loss")] for r in rows],
             "chosen": chosen,
+            "periodic_every": args.periodic_every if args.config in PERIODIC else None,
             "parallel": summary["parallel"],
             "state_mb_per_worker": float(memory[0]) / 2**20,
             "peak_rss_mb_per_worker": float(memory[1]) / 2**20,
@@ -241,6 +248,7 @@ def run_benchmark(
     warmup: int = 5,
     rounds: int = 2,
     auto_max_accumulation: int = 1,
+    periodic_every: int = 16,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the lone reference and every configuration, in interleaved rounds; the report as in `--json`.
@@ -249,6 +257,7 @@ def run_benchmark(
     lone worker before the first round and after each: a configuration measured early is not
     favoured by a machine that slows down later, nor one measured next to the reference.
     `auto_max_accumulation` > 1 lets auto raise the accumulation up to that many micro-batches.
+    `periodic_every`: the optimizer steps between agreements of `diloco` and `local-sgd`.
     """
     single_runner = single_runner or runner
     # Every job trains the same number of steps, so final losses compare; when auto is among
@@ -260,7 +269,7 @@ def run_benchmark(
         def job(config: str, count: int, run: Runner, attempt: int) -> dict[str, Any]:
             result = Path(scratch) / f"{config}-{count}-{attempt}.json"
             args = ["--workload", workload, "--config", config, "--steps", str(job_steps), "--warmup", str(job_warmup),
-                    "--batch-size", str(batch_size), "--max-accumulation", str(auto_max_accumulation), "--result", str(result),
+                    "--batch-size", str(batch_size), "--max-accumulation", str(auto_max_accumulation), "--periodic-every", str(periodic_every), "--result", str(result),
                     "--run-dir", str(Path(scratch) / f"run-{config}-{count}-{attempt}")]
             module = "gradsync.bench.peers" if config in PEERS else "gradsync.bench.train"
             code = run(count, [module, *args])
@@ -305,6 +314,7 @@ def run_benchmark(
         "steps": job_steps,
         "timed_from_step": job_warmup,
         "auto_max_accumulation": auto_max_accumulation,
+        "periodic_every": periodic_every,
         "rounds": rounds,
         "single_worker_samples_per_s": statistics.fmean(references),
         "single_worker_runs": references,  # samples/s before the first round and after each
@@ -333,6 +343,8 @@ def render(report: dict[str, Any]) -> str:
         chosen = picked.get("compression") or ""
         if picked.get("accumulation_steps", 1) > 1:
             chosen += f", accumulation {picked['accumulation_steps']}"
+        if r.get("periodic_every"):
+            chosen = f"agrees every {r['periodic_every']} steps"
         spread = r.get("scaling_efficiency_spread")
         spread_text = f"{spread[0]:.0%}-{spread[1]:.0%}" if spread and len(r.get("rounds", [])) > 1 else "—"
         exposed = r["exposed_comm_share"]

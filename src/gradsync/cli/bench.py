@@ -48,6 +48,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--auto-max-accumulation", type=int, default=1, metavar="K",
                           help="let auto raise accumulation up to K micro-batches per step when communication stays "
                                "exposed; this grows auto's global batch (default 1: never)")
+    training.add_argument("--periodic-every", type=int, default=16, metavar="H",
+                          help="optimizer steps between the agreements of the diloco and local-sgd configurations "
+                               "(default 16)")
     training.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     training.add_argument("--output-dir", default=None, help="write report.json, report.png and report.html here")
     training.set_defaults(run=run_train)
@@ -107,9 +110,10 @@ def run_train(args: argparse.Namespace) -> int:
         workers = args.nproc_per_node * max(1, args.hosts)
         if workers < 2:
             raise ConfigError("scaling needs at least 2 workers: raise --nproc-per-node or --hosts")
-        if args.steps < 2 or args.warmup < 1 or args.batch_size < 1 or args.auto_max_accumulation < 1 or args.rounds < 1:
-            raise ConfigError("--steps must be >= 2, --warmup >= 1, --batch-size >= 1, --rounds >= 1 and "
-                              "--auto-max-accumulation >= 1")
+        if (args.steps < 2 or args.warmup < 1 or args.batch_size < 1 or args.auto_max_accumulation < 1 or args.rounds < 1
+                or args.periodic_every < 2):
+            raise ConfigError("--steps must be >= 2, --warmup >= 1, --batch-size >= 1, --rounds >= 1, "
+                              "--auto-max-accumulation >= 1 and --periodic-every >= 2")
         if args.output_dir:
             from gradsync.bench.plots import pyplot
 
@@ -135,7 +139,8 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         report = train.run_benchmark(
             args.workload, configs, workers=workers, steps=args.steps + args.warmup, warmup=args.warmup,
-            batch_size=args.batch_size, rounds=args.rounds, auto_max_accumulation=args.auto_max_accumulation, runner=runner,
+            batch_size=args.batch_size, rounds=args.rounds, auto_max_accumulation=args.auto_max_accumulation,
+            periodic_every=args.periodic_every, runner=runner,
             log=log,
         )
     finally:

@@ -184,6 +184,7 @@ class AutoTuner:
         self.accumulation_steps = accumulation_steps  # auto's choice once decided (unchanged unless allowed)
         self.baseline_exposed_s: float | None = None  # fp32's exposed communication per step, least-waiting rank
         self.tie: float | None = None  # the relative difference in step time auto treated as noise
+        self.proposed_periodic_every: int | None = None  # ddp.periodic.every auto proposes (never applies)
         self.steps = 0
         self._schedule = trial_schedule(len(self.trials), steps_per_trial)
         self._position = -1  # warming up
@@ -279,6 +280,29 @@ class AutoTuner:
         self.log(f"auto compression chose {best.name}: {why}. Step times (lower quartile of each trial): {timings}.")
         if self.max_accumulation > self.measured_accumulation:
             self._decide_accumulation(best)
+        self._propose_periodic(best)
+
+    def _propose_periodic(self, best: Trial) -> None:
+        """Say (never apply) how rarely the ranks would have to agree for communication to stop
+        mattering, when the chosen compressor still leaves `margin` of its step exposed.
+
+        An agreement all-reduces the parameters, as many bytes as fp32's gradients, after the
+        step: it costs about fp32's exposed time, once per `every` steps.
+        """
+        assert best.step_s is not None and best.exposed_s is not None and self.baseline_exposed_s is not None
+        baseline = self.trials[0]
+        assert baseline.step_s is not None
+        if best.step_s <= 0 or best.exposed_s / best.step_s < self.margin:
+            return
+        compute_s = max(baseline.step_s - self.baseline_exposed_s, 1e-9)
+        self.proposed_periodic_every, _, predicted = choose_accumulation(
+            compute_s + self.baseline_exposed_s, self.baseline_exposed_s, 1, 1 << 20, self.margin
+        )
+        every = self.proposed_periodic_every
+        self.log(f"with {best.name}, {best.exposed_s / best.step_s:.0%} of each step still waits for communication. "
+                 f"Synchronising every {every} steps instead (ddp={{'periodic': {{'every': {every}}}}}, local SGD; "
+                 f"compression 'none') should leave about {predicted:.0%}; it changes the optimisation, so auto does not "
+                 "apply it: measure its accuracy first (docs/performance.md).")
 
     def _decide_accumulation(self, best: Trial) -> None:
         assert best.step_s is not None and best.exposed_s is not None
@@ -306,6 +330,7 @@ class AutoTuner:
             "exposed_comm_s": {t.name: t.exposed_s for t in self.trials},
             "noise": {t.name: t.noise for t in self.trials},
             "tie": self.tie,
+            "proposed_periodic_every": self.proposed_periodic_every,
             "accumulation_steps": self.accumulation_steps,
             "margin": self.margin,
         }

@@ -538,6 +538,8 @@ class PowerSGDHook(CompressionHook):
             return self._all_reduce(buffer).then(lambda done: buffer)
         # Set once its group is reduced; on CUDA the future must know the device its tensor lives on.
         future: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+        if bucket.index() == 0:
+            self._pending, self._pending_bytes = [], 0  # a backward that failed midway left its buckets behind
         self._pending.append((bucket, future))
         self._pending_bytes += buffer.numel() * buffer.element_size()
         if self._pending_bytes >= self.GROUP_BYTES or bucket.is_last():
@@ -566,12 +568,16 @@ class PowerSGDHook(CompressionHook):
                 work = matrix if matrix.dtype == torch.float32 else matrix.float()  # error feedback accumulates in fp32
                 key = self._names.get(parameter.data_ptr()) or f"@{parameter.data_ptr()}"
                 matrices.append((key, matrix, work, rank))
-        plain_work = None
-        if plain:
-            flat = self._pack("plain", plain, plain[0].dtype)
+        # DDP's buckets hold one dtype each, a group may hold several: one exact all-reduce per dtype.
+        plain_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for gradient in plain:
+            plain_by_dtype.setdefault(gradient.dtype, []).append(gradient)
+        plain_work = []
+        for dtype, tensors in plain_by_dtype.items():
+            flat = self._pack(f"plain {dtype}", tensors, dtype)
             flat.div_(self.world_size)
             self.stats.sent_bytes += flat.numel() * flat.element_size()
-            plain_work = dist.all_reduce(flat, group=self.process_group, async_op=True)
+            plain_work.append((dist.all_reduce(flat, group=self.process_group, async_op=True), dtype, tensors))
         if matrices:
             p_all = self._buffer("p", sum(m.shape[0] * r for _, m, _, r in matrices), buffers=[m for _, m, _, _ in matrices])
             ps, at = [], 0
@@ -610,9 +616,9 @@ class PowerSGDHook(CompressionHook):
                     torch.mm(p, q.t(), out=matrix)
                 else:
                     matrix.copy_(p @ q.t())
-        if plain_work is not None:
-            plain_work.wait()
-            self._unpack("plain", plain)
+        for work, dtype, tensors in plain_work:
+            work.wait()
+            self._unpack(f"plain {dtype}", tensors)
         self.stats.decode_s += time.perf_counter() - started
 
     def _q(self, key: str, columns: int, rank: int, device: torch.device) -> torch.Tensor:

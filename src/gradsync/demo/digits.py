@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--compression", default="none", help="gradient compression (see gradsync.comm)")
     parser.add_argument("--parallel", default="ddp", help="ddp, fsdp or tp (see gradsync.parallel)")
+    parser.add_argument("--periodic-every", type=int, default=1,
+                        help="optimizer steps each rank takes alone between agreements (1: DDP's all-reduce every step)")
+    parser.add_argument("--periodic-method", default="average", help="average or diloco (see gradsync.comm.periodic)")
     parser.add_argument("--run-dir", default=None)
     parser.add_argument("--checkpoint-dir", default=None, help="save checkpoints here (off by default)")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="optimizer steps between checkpoints")
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         max_grad_norm=1.0,
         seed=0,
         run_dir=args.run_dir,
-        ddp={"compression": args.compression},
+        ddp={"compression": args.compression, "periodic": {"every": args.periodic_every, "method": args.periodic_method}},
         checkpoint=checkpoint,
         parallel=_parallel(args.parallel),
     )

@@ -117,7 +117,18 @@ class Strategy:
     def after_update(self) -> None:
         """Called after each optimizer step closes (applied or skipped)."""
 
+    def end_epoch(self) -> None:
+        """Called after an epoch's last optimizer step, before the loop's end-of-epoch code."""
+
     # -- checkpoints ---------------------------------------------------------------------------
+
+    @property
+    def local_optimizer_state(self) -> bool:
+        """Whether each rank's optimizer state is its own (not a replica), so checkpoints keep it per rank."""
+        return False
+
+    def before_checkpoint(self) -> None:
+        """Called (on every rank) before a checkpoint's state is taken."""
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's strategy state for checkpoints (compression residuals, DDP's bucket order)."""

@@ -12,7 +12,7 @@ import inspect
 import re
 import time
 from collections import defaultdict
-from typing import Any, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ from gradsync.agreement import agree_all
 from gradsync.bucket_layout import ReadyOrder, rebuilds_buckets, replay, replay_problem
 from gradsync.comm.auto import AutoTuner, auto_bucket_cap_mb
 from gradsync.comm.compression import make_hook
+from gradsync.comm.periodic import PeriodicSync
 from gradsync.errors import ConfigError
 from gradsync.metrics import CommTimer, StepRecord
 from gradsync.parallel.base import Strategy
@@ -47,6 +48,7 @@ class DDPStrategy(Strategy):
         self._sometimes_unused: set[str] = set()
         self._spans: list[tuple[Any, Any]] = []  # by-hand reductions since the last take_exposed()
         self._reduced_by_hand = 0  # windows whose boundary batch was skipped, reduced by reduce_unsynced
+        self.periodic: PeriodicSync | None = None  # ranks step alone and agree every few steps (ddp.periodic)
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self._model = model
@@ -79,6 +81,12 @@ class DDPStrategy(Strategy):
         self.comm_timer.register(self.ddp_model, process_group=None)
         if self.config.checkpoint.enabled and rebuilds_buckets(options.find_unused_parameters, options.static_graph):
             self.ready_order = ReadyOrder(model)
+        if options.periodic.enabled:
+            self.periodic = PeriodicSync(options.periodic, model)
+            self.logger.info(
+                f"periodic synchronisation ({options.periodic.method}): each rank takes {options.periodic.every} optimizer "
+                "steps alone, then the ranks agree on one model (and at every epoch's end and checkpoint)"
+            )
         return self.ddp_model
 
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -86,7 +94,7 @@ class DDPStrategy(Strategy):
 
     def micro_step(self, synced: bool) -> ContextManager[None]:
         # Forward too, not just backward: DDP decides at forward time whether to reduce.
-        if not synced and self.ddp_model is not None:
+        if (not synced or self.periodic is not None) and self.ddp_model is not None:
             return self.ddp_model.no_sync()
         return contextlib.nullcontext()
 
@@ -106,13 +114,14 @@ class DDPStrategy(Strategy):
     @property
     def reductions(self) -> int:
         hook_passes = self.comm_timer.reductions if self.comm_timer is not None else 0
-        return hook_passes + self._reduced_by_hand
+        agreements = self.periodic.synchronisations if self.periodic is not None else 0
+        return hook_passes + self._reduced_by_hand + agreements
 
     def reduce_unsynced(self) -> bool:
         """Average accumulated gradients across ranks by hand (a rank without a gradient for a
         parameter contributes zeros)."""
-        if self.ddp_model is None or self._model is None:
-            return False
+        if self.ddp_model is None or self._model is None or self.periodic is not None:
+            return False  # under periodic synchronisation, gradients stay local
         start = self.clock.mark()
         params = [p for p in self._model.parameters() if p.requires_grad]
         by_dtype: dict[torch.dtype, list[nn.Parameter]] = defaultdict(list)
@@ -137,12 +146,33 @@ class DDPStrategy(Strategy):
     def comm_counters(self) -> dict[str, float]:
         if self.comm_timer is None:
             return {}
+        if self.periodic is not None:
+            return {"raw_bytes": self.periodic.sent_bytes, "sent_bytes": self.periodic.sent_bytes}
         if self.compression is None:
             return {"raw_bytes": self.comm_timer.bucket_bytes, "sent_bytes": self.comm_timer.bucket_bytes}
         return self.compression.stats.as_dict()
 
     def after_update(self) -> None:
         self._note_unused_parameters()
+        if self.periodic is not None:
+            self._agree(self.periodic.step_done)
+
+    def end_epoch(self) -> None:
+        if self.periodic is not None:
+            self._agree(self.periodic.synchronise)
+
+    def before_checkpoint(self) -> None:
+        # One model on every rank, so the checkpoint's single copy of it is every rank's.
+        self.end_epoch()
+
+    def _agree(self, synchronise: Callable[[], bool]) -> None:
+        start = self.clock.mark()
+        if synchronise():
+            self._spans.append((start, self.clock.mark()))  # training waited for it: exposed communication
+
+    @property
+    def local_optimizer_state(self) -> bool:
+        return self.periodic is not None
 
     def _note_unused_parameters(self) -> None:
         """With find_unused_parameters, say after a few steps whether it is really needed."""
@@ -171,11 +201,14 @@ class DDPStrategy(Strategy):
         return {
             "compression": self.compression.state_dict() if self.compression is not None else None,
             "ddp_ready_order": self.ready_order.state_dict() if self.ready_order is not None else None,
+            "periodic": self.periodic.state_dict() if self.periodic is not None else None,
         }
 
     def load_state_dict(self, own: dict[str, Any]) -> None:
         if self.compression is not None and own.get("compression") is not None:
             self.compression.load_state_dict(own["compression"])
+        if self.periodic is not None and own.get("periodic") is not None:
+            self.periodic.load_state_dict(own["periodic"])
         self._restore_bucket_layout(own)
 
     def _restore_bucket_layout(self, own: dict[str, Any]) -> None:
