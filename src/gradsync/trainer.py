@@ -468,6 +468,8 @@ class Trainer:
             return
         shared = loaded.shared
         optimizer = loaded.sharded["optimizer"] if self._strategy.sharded else shared["optimizer"]
+        if loaded.own is not None and loaded.own.get("optimizer") is not None:
+            optimizer = loaded.own["optimizer"]  # ranks that stepped alone (ddp.periodic) each saved their own
         set_optimizer_state_dict(self._model, self._optimizer, optimizer)
         self._resumed_param_groups = optimizer["param_groups"]  # for a scheduler attached later
         if shared["scaler"] is not None and self._precision.scaler is not None:
@@ -479,8 +481,6 @@ class Trainer:
             set_rng_state(loaded.own["rng"])
             self._restore_accumulation(loaded.own.get("accumulation"))
             self._strategy.load_state_dict(loaded.own)
-            if self._strategy.local_optimizer_state and loaded.own.get("optimizer") is not None:
-                set_optimizer_state_dict(self._model, self._optimizer, loaded.own["optimizer"])
             self._finished = self._metrics.load_state_dict(loaded.own["metrics"])
         else:
             self._logger.warning(self._world_size_change_note(loaded))

@@ -242,6 +242,15 @@ def test_auto_keeps_exact_gradients_when_fp32_leaves_little_communication_expose
     assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "int8": 0.060}, exposed=0.030)[0] == "int8"
 
 
+def test_a_trial_costs_its_lower_quartile_so_slowed_steps_do_not_count_but_one_lucky_step_does_not_either():
+    from gradsync.comm.auto import typical_step_s
+
+    # A first step paying for buffers, or a neighbour's burst, only ever slows steps.
+    assert typical_step_s([1.56, 0.93, 0.95, 0.86, 0.84, 0.83]) == pytest.approx(0.845)
+    # One fast step among slow ones is not the candidate's cost: a quarter of them must be that fast.
+    assert typical_step_s([0.50, 1.00, 1.00, 1.00, 1.00]) == 1.00
+
+
 def test_auto_proposes_periodic_synchronisation_only_while_compression_leaves_the_step_waiting():
     timings = {"none": 0.100, "bf16": 0.070}
     # fp32 computes 40 ms and waits 60; one agreement (about fp32's 60 ms) per 14 steps leaves 9.7%, per 13 10.3%.

@@ -12,8 +12,9 @@ Configurations: `plain` (DDP's own all-reduce), `torch-fp16` and `torch-bf16`
 feedback and warm start, plain all-reduce for the first ~10% of the steps, as gradsync's
 `powersgd` does), and `no-comm`: the same loop without DDP, so the workers never communicate.
 `no-comm` is the ceiling of scaling efficiency on the machine at hand: its workers still compete
-for cores and memory bandwidth (two on 2 cores lose ~5% to each other), which no communication
-setting can win back.
+for cores and memory bandwidth, which no communication setting can win back. On the 2-core
+machine behind docs/performance.md, two ResNet-18 workers side by side lost between nothing and
+a tenth to each other, and the figure moved by as much between runs.
 """
 
 from __future__ import annotations

@@ -579,7 +579,8 @@ class PowerSGDHook(CompressionHook):
             self.stats.sent_bytes += flat.numel() * flat.element_size()
             plain_work.append((dist.all_reduce(flat, group=self.process_group, async_op=True), dtype, tensors))
         if matrices:
-            p_all = self._buffer("p", sum(m.shape[0] * r for _, m, _, r in matrices), buffers=[m for _, m, _, _ in matrices])
+            device = matrices[0][2].device
+            p_all = self._work("p", sum(work.shape[0] * r for _, _, work, r in matrices), torch.float32, device)
             ps, at = [], 0
             for key, _, work, rank in matrices:
                 error = self.errors.get(key)
@@ -591,7 +592,7 @@ class PowerSGDHook(CompressionHook):
                 at += p.numel()
             self.stats.sent_bytes += p_all.numel() * p_all.element_size()
             dist.all_reduce(p_all, group=self.process_group)
-            q_all = self._buffer("q", sum(m.shape[1] * r for _, m, _, r in matrices), buffers=[m for _, m, _, _ in matrices])
+            q_all = self._work("q", sum(work.shape[1] * r for _, _, work, r in matrices), torch.float32, device)
             qs, at = [], 0
             for (_, _, work, rank), p in zip(matrices, ps):
                 # Orthonormal columns: P's scale cancels, so the sum over ranks needs no division.
@@ -628,19 +629,15 @@ class PowerSGDHook(CompressionHook):
             q = self.factors_q[key] = torch.randn(columns, rank, generator=generator).to(device)
         return q
 
-    def _buffer(self, name: str, numel: int, buffers: list[torch.Tensor]) -> torch.Tensor:
-        """A work tensor of this hook's, reused every step (fresh ones cost page faults on the CPU)."""
+    def _work(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A flat work tensor of this hook's, reused every step (fresh ones cost page faults on the CPU)."""
         tensor = self._packed.get(name)
-        if tensor is None or tensor.numel() < numel or tensor.device != buffers[0].device:
-            tensor = self._packed[name] = torch.empty(numel, dtype=torch.float32, device=buffers[0].device)
+        if tensor is None or tensor.numel() < numel or tensor.dtype != dtype or tensor.device != device:
+            tensor = self._packed[name] = torch.empty(numel, dtype=dtype, device=device)
         return tensor[:numel]
 
     def _pack(self, name: str, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        numel = sum(t.numel() for t in tensors)
-        flat = self._packed.get(name)
-        if flat is None or flat.numel() < numel or flat.dtype != dtype or flat.device != tensors[0].device:
-            flat = self._packed[name] = torch.empty(numel, dtype=dtype, device=tensors[0].device)
-        flat = flat[:numel]
+        flat = self._work(name, sum(t.numel() for t in tensors), dtype, tensors[0].device)
         at = 0
         for tensor in tensors:
             flat[at : at + tensor.numel()].copy_(tensor.reshape(-1))

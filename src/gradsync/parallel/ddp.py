@@ -158,12 +158,15 @@ class DDPStrategy(Strategy):
             self._agree(self.periodic.step_done)
 
     def end_epoch(self) -> None:
-        if self.periodic is not None:
-            self._agree(self.periodic.synchronise)
+        self._end_period()
 
     def before_checkpoint(self) -> None:
         # One model on every rank, so the checkpoint's single copy of it is every rank's.
-        self.end_epoch()
+        self._end_period()
+
+    def _end_period(self) -> None:
+        if self.periodic is not None:
+            self._agree(self.periodic.synchronise)
 
     def _agree(self, synchronise: Callable[[], bool]) -> None:
         start = self.clock.mark()
