@@ -22,7 +22,7 @@ import torch
 
 from tests.harness import REPO_ROOT
 
-# The session's `zoo` fixture launches every zoo script (two at a time, each bounded by its own
+# The session's `zoo` fixture launches every zoo script (three at a time, each bounded by its own
 # 150 s timeout) inside whichever test asks for it first: that test needs more than the default 300 s.
 pytestmark = pytest.mark.timeout(900)
 
@@ -181,7 +181,8 @@ def under_torchrun(tmp_path_factory) -> dict[str, PlainRun]:
 @pytest.fixture(scope="session")
 def zoo(tmp_path_factory) -> dict[str, ZooRun]:
     root = tmp_path_factory.mktemp("zoo")
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # Three at a time on two cores: half the scripts spend STALL_TIMEOUT_S blocked in a hang.
+    with ThreadPoolExecutor(max_workers=3) as pool:
         runs = list(pool.map(lambda name: _run(name, root), BROKEN + HEALTHY))
     return {run.name: run for run in runs}
 
