@@ -145,8 +145,9 @@ class _Layout:
         self.numel = offset
         self._packed: dict[str, torch.Tensor] = {}
 
-    def gather(self, buffer: torch.Tensor, part: str, dtype: torch.dtype) -> torch.Tensor:
-        """The `part` ("plain" or "compressed") of `buffer`, packed into a tensor of `dtype`.
+    def gather(self, buffer: torch.Tensor, part: str, dtype: torch.dtype, divisor: int) -> torch.Tensor:
+        """The `part` ("plain" or "compressed") of `buffer` divided by `divisor`, packed into a
+        tensor of `dtype`. Dividing while copying saves a whole pass over the bucket.
 
         The tensor is this layout's own, reused every step: allocating bucket-sized tensors
         afresh costs page faults (CPU) each time, more than the copy itself. It is free again by
@@ -161,7 +162,7 @@ class _Layout:
         position = 0
         for start, end, packed in copies:
             position = position if packed is None else packed
-            out[position : position + end - start].copy_(buffer[start:end])
+            torch.div(buffer[start:end], divisor, out=out[position : position + end - start])
             position += end - start
         return out
 
@@ -225,16 +226,15 @@ class CompressionHook:
         buffer = bucket.buffer()
         layout = self._follow_layout(bucket)
         started = time.perf_counter()
-        buffer.div_(self.world_size)
         futures = []
         if layout.plain:
-            plain = layout.gather(buffer, "plain", buffer.dtype)
+            plain = layout.gather(buffer, "plain", buffer.dtype, self.world_size)
             self.stats.sent_bytes += plain.numel() * plain.element_size()
             futures.append(self._all_reduce(plain))
         if layout.compressed:
             # Error feedback accumulates in fp32 whatever the gradients' dtype.
             wire_dtype = self.wire_dtype or (torch.float32 if self.error_feedback else buffer.dtype)
-            flat = layout.gather(buffer, "compressed", wire_dtype)
+            flat = layout.gather(buffer, "compressed", wire_dtype, self.world_size)
             if self.error_feedback:
                 flat = self._with_residual(bucket.index(), flat)
             futures.append(self._reduce_compressed(flat, bucket.index(), layout))
