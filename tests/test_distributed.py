@@ -8,7 +8,9 @@ import torch.distributed as dist
 
 import gradsync
 from gradsync import ConfigError, GradsyncError
-from gradsync.distributed import choose_backend, plan_distributed, read_launcher_env
+from gradsync.distributed import (
+    backend_devices, choose_backend, collective_device, join_process_group, plan_distributed, read_launcher_env,
+)
 from tests.harness import launch
 
 
@@ -85,3 +87,42 @@ def test_backend_follows_the_device():
 def test_cuda_requested_without_a_gpu_is_a_clear_error():
     with pytest.raises(ConfigError, match="no usable CUDA device"):
         plan_distributed("cuda", None, {})
+
+
+def test_backend_devices_say_whether_a_group_takes_cpu_tensors():
+    assert backend_devices("nccl") == ["cuda"], "pure NCCL refuses CPU tensors"
+    assert "cpu" in backend_devices("gloo")
+    assert backend_devices("cuda:nccl") == ["cuda"]
+    assert backend_devices("cpu:gloo,cuda:nccl") == ["cpu", "cuda"]
+    assert backend_devices("undefined") == ["cpu"], "torch's default map backs an undefined group with Gloo on the CPU"
+
+
+def _adopt_cuda_only_group():
+    # A Gloo group registered for CUDA tensors only refuses CPU tensors as a pure NCCL group
+    # does, which lets a CPU machine stand in for one.
+    dist.init_process_group("cuda:gloo", init_method="env://")
+    ctx = join_process_group(plan_distributed(None, None), timeout_s=None)
+    flag = torch.ones(1)
+    dist.all_reduce(flag, group=ctx.control_group)
+    result = {
+        "backend": ctx.backend,
+        "world": collective_device().type,
+        "control_backend": str(dist.get_backend(ctx.control_group)),
+        "control": collective_device(ctx.control_group).type,
+        "sum": flag.item(),
+    }
+    try:
+        dist.all_reduce(torch.ones(1))
+    except RuntimeError as error:
+        result["cpu_on_world"] = str(error)
+    dist.destroy_process_group()
+    return result
+
+
+def test_a_group_without_cpu_backend_gets_a_gloo_control_group_for_small_tensors():
+    results = launch(_adopt_cuda_only_group, 2)
+    for result in results:
+        assert result["backend"] == "cuda:gloo"
+        assert result["world"] == "cuda", "small tensors on such a group go to the current CUDA device"
+        assert (result["control_backend"], result["control"], result["sum"]) == ("gloo", "cpu", 2.0)
+        assert "No backend type associated with device type cpu" in result["cpu_on_world"]

@@ -144,13 +144,13 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _recorder_warnings(tmp_path, rank: int, gpu_index: int | None) -> list[str]:
+def _recorder_warnings(tmp_path, rank: int, gpu_uuid: str | None) -> list[str]:
     logger = logging.Logger("gradsync-test")
     lines = _Lines()
     logger.addHandler(lines)
     recorder = MetricsRecorder(
         MetricsConfig(tensorboard=False, progress=False, system_every_s=60.0), Clock(torch.device("cpu")),
-        rank=rank, world_size=1, distributed=False, control_group=None, run_dir=tmp_path, logger=logger, gpu_index=gpu_index,
+        rank=rank, world_size=1, distributed=False, control_group=None, run_dir=tmp_path, logger=logger, gpu_uuid=gpu_uuid,
     )
     recorder.close()
     return lines.lines
@@ -158,9 +158,9 @@ def _recorder_warnings(tmp_path, rank: int, gpu_index: int | None) -> list[str]:
 
 def test_gpu_metrics_without_nvml_name_the_gpu_extra_on_rank_0(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    assert _recorder_warnings(tmp_path, rank=0, gpu_index=0) == [
+    assert _recorder_warnings(tmp_path, rank=0, gpu_uuid="0b5e3c1a-0000-0000-0000-000000000000") == [
         "GPU utilisation, memory, temperature, power and clocks are read with nvidia-ml-py, which is not "
         "installed: pip install 'gradsync[gpu]'; the system metrics go on without them"
     ]
-    assert _recorder_warnings(tmp_path, rank=1, gpu_index=0) == [], "said once, by rank 0"
-    assert _recorder_warnings(tmp_path, rank=0, gpu_index=None) == [], "no GPU, nothing to miss"
+    assert _recorder_warnings(tmp_path, rank=1, gpu_uuid="0b5e3c1a-0000-0000-0000-000000000000") == [], "said once, by rank 0"
+    assert _recorder_warnings(tmp_path, rank=0, gpu_uuid=None) == [], "no GPU, nothing to miss"

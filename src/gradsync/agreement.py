@@ -13,14 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gradsync.distributed import collective_device
 from gradsync.errors import GradsyncError, PeerError
-
-
-def _collective_device(group: Any) -> torch.device:
-    # NCCL only moves CUDA tensors; every other backend takes CPU tensors.
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _active(group: Any) -> bool:
@@ -35,7 +29,7 @@ def _agree(flag: bool | torch.Tensor, op: dist.ReduceOp, group: Any) -> bool:
         )
     if not _active(group):
         return bool(flag)
-    device = _collective_device(group)
+    device = collective_device(group)
     if isinstance(flag, torch.Tensor):
         # Stays on the device until the reduction: no host sync before the collective.
         vote = flag.detach().reshape(1).to(device=device, dtype=torch.int32)

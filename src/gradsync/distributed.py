@@ -13,9 +13,11 @@ import gc
 import os
 import socket
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Mapping, NoReturn
+from typing import Any, Iterator, Mapping, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -158,8 +160,33 @@ def join_process_group(ctx: DistContext, timeout_s: float | None) -> DistContext
         dist.init_process_group(
             ctx.backend, init_method="env://", rank=ctx.rank, world_size=ctx.world_size, **kwargs
         )
-    control = dist.new_group(backend="gloo", **kwargs) if ctx.backend == "nccl" else None
+    # Pickled objects and small host-side tensors need a backend that takes CPU tensors; pure
+    # NCCL does not, so such a job gets a Gloo group beside it.
+    control = dist.new_group(backend="gloo", **kwargs) if collective_device().type != "cpu" else None
     return replace(ctx, control_group=control)
+
+
+def backend_devices(backend: str) -> list[str]:
+    """The device types a backend string serves: "nccl" -> ["cuda"], "cpu:gloo,cuda:nccl" -> ["cpu", "cuda"].
+
+    A name torch does not list ("undefined", a plugin) counts as serving the CPU: torch backs an
+    undefined group with its default map, whose "cpu" entry is Gloo.
+    """
+    if ":" in backend:
+        return [pair.split(":", 1)[0].strip() for pair in backend.split(",")]
+    return list(dist.Backend.backend_capability.get(backend.lower(), ["cpu"]))
+
+
+def collective_device(group: Any = None) -> torch.device:
+    """Where the small tensors gradsync reduces on `group` itself (votes, counts, timings) go.
+
+    The CPU when one of the group's backends takes CPU tensors (Gloo, "cpu:gloo,cuda:nccl");
+    else the current CUDA device, as a pure NCCL group only takes CUDA tensors (the process
+    has called torch.cuda.set_device before joining, see join_process_group).
+    """
+    if "cpu" in backend_devices(str(dist.get_backend(group))):
+        return torch.device("cpu")
+    return torch.device("cuda")
 
 
 def shutdown(ctx: DistContext, *, barrier: bool = True) -> None:
@@ -184,6 +211,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+_wrapped_scripts = 0  # how many ends_leave_to_the_wrapper() blocks are open
+
+
+@contextmanager
+def ends_leave_to_the_wrapper() -> Iterator[None]:
+    """Inside it, end_process on the main thread raises SystemExit(code) instead of ending there.
+
+    `gradsync run`'s worker runs the user's script inside it: a script that ends with
+    end_process (the demo does) must still come back to the worker, which records how the rank
+    ended (its exit record, the last Flight Recorder dump) and then ends the process the same way.
+    """
+    global _wrapped_scripts
+    _wrapped_scripts += 1
+    try:
+        yield
+    finally:
+        _wrapped_scripts -= 1
+
+
 def end_process(code: int) -> NoReturn:
     """End a worker process the way multiprocessing ends its children: exit handlers, then os._exit.
 
@@ -193,8 +239,17 @@ def end_process(code: int) -> NoReturn:
     into a failed one (seen here on a loaded machine in 2 runs of 6 of a plain accumulation
     script, and once in 22 even after a final barrier and destroy_process_group). Running the atexit handlers, collecting garbage while the
     interpreter is whole and flushing the standard streams keeps what a script's exit is
-    expected to do, without that race.
+    expected to do, without that race. Inside a script `gradsync run` wraps, the wrapper ends
+    the process instead, after recording how the rank ended (ends_leave_to_the_wrapper).
     """
+    if _wrapped_scripts and threading.current_thread() is threading.main_thread():
+        raise SystemExit(code)
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """end_process's ending, wherever it is called from: for gradsync's own code that must end
+    the process on the spot, inside a wrapped script too (the doctor's stop after K steps)."""
     try:
         atexit._run_exitfuncs()
         gc.collect()

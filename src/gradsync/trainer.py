@@ -38,7 +38,7 @@ from gradsync.agreement import agree_all, agree_any, raise_if_any_rank_failed
 from gradsync.comm.auto import AutoTuner
 from gradsync.config import TrainerConfig
 from gradsync.data import DistributedLoader, EvalLoader
-from gradsync.distributed import join_process_group, lone_process_group, plan_distributed, shutdown
+from gradsync.distributed import collective_device, join_process_group, lone_process_group, plan_distributed, shutdown
 from gradsync.errors import ConfigError, GradsyncError
 from gradsync.log import configure_logging
 from gradsync.profiling.breakdown import format_breakdown
@@ -93,7 +93,7 @@ class Trainer:
             control_group=self._dist.control_group,
             run_dir=self._run_dir,
             logger=self._logger,
-            gpu_index=_cuda_index(self._dist.device),
+            gpu_uuid=_gpu_uuid(self._dist.device),
         )
         events.claim_steps()  # steps are optimizer steps (gradsync run's --inject-fault counts them)
         self._checkpointer: Checkpointer | None = None
@@ -781,11 +781,12 @@ class Trainer:
     def sum_over_ranks(self, *values: float | torch.Tensor) -> tuple[float, ...]:
         """Sum scalars (e.g. correct and total counts) over the data-parallel ranks, in one
         all-reduce (the ranks of a tensor-parallel group hold the same counts: counted once)."""
-        device = torch.device("cuda", torch.cuda.current_device()) if self._dist.backend == "nccl" else torch.device("cpu")
-        totals = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
         placement = self._strategy.placement
-        if self._dist.has_process_group and placement.data_world_size > 1:
-            dist.all_reduce(totals, group=placement.data_group)
+        if not (self._dist.has_process_group and placement.data_world_size > 1):
+            return tuple(float(v) for v in values)
+        totals = torch.tensor([float(v) for v in values], dtype=torch.float64,
+                              device=collective_device(placement.data_group))
+        dist.all_reduce(totals, group=placement.data_group)
         return tuple(totals.tolist())
 
     # -- the end -----------------------------------------------------------------------------
@@ -970,8 +971,8 @@ def setup(config: TrainerConfig | None = None, **options: Any) -> Trainer:
     return Trainer(config if config is not None else TrainerConfig.from_kwargs(**options))
 
 
-def _cuda_index(device: torch.device) -> int | None:
-    """The CUDA device's index (NVML numbers devices the same way), None on CPU."""
+def _gpu_uuid(device: torch.device) -> str | None:
+    """The CUDA device's UUID, by which NVML finds it whatever CUDA_VISIBLE_DEVICES says; None on CPU."""
     if device.type != "cuda":
         return None
-    return device.index if device.index is not None else torch.cuda.current_device()
+    return str(torch.cuda.get_device_properties(device).uuid)

@@ -92,13 +92,24 @@ class _FakeNvml:
     def nvmlInit(self):
         self.initialised = True
 
+    # NVML's numbering of the host's GPUs (PCI order), which CUDA_VISIBLE_DEVICES does not change:
+    # with CUDA_VISIBLE_DEVICES=3, this rank's cuda:0 is NVML's device 3.
+    UUIDS = {0: "GPU-aaaaaaaa-0000-0000-0000-000000000000", 3: "GPU-dddddddd-0000-0000-0000-000000000003",
+             4: "MIG-eeeeeeee-0000-0000-0000-000000000004"}
+
     def nvmlDeviceGetHandleByIndex(self, index):
-        if index != 3:
+        if index not in self.UUIDS:
             raise RuntimeError("NVML_ERROR_INVALID_ARGUMENT")
-        return "device-3"
+        return f"device-{index}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for index, known in self.UUIDS.items():
+            if known == uuid:
+                return f"device-{index}"
+        raise RuntimeError("NVML_ERROR_NOT_FOUND")
 
     def nvmlDeviceGetUtilizationRates(self, handle):
-        return type("Rates", (), {"gpu": 87})()
+        return type("Rates", (), {"gpu": 87 if handle == "device-3" else 5})()
 
     def nvmlDeviceGetMemoryInfo(self, handle):
         return type("Memory", (), {"used": 3 * 2**30})()
@@ -118,12 +129,15 @@ def test_gpu_readings_come_from_nvml_for_this_ranks_device(monkeypatch):
 
     fake = _FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    sampler = SystemSampler(1.0, interface="lo", gpu_index=3)
+    # CUDA's UUID of the rank's device (cuda:0 under CUDA_VISIBLE_DEVICES=3), without NVML's "GPU-".
+    sampler = SystemSampler(1.0, interface="lo", gpu_uuid="dddddddd-0000-0000-0000-000000000003")
     values = sampler.sample()
     assert fake.initialised
     assert (values["gpu_util_percent"], values["gpu_memory_mb"], values["gpu_temperature_c"], values["gpu_power_w"]) == (87, 3072, 71, 312.5)
     assert "gpu_sm_clock_mhz" not in values, "a reading the board does not support is left out, the rest kept"
+    mig = SystemSampler(1.0, interface="lo", gpu_uuid="eeeeeeee-0000-0000-0000-000000000004").sample()
+    assert mig["gpu_util_percent"] == 5, "a MIG instance is found by NVML's MIG- name"
     # A device NVML does not know, or no NVML at all: no GPU keys, nothing raised.
-    assert not any(k.startswith("gpu_") for k in SystemSampler(1.0, gpu_index=0).sample())
+    assert not any(k.startswith("gpu_") for k in SystemSampler(1.0, gpu_uuid="ffffffff-0000-0000-0000-000000000000").sample())
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    assert not any(k.startswith("gpu_") for k in SystemSampler(1.0, gpu_index=3).sample())
+    assert not any(k.startswith("gpu_") for k in SystemSampler(1.0, gpu_uuid="dddddddd-0000-0000-0000-000000000003").sample())

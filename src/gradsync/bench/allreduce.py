@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gradsync.distributed import end_process, join_process_group, plan_distributed, shutdown
+from gradsync.distributed import collective_device, end_process, join_process_group, plan_distributed, shutdown
 from gradsync.errors import ConfigError
 from gradsync.metrics.timing import bus_factor, synchronized_time
 
@@ -90,6 +90,9 @@ def measure(config: SweepConfig, device: torch.device, group: Any = None) -> lis
     """Run the sweep on the current process group (every rank calls it with the same config)."""
     world = dist.get_world_size(group)
     dtype, op = DTYPES[config.dtype], OPS[config.op]
+    # The iteration count and the timings travel on the measured group too: on the CUDA device
+    # where that group is pure NCCL, which refuses CPU tensors.
+    bookkeeping = collective_device(group)
     results = []
     for size in config.sizes():
         tensor = torch.ones(size // torch.tensor([], dtype=dtype).element_size(), dtype=dtype, device=device)
@@ -98,13 +101,15 @@ def measure(config: SweepConfig, device: torch.device, group: Any = None) -> lis
             dist.all_reduce(tensor, op=op, group=group)
         warm = (synchronized_time(device) - started) / max(1, config.warmup)
         # Rank 0 picks the iteration count so that every rank runs the same number of collectives.
-        iterations = torch.tensor([min(config.max_iters, max(config.min_iters, int(config.target_s / max(warm, 1e-6))))])
+        iterations = torch.tensor([min(config.max_iters, max(config.min_iters, int(config.target_s / max(warm, 1e-6))))],
+                                  device=bookkeeping)
         dist.broadcast(iterations, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         dist.barrier(group=group)
         started = synchronized_time(device)
         for _ in range(int(iterations)):
             dist.all_reduce(tensor, op=op, group=group)
-        elapsed = torch.tensor([(synchronized_time(device) - started) / int(iterations)], dtype=torch.float64)
+        elapsed = torch.tensor([(synchronized_time(device) - started) / int(iterations)], dtype=torch.float64,
+                               device=bookkeeping)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
         seconds = float(elapsed)
         algbw = size / seconds / 1e9

@@ -170,7 +170,8 @@ def worker_main(argv: list[str] | None = None) -> None:
     rows = [json.loads(line) for line in RunDir(trainer.run_dir).metrics.read_text().splitlines()] if trainer.is_main else []
     chosen = summary.get("auto")
     measured = step_ends[args.warmup :]
-    seconds = torch.tensor([measured[-1] - measured[0] if len(measured) > 1 else float("nan")], dtype=torch.float64)
+    seconds = torch.tensor([measured[-1] - measured[0] if len(measured) > 1 else float("nan")], dtype=torch.float64,
+                           device=trainer.device)
     if trainer.world_size > 1:
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
     if trainer.is_main:

@@ -41,6 +41,7 @@ from gradsync.agreement import raise_if_any_rank_failed
 from gradsync.checkpoint import safe, store
 from gradsync.checkpoint.config import CheckpointConfig
 from gradsync.checkpoint.store import CheckpointError
+from gradsync.distributed import collective_device
 from gradsync.errors import GradsyncError
 
 EXIT_ON_SIGTERM = 128 + signal.SIGTERM
@@ -178,9 +179,10 @@ class Checkpointer:
             raise StoppedBySignal(EXIT_ON_SIGTERM)
 
     def _agree(self, *flags: bool) -> list[int]:
-        values = torch.tensor([int(f) for f in flags], dtype=torch.int32)
-        if self._must_agree:
-            dist.all_reduce(values, group=self.group)
+        if not self._must_agree:
+            return [int(f) for f in flags]
+        values = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=collective_device(self.group))
+        dist.all_reduce(values, group=self.group)
         return values.tolist()
 
     # -- saving ----------------------------------------------------------------------------

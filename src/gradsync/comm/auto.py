@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync.comm.compression import CompressionConfig, CompressionHook, CompressionStats, make_hook
+from gradsync.distributed import collective_device
 from gradsync.metrics.timing import synchronized_time
 
 # Least lossy first: on a tie the earlier one wins.
@@ -247,7 +248,8 @@ class AutoTuner:
         measured = [typical_step_s(t.step_times) for t in self.trials]
         measured += [-statistics.median(t.exposed_times) for t in self.trials]
         measured += [t.spread() for t in self.trials]
-        values = torch.tensor(measured, dtype=torch.float64)
+        values = torch.tensor(measured, dtype=torch.float64,
+                              device=collective_device(self.process_group) if dist.is_initialized() else "cpu")
         if dist.is_initialized():
             dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.process_group)
         agreed = values.tolist()

@@ -200,7 +200,7 @@ class MetricsRecorder:
         control_group: Any,
         run_dir: Path,
         logger: Any,
-        gpu_index: int | None = None,
+        gpu_uuid: str | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -223,8 +223,8 @@ class MetricsRecorder:
         self.progress = ProgressDisplay(logger, enabled=rank == 0 and config.progress)
         self._system: SystemSampler | None = None
         if config.system_every_s is not None:
-            self._system = SystemSampler(config.system_every_s, backend_interface(), gpu_index).start()
-            if rank == 0 and gpu_index is not None:
+            self._system = SystemSampler(config.system_every_s, backend_interface(), gpu_uuid).start()
+            if rank == 0 and gpu_uuid is not None:
                 # Said once, by rank 0, like the other summaries: the ranks share one environment as a rule.
                 no_nvml = extras.missing("pynvml", "GPU utilisation, memory, temperature, power and clocks are read")
                 if no_nvml is not None:

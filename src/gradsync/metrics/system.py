@@ -32,16 +32,27 @@ class _Gpu:
         self.handle = handle
 
     @classmethod
-    def open(cls, index: int | None) -> "_Gpu | None":
-        if index is None:
+    def open(cls, uuid: str | None) -> "_Gpu | None":
+        """The device whose UUID CUDA reports (`torch.cuda.get_device_properties(d).uuid`).
+
+        Not its index: NVML numbers every GPU of the host in PCI order, while a CUDA index
+        counts only the GPUs CUDA_VISIBLE_DEVICES leaves, fastest first by default. NVML
+        prefixes the UUID with "GPU-", or "MIG-" for a MIG instance.
+        """
+        if uuid is None:
             return None
         try:
             import pynvml  # nvidia-ml-py, optional
 
             pynvml.nvmlInit()
-            return cls(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
-        except Exception:  # no package, no driver, no such device: GPU metrics are simply absent
+        except Exception:  # no package, no driver: GPU metrics are simply absent
             return None
+        for name in (f"GPU-{uuid}", f"MIG-{uuid}"):
+            try:
+                return cls(pynvml, pynvml.nvmlDeviceGetHandleByUUID(name))
+            except Exception:  # not a GPU (or MIG instance) NVML knows by that name
+                continue
+        return None
 
     def read(self) -> dict[str, float]:
         nvml, handle = self.nvml, self.handle
@@ -69,11 +80,11 @@ class SystemSampler:
     running sums whole between the two threads.
     """
 
-    def __init__(self, interval_s: float, interface: str | None = None, gpu_index: int | None = None):
+    def __init__(self, interval_s: float, interface: str | None = None, gpu_uuid: str | None = None):
         self.interval_s = interval_s
         self.interface = interface
         self._process = psutil.Process()
-        self._gpu = _Gpu.open(gpu_index)
+        self._gpu = _Gpu.open(gpu_uuid)
         self._lock = threading.Lock()
         self._sums: dict[str, float] = {}
         self._samples = 0
