@@ -49,3 +49,31 @@ def test_a_script_that_changes_directory_and_hangs_is_still_diagnosed_with_its_o
     assert set(snapshot) == Snapshot.__required_keys__ | Snapshot.__optional_keys__, "records.Snapshot declares what readers get"
     for rank in (0, 1):
         assert "file is absolute: True" in (tmp_path / "run" / "workers" / "attempt0" / f"rank{rank}.log").read_text()
+
+
+ENDS_WITH_END_PROCESS = """
+    import atexit
+    import torch.distributed as dist
+    from gradsync.distributed import end_process
+
+    atexit.register(print, "exit handlers ran")
+    dist.init_process_group("gloo")
+    dist.all_reduce(__import__("torch").ones(1))
+    end_process(3 if dist.get_rank() == 1 else 0)              # how gradsync's demo ends its workers
+"""
+
+
+def test_a_script_that_ends_with_end_process_still_leaves_how_each_rank_ended(tmp_path):
+    # end_process ends a process on the spot (os._exit); inside gradsync run the worker must still
+    # write each rank's exit record, which the diagnosis reads for the rank that failed.
+    (tmp_path / "train.py").write_text(textwrap.dedent(ENDS_WITH_END_PROCESS))
+    done = subprocess.run(
+        [str(GRADSYNC), "run", "--standalone", "--nproc-per-node", "2", "--run-dir", "run", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    attempt = tmp_path / "run" / "workers" / "attempt0"
+    ends = [json.loads((attempt / f"rank{rank}.exit.json").read_text())["exit"] for rank in (0, 1)]
+    assert [(end["status"], end["code"]) for end in ends] == [("finished", 0), ("exit_code", 3)], ends
+    assert done.stdout.count("exit handlers ran") == 2, done.stdout

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from gradsync import compat, events
-from gradsync.distributed import end_process
+from gradsync.distributed import end_process, ends_leave_to_the_wrapper, exit_now
 from gradsync.metrics.system import SystemSampler
 from gradsync.netif import backend_interface
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         writer.finish(outcome)
 
     try:
-        _run_target(as_module, target, args)
+        with ends_leave_to_the_wrapper():
+            _run_target(as_module, target, args)
     except SystemExit as exiting:
         code = exiting.code
         if code is None or code == 0:
@@ -372,7 +373,7 @@ def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, 
 
     def stop() -> None:
         writer.finish({"status": "finished", "code": 0, "time": time.time(), "stopped_after_steps": steps})
-        end_process(0)
+        exit_now(0)  # inside the script's step: no SystemExit for it to catch, no teardown
 
     path = RunDir(options.run_dir).script_check(identity["attempt"], identity["rank"])
     check = ScriptCheck(recorder, steps, path, stop)
