@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-resnet-300mbit bench-side-by-side clean
+.PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-resnet-300mbit bench-side-by-side gpu-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,12 @@ bench-lora: $(STAMP)
 # TORCH_DISTRIBUTED_DEBUG=DETAIL, side by side (one case at a time; ~20 min on 2 cores).
 bench-side-by-side: $(STAMP)
 	$(BIN)/python benchmarks/side_by_side.py --output gradsync_runs/side-by-side/table.md
+
+# Every CUDA path once on one GPU (demo at fp16/bf16, accumulation, compression hooks, gradsync run and
+# Flight Recorder on NCCL, the profiler's CUDA rules, NVML, doctor, bench allreduce, FSDP2 and TP, exposed
+# communication vs the trace), each check in its own subprocess, <8 min; without CUDA it says so and exits 0.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .venv-compat gradsync_runs .pytest_cache
