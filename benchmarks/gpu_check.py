@@ -542,59 +542,16 @@ def _worker_accumulation(args: argparse.Namespace) -> dict | None:
             "hook_passes": hook_passes}
 
 
-class _ControlledGradients(torch.nn.Module):
-    """forward(g_w, g_b) makes the gradients of `weight` and `bias` exactly g_w and g_b."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(64, 64))
-        self.bias = torch.nn.Parameter(torch.zeros(64))
-
-    def forward(self, g_w: torch.Tensor, g_b: torch.Tensor) -> torch.Tensor:
-        return (self.weight * g_w).sum() + (self.bias * g_b).sum()
-
-
-def _trace_compressor(name: str, options: dict, device: torch.device, steps: int = 30) -> dict:
-    """Known gradients through the hook on CUDA: what DDP applies against the true mean (as
-    tests/comm/test_compression.py's trace_compressor does on the CPU)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+def _trace_compressor(name: str, options: dict, device: torch.device) -> dict:
+    """Known gradients through the hook on CUDA: tests/comm/test_compression.py's own tracer."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from tests.comm.test_compression import follow_compressor
 
     from gradsync.comm import CompressionConfig, make_hook
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model = DistributedDataParallel(_ControlledGradients().to(device), device_ids=[device.index])
     hook = make_hook(CompressionConfig(name=name, **options))
-    model.register_comm_hook(None, hook)
-    generator = torch.Generator().manual_seed(100 + rank)
-    shared = torch.Generator().manual_seed(7)  # a low-rank direction every rank shares, as real gradients have
-    drift = (torch.randn(64, 2, generator=shared) @ torch.randn(2, 64, generator=shared)).to(device)
-    applied_sum = torch.zeros(64, 64, device=device)
-    true_sum = torch.zeros(64, 64, device=device)
-    result = {"identical": True, "bias_error": 0.0, "warmup_exact": True}
-    plain_steps = options.get("powersgd_start_step", 0) if name == "powersgd" else 0
-    for step in range(steps):
-        g_w = drift + torch.randn(64, 64, generator=generator).to(device)
-        g_b = torch.randn(64, generator=generator).to(device)
-        model(g_w, g_b).backward()
-        true_w, true_b = g_w / world, g_b / world
-        dist.all_reduce(true_w)
-        dist.all_reduce(true_b)
-        applied = model.module.weight.grad.clone()
-        if step == 0:
-            result["first_error"] = float((applied - true_w).norm() / true_w.norm())
-        if step < plain_steps:
-            result["warmup_exact"] &= bool(torch.equal(applied, true_w))
-        result["bias_error"] = max(result["bias_error"], float((model.module.bias.grad - true_b).abs().max()))
-        everyone = [torch.empty_like(applied) for _ in range(world)]
-        dist.all_gather(everyone, applied)
-        result["identical"] &= all(torch.equal(everyone[0], other) for other in everyone)
-        applied_sum += applied
-        true_sum += true_w
-        model.zero_grad()
+    result = follow_compressor(hook, device, plain_steps=options.get("powersgd_start_step", 0) if name == "powersgd" else 0)
     torch.cuda.synchronize(device)
-    result["sum_error"] = float((applied_sum - true_sum).norm() / true_sum.norm())
-    result["ratio"] = hook.stats.raw_bytes / hook.stats.sent_bytes
     return result
 
 

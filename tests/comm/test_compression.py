@@ -30,42 +30,51 @@ def _relative(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def trace_compressor(name, steps=30, error_feedback=True):
-    """Send known gradients through the hook; compare what DDP applies with the true mean."""
-    dist.init_process_group("gloo")
+def follow_compressor(hook, device, steps=30, plain_steps=0, error_feedback=True):
+    """Send known gradients through `hook` on `device` (the group is up); compare what DDP
+    applies with the true mean. benchmarks/gpu_check.py runs it on CUDA tensors."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = DistributedDataParallel(ControlledGradients())
-    hook = make_hook(CompressionConfig(name=name, topk_ratio=0.1, powersgd_start_step=3))
+    model = DistributedDataParallel(ControlledGradients().to(device), device_ids=None if device.type == "cpu" else [device.index])
     model.register_comm_hook(None, hook)
     generator = torch.Generator().manual_seed(100 + rank)
     # A low-rank direction shared by every rank (as real gradients have) under per-rank noise.
     shared = torch.Generator().manual_seed(7)
-    drift = torch.randn(64, 2, generator=shared) @ torch.randn(2, 64, generator=shared)
-    applied_sum, true_sum = torch.zeros(64, 64), torch.zeros(64, 64)
-    first_error = None
-    bias_error = 0.0
-    identical = True
+    drift = (torch.randn(64, 2, generator=shared) @ torch.randn(2, 64, generator=shared)).to(device)
+    applied_sum, true_sum = torch.zeros(64, 64, device=device), torch.zeros(64, 64, device=device)
+    result = {"identical": True, "bias_error": 0.0, "warmup_exact": True}
     for step in range(steps):
-        g_w = drift + torch.randn(64, 64, generator=generator)
-        g_b = torch.randn(64, generator=generator)
+        g_w = drift + torch.randn(64, 64, generator=generator).to(device)
+        g_b = torch.randn(64, generator=generator).to(device)
         model(g_w, g_b).backward()
         true_w, true_b = g_w / world, g_b / world
         dist.all_reduce(true_w)
         dist.all_reduce(true_b)
         applied = model.module.weight.grad.clone()
         if step == 0:
-            first_error = _relative(applied, true_w)
-        if name == "powersgd" and step < 2:
-            assert torch.equal(applied, true_w), "PowerSGD must send plain gradients before its start step"
-        bias_error = max(bias_error, float((model.module.bias.grad - true_b).abs().max()))
+            result["first_error"] = _relative(applied, true_w)
+        if step < plain_steps:
+            result["warmup_exact"] &= bool(torch.equal(applied, true_w))
+        result["bias_error"] = max(result["bias_error"], float((model.module.bias.grad - true_b).abs().max()))
         everyone = [torch.empty_like(applied) for _ in range(world)]
         dist.all_gather(everyone, applied)
-        identical &= all(torch.equal(everyone[0], other) for other in everyone)
+        result["identical"] &= all(torch.equal(everyone[0], other) for other in everyone)
         applied_sum += applied
         true_sum += true_w
         model.zero_grad()
         if not error_feedback:
             hook.residuals.clear()
+    result["sum_error"] = _relative(applied_sum, true_sum)
+    result["ratio"] = hook.stats.raw_bytes / hook.stats.sent_bytes
+    result["codec_s"] = hook.stats.encode_s + hook.stats.decode_s
+    return result
+
+
+def trace_compressor(name, steps=30, error_feedback=True):
+    dist.init_process_group("gloo")
+    hook = make_hook(CompressionConfig(name=name, topk_ratio=0.1, powersgd_start_step=3))
+    result = follow_compressor(hook, torch.device("cpu"), steps, plain_steps=2 if name == "powersgd" else 0,
+                               error_feedback=error_feedback)
+    assert result.pop("warmup_exact"), "PowerSGD must send plain gradients before its start step"
     buffer = io.BytesIO()
     torch.save(hook.state_dict(), buffer)
     buffer.seek(0)
@@ -74,14 +83,7 @@ def trace_compressor(name, steps=30, error_feedback=True):
     # The group is left to the harness's os._exit: destroyed here, the DDP model would hold its
     # last reference and free it on return, joining Gloo's threads with the GIL held while one
     # of them needs the GIL to free a tensor (a deadlock seen 1 run in 15 under load).
-    return {
-        "first_error": first_error,
-        "sum_error": _relative(applied_sum, true_sum),
-        "bias_error": bias_error,
-        "identical": identical,
-        "ratio": hook.stats.raw_bytes / hook.stats.sent_bytes,
-        "codec_s": hook.stats.encode_s + hook.stats.decode_s,
-    }
+    return result
 
 
 # name, bound on the first step's relative error, on the relative error of the 30-step sum, and
