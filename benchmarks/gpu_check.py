@@ -544,7 +544,6 @@ def _worker_accumulation(args: argparse.Namespace) -> dict | None:
 
 def _trace_compressor(name: str, options: dict, device: torch.device) -> dict:
     """Known gradients through the hook on CUDA: tests/comm/test_compression.py's own tracer."""
-    sys.path.insert(0, str(REPO_ROOT))
     from tests.comm.test_compression import follow_compressor
 
     from gradsync.comm import CompressionConfig, make_hook
@@ -561,6 +560,7 @@ def _worker_compression(args: argparse.Namespace) -> list[dict] | None:
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     dist.init_process_group("gloo")
+    sys.path.insert(0, str(REPO_ROOT))  # the tracer lives in tests/, beside the CPU bounds it shares
     results = []
     for name, options, *_ in COMPRESSORS:
         try:
