@@ -178,11 +178,13 @@ def test_accumulation_without_no_sync(doctor):
 
 def test_rank_local_parameter_update(doctor):
     run = doctor["rank_local_update"]
-    finding = run.only("parameters_diverged", "error")
-    assert finding["ranks"] == [0, 1] and finding["step"] == run.steps
-    assert finding["details"] == {"parameters": ["0.weight"]}, run.explain()
-    assert finding["locations"] == {"0": run.line("ddp"), "1": run.line("ddp")}
-    _assert_failed(run, "parameters_diverged")
+    # Named at the first step it shows, on the rank that did it, after the step it followed.
+    finding = run.only("update_differs", "error")
+    assert finding["ranks"] == [1] and finding["step"] == 2, run.explain()
+    assert finding["details"] == {"differs": "parameters", "optimizer": 0}
+    assert finding["locations"] == {"1": run.line("step")}
+    assert "rank 1 changed them after optimizer step 1" in finding["message"]
+    assert run.returncode == 1 and "gradsync run: FAILED: update_differs (rank 1)" in run.output, run.explain()
 
 
 def test_batchnorm_buffers_without_buffer_sync(doctor):

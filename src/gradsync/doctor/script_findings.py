@@ -20,23 +20,29 @@ NAMES_SHOWN = 5  # differing parameter or buffer names spelled out in a message
 
 def script_check_findings(checks: dict[int, dict[str, Any]]) -> list[Finding]:
     """Every finding the ranks' facts (`checks`: global rank -> facts) support."""
+    from gradsync.doctor.consistency_findings import consistency_findings  # it uses this module's helpers
+
+    consistency = consistency_findings(checks)
+    # A parameter order or an update that differs across ranks is why the replicas diverged: said once.
+    explained = any(f.category in ("parameter_order_differs", "update_differs") for f in consistency)
     return [
         *_identical_batches(checks),
         *_uneven_batches(checks),
         *_sampler_epoch_not_set(checks),
         *_accumulation_without_no_sync(checks),
-        *_diverged_replicas(checks),
+        *([] if explained else _diverged_replicas(checks)),
         *_find_unused_parameters_unneeded(checks),
         *_tensor_parallel_inputs_differ(checks),
         *_fsdp_root_holds_most(checks),
+        *consistency,
     ]
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in sorted(ranks))
 
 
-def _odd_ones_out(values: dict[int, Any]) -> list[int]:
+def odd_ones_out(values: dict[int, Any]) -> list[int]:
     """The ranks outside the one largest group of equal values; every rank when no group is largest."""
     groups: dict[Any, list[int]] = {}
     for rank, value in values.items():
@@ -118,7 +124,7 @@ def _uneven_batches(checks: dict[int, dict[str, Any]]) -> list[Finding]:
             Finding(
                 "uneven_batches",
                 "error",
-                _odd_ones_out(batches),
+                odd_ones_out(batches),
                 f"The ranks have different numbers of batches per epoch from the DataLoader iterated at {site} "
                 f"({counts}). Every training batch all-reduces gradients, so when the ranks with fewer batches "
                 "leave the loop, the others wait for partners that never come: the job will hang at the end of "
@@ -139,16 +145,25 @@ def _sampler_epoch_not_set(checks: dict[int, dict[str, Any]]) -> list[Finding]:
     for rank, facts in sorted(checks.items()):
         attached = {loader["sampler"] for loader in facts["loaders"] if loader["sampler"] is not None}
         training = {loader["sampler"] for loader in facts["loaders"] if loader["feeds_training"] and loader["sampler"] is not None}
-        last_epoch: dict[int, int] = {}
+        # Per sampler and per line that iterates it: a script may iterate a sampler twice in one
+        # epoch on purpose (list(sampler) to warm a cache, then the DataLoader), each at its own line.
+        last: dict[tuple[int, str | None], dict[str, Any]] = {}
         for sampler_pass in facts["sampler_passes"]:
             key = sampler_pass["sampler"]
             # An evaluation order repeated each epoch is harmless: only samplers feeding training
             # (or used without any DataLoader seen) count.
             relevant = key in training or key not in attached
-            if sampler_pass["shuffle"] and relevant and last_epoch.get(key) == sampler_pass["epoch"]:
+            previous = last.get((key, sampler_pass["site"]))
+            if (
+                sampler_pass["shuffle"]
+                and relevant
+                and previous is not None
+                and previous["epoch"] == sampler_pass["epoch"]
+                and previous.get("set_epoch_calls", 0) == sampler_pass.get("set_epoch_calls", 0)
+            ):
                 repeats[rank] = sampler_pass
                 break
-            last_epoch[key] = sampler_pass["epoch"]
+            last[(key, sampler_pass["site"])] = sampler_pass
     if not repeats:
         return []
     epochs = sorted({p["epoch"] for p in repeats.values()})
@@ -158,7 +173,7 @@ def _sampler_epoch_not_set(checks: dict[int, dict[str, Any]]) -> list[Finding]:
             "warning",
             sorted(repeats),
             f"A shuffling DistributedSampler started another pass with the same epoch ({', '.join(map(str, epochs))}) "
-            f"as its previous pass on {_ranks_text(list(repeats))} (loop at "
+            f"as its previous pass on {ranks_text(list(repeats))} (loop at "
             f"{', '.join(sorted({p['site'] or '?' for p in repeats.values()}))}): every epoch repeats the same "
             "order, because the sampler's shuffle is seeded by its epoch and set_epoch was not called.",
             "Call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader "
@@ -191,7 +206,7 @@ def _accumulation_without_no_sync(checks: dict[int, dict[str, Any]]) -> list[Fin
             sorted(affected),
             f"Gradients were all-reduced on {ratio:.3g} backward passes per optimizer step "
             f"({sum(facts['syncs_per_step'])} synchronised passes for {len(facts['syncs_per_step'])} steps on "
-            f"{_ranks_text([next(iter(affected))])}): the micro-steps of an accumulation synchronise although only "
+            f"{ranks_text([next(iter(affected))])}): the micro-steps of an accumulation synchronise although only "
             f"the sum at the last one is used, {ratio:.3g}× the needed gradient traffic.",
             "Run the forward and backward of every micro-step but the last under `with ddp.no_sync():` (the "
             "summed gradient is the same), or let gradsync accumulate: gradsync.setup(accumulation_steps=N).",
@@ -244,8 +259,8 @@ def _diverged_replicas(checks: dict[int, dict[str, Any]]) -> list[Finding]:
             ]
             if not differing:
                 continue
-            ranks = _odd_ones_out({rank: tuple(h[name] for name in differing) for rank, h in hashes.items()})
-            who = f"between {_ranks_text(ranks)}" if len(ranks) == len(hashes) else f"on {_ranks_text(ranks)} from the other ranks'"
+            ranks = odd_ones_out({rank: tuple(h[name] for name in differing) for rank, h in hashes.items()})
+            who = f"between {ranks_text(ranks)}" if len(ranks) == len(hashes) else f"on {ranks_text(ranks)} from the other ranks'"
             why = (
                 "DDP keeps replicas equal only while every rank applies the same averaged gradient: from here on "
                 "the ranks train different models, and a checkpoint saved by rank 0 holds only rank 0's."
@@ -341,7 +356,7 @@ def _tensor_parallel_inputs_differ(checks: dict[int, dict[str, Any]]) -> list[Fi
                     "tensor_parallel_inputs_differ",
                     "error",
                     ranks,
-                    f"The ranks of one tensor-parallel group ({_ranks_text(ranks)}) fed the module parallelized at {site} "
+                    f"The ranks of one tensor-parallel group ({ranks_text(ranks)}) fed the module parallelized at {site} "
                     f"different inputs in {len(differing)} of {length} training forwards (first: forward {differing[0] + 1}). "
                     "A tensor-parallel group computes one copy of the model together, each rank a slice of every split "
                     "layer, so every forward must see the same batch on all of them: with different batches each slice "

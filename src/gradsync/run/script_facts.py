@@ -43,6 +43,7 @@ from torch.utils.data.distributed import DistributedSampler
 from gradsync import compat
 from gradsync.run.callsite import caller_location
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
+from gradsync.run.consistency_facts import ConsistencyWatch
 from gradsync.rundir import write_json
 
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
@@ -150,10 +151,11 @@ class ScriptCheck:
         self._joined = 0  # Join context managers entered and not left
         # Held, not weakly referenced: a script that returns before its K-th step has dropped its
         # own references by the time its replicas are hashed.
-        self.models: list[tuple[DistributedDataParallel, str | None]] = []
+        self.models: list[tuple[DistributedDataParallel, str | None, list[str]]] = []  # DDP, site, parameter order
         self.fsdp_units: list[tuple[torch.nn.Module, str | None]] = []  # every module fully_shard was given
         self.tp_modules: list[dict[str, Any]] = []  # per parallelize_module call: site, group, styles, inputs
         self._parallelizing = 0  # parallelize_module calls in progress (it recurses into the plan)
+        self.consistency = ConsistencyWatch(self)  # what must agree across ranks (seeds, samples, modes, updates)
 
     # -- installing --------------------------------------------------------------------------
 
@@ -166,22 +168,26 @@ class ScriptCheck:
         def make_ddp_init(original):
             def __init__(ddp, *args, **kwargs):
                 original(ddp, *args, **kwargs)
-                check.models.append((ddp, caller_location()))
+                check.models.append((ddp, caller_location(), check.consistency.ddp_built(ddp)))
 
             return __init__
 
         def make_ddp_forward(original):
             def forward(ddp, *args, **kwargs):
-                if ddp.training and torch.is_grad_enabled():
-                    check._training_forward(args, kwargs)
-                return original(ddp, *args, **kwargs)
+                if not (ddp.training and torch.is_grad_enabled()):
+                    return original(ddp, *args, **kwargs)
+                entry = check._training_forward(ddp, args, kwargs)
+                output = original(ddp, *args, **kwargs)
+                check.consistency.forward_ends(entry)
+                return output
 
             return forward
 
         def make_loader_iter(original):
             def __iter__(loader):
                 iterator = original(loader)
-                check._iterator_entries[iterator] = check._loader_entry(loader)
+                entry = check._iterator_entries[iterator] = check._loader_entry(loader)
+                check.consistency.loader_pass(loader, entry)
                 return iterator
 
             return __iter__
@@ -195,11 +201,13 @@ class ScriptCheck:
 
         def make_sampler_iter(original):
             def __iter__(sampler):
+                key = check._sampler_key(sampler)
                 if len(check.sampler_passes) < MAX_RECORDS:
-                    check.sampler_passes.append(
-                        {"sampler": check._sampler_key(sampler), "epoch": sampler.epoch, "shuffle": sampler.shuffle, "site": caller_location()}
-                    )
-                return original(sampler)
+                    check.sampler_passes.append({
+                        "sampler": key, "epoch": sampler.epoch, "shuffle": sampler.shuffle, "site": caller_location(),
+                        "set_epoch_calls": check.consistency.set_epoch_calls(sampler),
+                    })
+                return check.consistency.sampler_pass(sampler, key, original)
 
             return __iter__
 
@@ -227,6 +235,7 @@ class ScriptCheck:
         _replace(Join, "__enter__", make_join_enter)
         _replace(Join, "__exit__", make_join_exit)
         self._install_sharding_watches()
+        self.consistency.install()
 
     def _install_sharding_watches(self) -> None:
         """Wrap `fully_shard` and `parallelize_module` where scripts import them from."""
@@ -319,22 +328,27 @@ class ScriptCheck:
                 self.loaders.append(entry)
         return entry
 
-    def _training_forward(self, args: tuple, kwargs: dict) -> None:
+    def _training_forward(self, ddp: DistributedDataParallel, args: tuple, kwargs: dict) -> dict[str, Any] | None:
         loader = self._current_loader
         if loader is not None:
             loader["feeds_training"] = True
-        if len(self.forwards) < FORWARDS_FINGERPRINTED:
-            self.forwards.append(
-                {"fingerprint": inputs_fingerprint(args, kwargs), "site": caller_location(), "loader": loader["site"] if loader else None}
-            )
+        if len(self.forwards) >= FORWARDS_FINGERPRINTED:
+            return None
+        entry = {"fingerprint": inputs_fingerprint(args, kwargs), "site": caller_location(),
+                 "loader": loader["site"] if loader else None, **self.consistency.forward_starts(ddp)}
+        self.forwards.append(entry)
+        return entry
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepping += 1
+        if self._stepping == 1:
+            self.consistency.step_starts(optimizer, self.steps + 1)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._stepping -= 1
         if self._stepping:  # e.g. ZeroRedundancyOptimizer's local optimizer, inside its own step
             return
+        self.consistency.step_ends(optimizer)
         self.steps += 1
         synced = self.recorder.backward_passes
         self.syncs_per_step.append(synced - self._synced_before)
@@ -351,10 +365,11 @@ class ScriptCheck:
                 return record.site
         return None
 
-    def _model_facts(self, ddp: DistributedDataParallel, site: str | None) -> dict[str, Any]:
+    def _model_facts(self, ddp: DistributedDataParallel, site: str | None, order: list[str]) -> dict[str, Any]:
         watch = ddp._gradsync_watch
         return {
             "site": site,
+            "parameter_order": order,
             "find_unused_parameters": bool(ddp.find_unused_parameters),
             "usage_checked_passes": watch.checked_passes,
             "incomplete_passes": watch.incomplete_passes,
@@ -374,9 +389,10 @@ class ScriptCheck:
             "forwards": self.forwards,
             "loaders": self.loaders,
             "sampler_passes": self.sampler_passes,
-            "models": [self._model_facts(ddp, site) for ddp, site in self.models],
+            "models": [self._model_facts(*model) for model in self.models],
             "fsdp_roots": self._fsdp_roots(),
             "tp_modules": self.tp_modules,
+            **self.consistency.facts(),
         }
 
     def _fsdp_roots(self) -> list[dict[str, Any]]:

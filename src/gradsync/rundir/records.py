@@ -223,6 +223,15 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "find_unused_parameters_unneeded": (WARNING, "find_unused_parameters=True although every parameter got a gradient"),
     "tensor_parallel_inputs_differ": (ERROR, "the ranks of one tensor-parallel group fed a parallelized module different inputs"),
     "fsdp_root_holds_most": (WARNING, "fully_shard left most parameters in the root unit: sharding saves little memory"),
+    "shared_random_draws": (WARNING, "every rank drew the same random numbers in training (seeded alike after DDP was built)"),
+    "dataset_generator_copied": (WARNING, "a generator stored on the dataset is copied unchanged into every DataLoader worker"),
+    "data_split_differs": (ERROR, "random_split split the dataset differently per rank: training and validation overlap"),
+    "sampler_overlap": (ERROR, "the ranks' DistributedSamplers drew overlapping samples and left others out"),
+    "loss_scaled_by_world_size": (WARNING, "the loss divides by the world size although DDP averages: updates 1/world"),
+    "eval_mode_differs": (ERROR, "some ranks trained submodules in eval mode that the other ranks trained in train mode"),
+    "parameter_order_differs": (ERROR, "DDP got the parameters in a different order per rank: it averages different layers"),
+    "update_differs": (ERROR, "the gradients, settings or parameters going into a step differ across ranks: who changed them"),
+    "same_file_written": (EITHER, "several ranks wrote the same file: overlapping writes"),
 }
 
 @dataclass

@@ -25,7 +25,7 @@ def main() -> None:
         loss = F.mse_loss(ddp(x), y)
         opt.zero_grad()
         loss.backward()
-        opt.step()
+        opt.step()  # doctor: step
         if rank == 1:
             with torch.no_grad():
                 model[0].weight.add_(1e-3 * torch.randn_like(model[0].weight))  # doctor: noise

@@ -1,0 +1,556 @@
+"""The worker side of the doctor's consistency checks: what must agree across ranks, recorded per rank.
+
+DDP keeps the replicas identical, so the mistakes that matter most leave no trace in the model:
+every rank drawing the same dropout masks, samplers that hand two ranks the same samples, a
+loss that DDP's average divides once more, rank 0 training in eval mode, parameters paired by
+position in a different order, an update (clipping, a learning rate) changed on one rank only,
+every rank writing the same file. Each one shows only by comparing what the ranks did, so each
+rank records, under --doctor-steps only:
+
+- the state of every random generator around each training forward (torch, CUDA, `random`,
+  NumPy), the seeding calls with their lines, and the generators a DataLoader's dataset holds
+  when workers copy it;
+- the indices each DistributedSampler pass yields, mapped through `Subset` to the dataset, and
+  each `random_split`'s splits;
+- which submodules are in eval mode at each training forward, and the line that set them so;
+- the parameter names in order when DDP is built;
+- before each optimizer step, a fingerprint of the DDP parameters' gradients and parameters
+  and the optimizer's hyperparameters, with the calls made since the previous step that change
+  them (clipping, schedulers) and their lines;
+- how the loss passed to backward is normalised (read from the autograd graph: a mean, a sum,
+  constant factors), and backward calls per optimizer step;
+- the paths every rank wrote with `torch.save` or `open` from its own code.
+
+`ScriptCheck` owns one `ConsistencyWatch`, feeds it the moments it already sees (DDP built, a
+training forward, an optimizer step) and writes its facts beside its own; the launcher compares
+them (gradsync.doctor.consistency_findings).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import os
+import random
+import sys
+import weakref
+import zlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.data import Subset
+from torch.utils.data.distributed import DistributedSampler
+
+from gradsync.run.callsite import OWN, caller_location, file_kind
+
+if TYPE_CHECKING:
+    from gradsync.run.script_facts import ScriptCheck
+
+MAX_INDICES = 200_000  # a sampler pass or a split longer than this keeps no indices (too large to compare)
+INDEXED_PASSES = 4  # sampler passes per sampler whose indices are kept
+MAX_RECORDS = 64  # seeds, splits, saves, steps, loss walks kept per rank
+CALLS_PER_STEP = 16  # update-changing calls kept between two optimizer steps
+EVAL_NAMES = 8  # eval-mode submodule names kept per forward
+LOSS_WALKS = 8  # backward calls whose loss normalisation is read
+_GRAPH_NODES = 16  # autograd nodes walked down from a loss to its reduction
+_WRITE_MODES = frozenset("wax+")
+
+
+def _crc(data: bytes | memoryview, start: int = 0) -> int:
+    return zlib.crc32(data, start)
+
+
+def _tensor_crc(tensor: torch.Tensor) -> int:
+    return _crc(memoryview(tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()))
+
+
+def _sampled_crc(tensors: Iterator[torch.Tensor]) -> int | None:
+    """One CRC over strided samples of many tensors (the script check's per-tensor fingerprint)."""
+    from gradsync.run.script_facts import tensor_fingerprint
+
+    combined, found = 0, False
+    for tensor in tensors:
+        fingerprint = tensor_fingerprint(tensor)
+        if fingerprint is None:
+            return None
+        combined = _crc(fingerprint.to_bytes(4, "little"), combined)
+        found = True
+    return combined if found else None
+
+
+# -- random generators --------------------------------------------------------------------------
+
+
+def generator_states() -> dict[str, int]:
+    """A CRC of each process-wide random generator's state: what dropout and augmentation draw from."""
+    states = {"torch": _tensor_crc(torch.get_rng_state()), "random": _crc(repr(random.getstate()).encode())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = _tensor_crc(torch.cuda.get_rng_state())
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states["numpy"] = _crc(memoryview(numpy.random.get_state()[1]))
+    return states
+
+
+def _object_generator_state(value: Any) -> int | None:
+    """The state CRC of a generator object a dataset may hold (None when it is not one)."""
+    numpy = sys.modules.get("numpy")
+    if isinstance(value, torch.Generator):
+        return _tensor_crc(value.get_state())
+    if isinstance(value, random.Random):
+        return _crc(repr(value.getstate()).encode())
+    if numpy is not None and isinstance(value, numpy.random.Generator):
+        return _crc(repr(value.bit_generator.state).encode())
+    if numpy is not None and isinstance(value, numpy.random.RandomState):
+        return _crc(memoryview(value.get_state()[1]))
+    return None
+
+
+def dataset_generators(dataset: Any, depth: int = 2) -> dict[str, int]:
+    """attribute path -> state CRC of the generators stored on a dataset (and on its attributes:
+    a transform, a wrapped dataset), which DataLoader workers receive as copies."""
+    found: dict[str, int] = {}
+    seen: set[int] = set()
+
+    def visit(obj: Any, path: str, level: int) -> None:
+        if id(obj) in seen or level > depth:
+            return
+        seen.add(id(obj))
+        attributes = getattr(obj, "__dict__", None)
+        if not isinstance(attributes, dict):
+            return
+        for name, value in attributes.items():
+            state = _object_generator_state(value)
+            if state is not None:
+                found[f"{path}.{name}" if path else name] = state
+            elif not isinstance(value, (torch.Tensor, nn.Module, str, bytes, int, float, list, tuple, dict)):
+                visit(value, f"{path}.{name}" if path else name, level + 1)
+
+    visit(dataset, "", 0)
+    return found
+
+
+# -- the loss, read from the autograd graph ------------------------------------------------------
+
+
+def _constant(value: Any) -> float | None:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.requires_grad:
+        return float(value.detach().reshape(()).cpu())
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _inputs(node: Any) -> list[Any]:
+    return [child for child, _ in node.next_functions if child is not None]
+
+
+def loss_normalisation(loss: torch.Tensor) -> dict[str, Any] | None:
+    """How a scalar loss weighs each reduced element: {"scale", "reduction", "elements", "factor"}.
+
+    Walking down from the loss through constant factors (x / c, x * c) to the reduction (a mean,
+    a sum, a loss function's own reduction): `scale` is the loss divided by the mean of the
+    reduced elements, 1 for a plain mean, 1/accumulation for an accumulated one, 1/world size
+    for a mean divided by the world size. None when the graph says nothing certain: a loss
+    that adds terms (their weights are the script's choice), a partial reduction, another op.
+    """
+    node, factor = loss.grad_fn, 1.0
+    for _ in range(_GRAPH_NODES):
+        if node is None:
+            return None
+        name = type(node).__name__
+        inputs = _inputs(node)
+        if name in ("DivBackward0", "MulBackward0") and len(inputs) == 1:
+            constant = _constant(getattr(node, "_saved_other", None))
+            if constant is None or constant == 0:
+                return None
+            factor = factor / constant if name == "DivBackward0" else factor * constant
+            node = inputs[0]
+            continue
+        if name in ("CloneBackward0", "ViewBackward0", "ReshapeAliasBackward0", "SqueezeBackward0") and len(inputs) == 1:
+            node = inputs[0]
+            continue
+        reduction, elements = _reduction(node, name)
+        if reduction is None or not elements:
+            return None
+        scale = factor if reduction == "mean" else factor * elements
+        return {"scale": scale, "reduction": reduction, "elements": elements, "factor": factor}
+    return None
+
+
+def _reduction(node: Any, name: str) -> tuple[str | None, int]:
+    """("mean" | "sum", elements reduced) of a full reduction node, else (None, 0)."""
+    if name == "MeanBackward0":
+        return "mean", int(getattr(node, "_saved_self_sym_numel", 0))
+    if name == "SumBackward0":
+        sizes = getattr(node, "_saved_self_sym_sizes", ())
+        return "sum", int(torch.Size(sizes).numel())
+    code = getattr(node, "_saved_reduction", None)
+    if code not in (1, 2) or not name.endswith("LossBackward0"):
+        return None, 0
+    # A loss function's own reduction: NLL (cross entropy) counts its non-ignored targets.
+    weight = getattr(node, "_saved_total_weight", None)
+    target = getattr(node, "_saved_target", None)
+    reduced = getattr(node, "_saved_self", None)
+    if isinstance(weight, torch.Tensor) and weight.numel() == 1 and getattr(node, "_saved_weight", None) is None:
+        elements = int(weight.item())
+    elif isinstance(target, torch.Tensor):
+        elements = target.numel()
+    else:
+        elements = reduced.numel() if isinstance(reduced, torch.Tensor) else 0
+    return ("mean" if code == 1 else "sum"), elements
+
+
+# -- hyperparameters ---------------------------------------------------------------------------
+
+
+def hyperparameters(optimizer: Any) -> str:
+    """The optimizer's per-group settings (learning rate, momentum, ...) as one comparable text."""
+    groups = []
+    for group in optimizer.param_groups[:8]:
+        items = []
+        for key, value in sorted(group.items()):
+            if key == "params":
+                continue
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = float(value.detach().cpu())
+            if isinstance(value, (bool, int, float, str, type(None))) or (
+                isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value)
+            ):
+                items.append(f"{key}={value!r}")
+        groups.append(",".join(items))
+    return " | ".join(groups)
+
+
+def _replace(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    original = getattr(owner, name)
+    setattr(owner, name, functools.wraps(original)(make(original)))
+
+
+class ConsistencyWatch:
+    """The facts of the consistency checks for one rank (see the module's docstring)."""
+
+    def __init__(self, check: ScriptCheck):
+        self.check = check
+        self.seeds: list[dict[str, Any]] = []
+        self.splits: list[dict[str, Any]] = []
+        self.sampler_draws: list[dict[str, Any]] = []
+        self.worker_copies: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.loss_walks: list[dict[str, Any]] = []
+        self.backwards_per_step: list[int] = []
+        self.saves: list[dict[str, Any]] = []
+        self._backwards = 0
+        self._calls: list[dict[str, Any]] = []  # update-changing calls since the last step
+        self._optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> index
+        self._open_step: dict[Any, dict[str, Any]] = {}  # optimizer -> its step's record, until it returns
+        self._eval_sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> line that set eval
+        self._sampler_sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._set_epoch_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._indexed: dict[int, int] = {}  # sampler key -> passes whose indices were kept
+        self._passes: dict[int, int] = {}  # sampler key -> passes seen
+        self._ddp_parameters: dict[int, torch.nn.Parameter] = {}
+        self._switching_mode = 0  # nn.Module.train calls in progress (it recurses into children)
+        self._forward_states: dict[str, int] | None = None
+
+    # -- installing --------------------------------------------------------------------------
+
+    def install(self) -> None:
+        self._install_seeding()
+        self._install_data()
+        self._install_mode()
+        self._install_update_calls()
+        self._install_backward()
+        self._install_writes()
+
+    def _install_seeding(self) -> None:
+        watch = self
+
+        def seeding(generator: str):
+            def make(original):
+                def seed(*args, **kwargs):
+                    watch._seeded(generator, args[0] if args else kwargs.get("seed", kwargs.get("a")))
+                    return original(*args, **kwargs)
+
+                return seed
+
+            return make
+
+        torch_seed = seeding("torch")(torch.manual_seed)
+        torch_seed = functools.wraps(torch.manual_seed)(torch_seed)
+        torch.manual_seed = torch_seed
+        torch.random.manual_seed = torch_seed
+        _replace(random, "seed", seeding("random"))
+        try:
+            import numpy
+        except ImportError:  # no NumPy: no NumPy generator to watch
+            return
+        _replace(numpy.random, "seed", seeding("numpy"))
+
+    def _install_data(self) -> None:
+        import torch.utils.data as data
+        import torch.utils.data.dataset as dataset_module
+
+        watch = self
+
+        def make_sampler_init(original):
+            def __init__(sampler, *args, **kwargs):
+                original(sampler, *args, **kwargs)
+                watch._sampler_sites[sampler] = caller_location()
+
+            return __init__
+
+        def make_set_epoch(original):
+            def set_epoch(sampler, epoch):
+                watch._set_epoch_calls[sampler] = watch._set_epoch_calls.get(sampler, 0) + 1
+                return original(sampler, epoch)
+
+            return set_epoch
+
+        _replace(DistributedSampler, "__init__", make_sampler_init)
+        _replace(DistributedSampler, "set_epoch", make_set_epoch)
+
+        original_split = dataset_module.random_split
+
+        @functools.wraps(original_split)
+        def random_split(dataset, lengths, *args, **kwargs):
+            subsets = original_split(dataset, lengths, *args, **kwargs)
+            watch._split(subsets, generator_given=len(args) > 0 or "generator" in kwargs)
+            return subsets
+
+        for owner in (data, dataset_module):
+            if getattr(owner, "random_split", None) is original_split:
+                owner.random_split = random_split
+
+    def _install_mode(self) -> None:
+        watch = self
+
+        def make_train(original):
+            def train(module, mode=True):
+                if not watch._switching_mode:
+                    site = caller_location()
+                    for inner in module.modules():
+                        if mode:
+                            watch._eval_sites.pop(inner, None)
+                        else:
+                            watch._eval_sites[inner] = site
+                watch._switching_mode += 1
+                try:
+                    return original(module, mode)
+                finally:
+                    watch._switching_mode -= 1
+
+            return train
+
+        _replace(nn.Module, "train", make_train)
+
+    def _install_update_calls(self) -> None:
+        """Clipping and schedulers change an update after DDP averaged it: note who called them, where."""
+        import torch.nn.utils as nn_utils
+        import torch.nn.utils.clip_grad as clip_grad
+        from torch.optim import lr_scheduler
+
+        watch = self
+
+        def noting(what: str):
+            def make(original):
+                def call(*args, **kwargs):
+                    watch._note_call(what)
+                    return original(*args, **kwargs)
+
+                return call
+
+            return make
+
+        for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_"):
+            original = getattr(clip_grad, name, None)
+            if original is None:
+                continue
+            wrapped = functools.wraps(original)(noting(name)(original))
+            for owner in (nn_utils, clip_grad):
+                if getattr(owner, name, None) is original:
+                    setattr(owner, name, wrapped)
+        _replace(lr_scheduler.LRScheduler, "step", noting("scheduler.step"))
+        if "step" in vars(lr_scheduler.ReduceLROnPlateau):  # its own step, not LRScheduler's
+            _replace(lr_scheduler.ReduceLROnPlateau, "step", noting("scheduler.step"))
+
+    def _install_backward(self) -> None:
+        import torch.autograd
+
+        watch = self
+        original = torch.autograd.backward
+
+        @functools.wraps(original)
+        def backward(tensors, *args, **kwargs):
+            watch._backward(tensors)
+            return original(tensors, *args, **kwargs)
+
+        torch.autograd.backward = backward  # Tensor.backward calls it through the module
+
+    def _install_writes(self) -> None:
+        watch = self
+
+        def make_save(original):
+            def save(obj, f, *args, **kwargs):
+                watch._wrote(f, "torch.save")
+                return original(obj, f, *args, **kwargs)
+
+            return save
+
+        _replace(torch, "save", make_save)
+        original_open = builtins.open
+
+        @functools.wraps(original_open)
+        def open_(file, mode="r", *args, **kwargs):
+            # Only the user's own open() calls: torch.save and libraries open files of their own.
+            if isinstance(mode, str) and _WRITE_MODES & set(mode) and file_kind(sys._getframe(1).f_code.co_filename) == OWN:
+                watch._wrote(file, "open")
+            return original_open(file, mode, *args, **kwargs)
+
+        builtins.open = open_
+
+    # -- what ScriptCheck tells it -----------------------------------------------------------
+
+    def ddp_built(self, ddp: Any) -> list[str]:
+        """The parameter names in the order DDP pairs them across ranks (its buckets go by position)."""
+        names = []
+        for name, parameter in ddp.module.named_parameters():
+            names.append(name)
+            self._ddp_parameters[id(parameter)] = parameter
+        return names
+
+    def forward_starts(self, ddp: Any) -> dict[str, Any]:
+        """Extra fields for the forward's entry: eval-mode submodules, generator states before it."""
+        evaluating = [(name, module) for name, module in ddp.module.named_modules() if not module.training]
+        self._forward_states = generator_states()
+        return {
+            "eval_modules": [name or "(the model)" for name, _ in evaluating[:EVAL_NAMES]],
+            "eval_count": len(evaluating),
+            "eval_site": self._eval_sites.get(evaluating[0][1]) if evaluating else None,
+            "rng_before": self._forward_states,
+        }
+
+    def forward_ends(self, entry: dict[str, Any] | None) -> None:
+        if entry is not None:
+            entry["rng_after"] = generator_states()
+
+    def step_starts(self, optimizer: Any, step: int) -> None:
+        index = self._optimizers.setdefault(optimizer, len(self._optimizers))
+        parameters = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._ddp_parameters]
+        record = {
+            "step": step,
+            "optimizer": index,
+            "site": caller_location(),
+            "hyperparameters": hyperparameters(optimizer),
+            "grads": _sampled_crc(p.grad for p in parameters if p.grad is not None) if parameters else None,
+            "params_before": _sampled_crc(iter(parameters)) if parameters else None,
+            "calls": self._calls,
+        }
+        self._calls = []
+        if len(self.steps) < MAX_RECORDS:
+            self.steps.append(record)
+            self._open_step[index] = record
+
+    def step_ends(self, optimizer: Any) -> None:
+        record = self._open_step.pop(self._optimizers.get(optimizer, -1), None)
+        if record is not None:
+            parameters = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._ddp_parameters]
+            record["params_after"] = _sampled_crc(iter(parameters)) if parameters else None
+        self.backwards_per_step.append(self._backwards)
+        self._backwards = 0
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def _seeded(self, generator: str, value: Any) -> None:
+        if len(self.seeds) < MAX_RECORDS:
+            self.seeds.append({"generator": generator, "site": caller_location(), "after_ddp": bool(self.check.models),
+                               "forwards_before": len(self.check.forwards), "value": repr(value)[:40]})
+
+    def _split(self, subsets: list[Subset], generator_given: bool) -> None:
+        if len(self.splits) >= MAX_RECORDS:
+            return
+        indices = [list(map(int, subset.indices)) for subset in subsets]
+        keep = sum(len(i) for i in indices) <= MAX_INDICES
+        self.splits.append({
+            "site": caller_location(),
+            "generator_given": generator_given,
+            "lengths": [len(i) for i in indices],
+            "crcs": [_crc(repr(i).encode()) for i in indices],
+            "indices": indices if keep else None,
+        })
+
+    def sampler_pass(self, sampler: DistributedSampler, key: int, original_iter: Callable) -> Iterator[int]:
+        """The pass's iterator; a plain DistributedSampler's indices are kept (they are a list already)."""
+        iterator = original_iter(sampler)
+        passes = self._passes[key] = self._passes.get(key, 0) + 1
+        plain = type(sampler).__iter__ is DistributedSampler.__iter__  # a subclass may yield lazily, or forever
+        if not plain or self._indexed.get(key, 0) >= INDEXED_PASSES or len(sampler) > MAX_INDICES:
+            return iterator
+        self._indexed[key] = self._indexed.get(key, 0) + 1
+        indices = list(iterator)
+        dataset, mapped, over_subset = sampler.dataset, indices, False
+        while isinstance(dataset, Subset):
+            mapped = [int(dataset.indices[i]) for i in mapped]
+            dataset, over_subset = dataset.dataset, True
+        if len(self.sampler_draws) < MAX_RECORDS:
+            self.sampler_draws.append({
+                "sampler": key, "pass": passes, "epoch": sampler.epoch, "seed": sampler.seed,
+                "sampler_rank": sampler.rank, "num_replicas": sampler.num_replicas,
+                "dataset_size": len(dataset), "total_size": sampler.total_size, "drop_last": sampler.drop_last,
+                "over_subset": over_subset, "site": self._sampler_sites.get(sampler), "indices": mapped,
+            })
+        return iter(indices)
+
+    def set_epoch_calls(self, sampler: DistributedSampler) -> int:
+        return self._set_epoch_calls.get(sampler, 0)
+
+    def loader_pass(self, loader: Any, entry: dict[str, Any]) -> None:
+        """A DataLoader with workers copies its dataset into each of them at every pass."""
+        if not loader.num_workers or len(self.worker_copies) >= MAX_RECORDS:
+            return
+        generators = dataset_generators(loader.dataset)
+        if generators:
+            self.worker_copies.append({"loader": entry["key"], "site": entry["site"], "workers": loader.num_workers,
+                                       "worker_init_fn": loader.worker_init_fn is not None, "generators": generators})
+
+    def _note_call(self, what: str) -> None:
+        if len(self._calls) < CALLS_PER_STEP:
+            self._calls.append({"what": what, "site": caller_location()})
+
+    def _backward(self, tensors: Any) -> None:
+        self._backwards += 1
+        if not self.check.models or len(self.loss_walks) >= LOSS_WALKS:
+            return
+        loss = tensors if isinstance(tensors, torch.Tensor) else None
+        if loss is None and isinstance(tensors, (list, tuple)) and len(tensors) == 1:
+            loss = tensors[0]
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            return
+        try:
+            normalisation = loss_normalisation(loss)
+        except (RuntimeError, TypeError, ValueError):  # a graph whose saved values cannot be read
+            normalisation = None
+        self.loss_walks.append({"site": caller_location(), "step": self.check.steps + 1, **(normalisation or {"scale": None})})
+
+    def _wrote(self, file: Any, how: str) -> None:
+        if not isinstance(file, (str, os.PathLike)) or len(self.saves) >= MAX_RECORDS:
+            return
+        path = os.path.abspath(os.fspath(file))
+        if path.startswith(("/dev/", "/proc/", "/sys/")):
+            return
+        self.saves.append({"path": path, "how": how, "step": self.check.steps, "site": caller_location()})
+
+    def facts(self) -> dict[str, Any]:
+        import socket
+
+        return {
+            "host": socket.gethostname(),
+            "seeds": self.seeds,
+            "splits": self.splits,
+            "sampler_draws": self.sampler_draws,
+            "worker_copies": self.worker_copies,
+            "steps_taken": self.steps,
+            "loss_walks": self.loss_walks,
+            "backwards_per_step": self.backwards_per_step,
+            "writes": self.saves,
+        }

@@ -1,0 +1,195 @@
+"""The consistency rules on hand-made facts: each one speaks for its mistake, names the rank at
+fault and the line, and stays silent on the healthy near-miss (the real runs: tests/run/test_doctor_script.py)."""
+
+from __future__ import annotations
+
+from gradsync.doctor.consistency_findings import consistency_findings
+from gradsync.doctor.script_findings import script_check_findings
+
+
+def _facts(**overrides) -> dict:
+    facts = {
+        "steps": 4, "syncs_per_step": [1, 1, 1, 1], "forwards": [], "models": [], "loaders": [], "sampler_passes": [],
+        "host": "node0", "seeds": [], "splits": [], "sampler_draws": [], "worker_copies": [], "steps_taken": [],
+        "loss_walks": [], "backwards_per_step": [1, 1, 1, 1], "writes": [],
+    }
+    return {**facts, **overrides}
+
+
+def _categories(checks: dict[int, dict]) -> list[str]:
+    return [f.category for f in consistency_findings(checks)]
+
+
+def _forward(before: int, after: int, evals=(), eval_site=None) -> dict:
+    return {"site": "train.py:30", "rng_before": {"torch": before}, "rng_after": {"torch": after},
+            "eval_modules": list(evals), "eval_count": len(evals), "eval_site": eval_site}
+
+
+def _seed(after_ddp: bool, site: str = "train.py:20") -> dict:
+    return {"generator": "torch", "site": site, "after_ddp": after_ddp, "forwards_before": 0, "value": "0"}
+
+
+# -- randomness ---------------------------------------------------------------------------------
+
+
+def test_identical_draws_are_blamed_on_a_seeding_after_ddp():
+    same = [_forward(1, 2), _forward(2, 3)]
+    checks = {r: _facts(forwards=same, seeds=[_seed(False, "train.py:10"), _seed(True)]) for r in (0, 1)}
+    (finding,) = consistency_findings(checks)
+    assert finding.category == "shared_random_draws" and finding.locations == {"0": "train.py:20", "1": "train.py:20"}
+    # Seeded alike only before the model was built: DDP's usual start, left alone.
+    assert _categories({r: _facts(forwards=same, seeds=[_seed(False)]) for r in (0, 1)}) == []
+    # Per-rank seeds after DDP: the states differ.
+    per_rank = {r: _facts(forwards=[_forward(10 * r + 1, 10 * r + 2)], seeds=[_seed(True)]) for r in (0, 1)}
+    assert _categories(per_rank) == []
+    # No draws at all (no dropout): nothing was shared.
+    assert _categories({r: _facts(forwards=[_forward(1, 1)], seeds=[_seed(True)]) for r in (0, 1)}) == []
+
+
+def test_a_dataset_generator_copied_into_workers_is_a_warning_unless_a_worker_init_fn_reseeds_it():
+    copy = {"loader": "train.py:40#0", "site": "train.py:40", "workers": 2, "worker_init_fn": False,
+            "generators": {"rng": 7}}
+    (finding,) = consistency_findings({r: _facts(worker_copies=[copy]) for r in (0, 1)})
+    assert finding.category == "dataset_generator_copied" and finding.ranks == [0, 1]
+    reseeded = {**copy, "worker_init_fn": True}
+    assert _categories({r: _facts(worker_copies=[reseeded]) for r in (0, 1)}) == []
+
+
+# -- data coverage ------------------------------------------------------------------------------
+
+
+def _draw(indices, seed=0, sampler_rank=0, dataset_size=8, total_size=8, over_subset=False) -> dict:
+    return {"sampler": 0, "pass": 1, "epoch": 0, "seed": seed, "sampler_rank": sampler_rank, "num_replicas": 2,
+            "dataset_size": dataset_size, "total_size": total_size, "drop_last": False, "over_subset": over_subset,
+            "site": "train.py:25", "indices": indices}
+
+
+def test_overlapping_sampler_shares_are_found_and_padding_is_allowed():
+    split = {0: _facts(sampler_draws=[_draw([0, 2, 4, 6])]), 1: _facts(sampler_draws=[_draw([1, 3, 5, 7], sampler_rank=1)])}
+    assert _categories(split) == []
+    padded = {0: _facts(sampler_draws=[_draw([0, 2, 4, 6], dataset_size=7)]),
+              1: _facts(sampler_draws=[_draw([1, 3, 5, 0], sampler_rank=1, dataset_size=7)])}
+    assert _categories(padded) == []  # DistributedSampler pads 7 samples to 8 by repeating one
+    seeds = {0: _facts(sampler_draws=[_draw([0, 2, 4, 6])]), 1: _facts(sampler_draws=[_draw([0, 2, 5, 7], seed=1, sampler_rank=1)])}
+    (finding,) = consistency_findings(seeds)
+    assert finding.category == "sampler_overlap" and finding.details["drawn_twice"] == 2 and finding.details["never_drawn"] == 2
+    assert "seeds differ (rank 0: seed=0, rank 1: seed=1)" in finding.message
+
+
+def _split(crcs, indices) -> dict:
+    return {"site": "train.py:15", "generator_given": False, "lengths": [len(i) for i in indices], "crcs": crcs,
+            "indices": indices}
+
+
+def test_a_split_that_differs_across_ranks_is_an_error_and_explains_the_overlap():
+    checks = {0: _facts(splits=[_split([1, 2], [[0, 1, 2], [3]])]), 1: _facts(splits=[_split([3, 4], [[1, 2, 3], [0]])])}
+    (finding,) = consistency_findings(checks)
+    assert finding.category == "data_split_differs" and finding.locations == {"0": "train.py:15", "1": "train.py:15"}
+    assert "1 of rank 0's 3 samples in the first split are in rank 1's second one" in finding.message
+    assert _categories({r: _facts(splits=[_split([1, 2], [[0, 1, 2], [3]])]) for r in (0, 1)}) == []
+
+
+# -- gradient scale -----------------------------------------------------------------------------
+
+
+def _walk(scale: float) -> dict:
+    return {"site": "train.py:33", "step": 1, "scale": scale, "reduction": "sum", "elements": 16, "factor": scale / 16}
+
+
+def test_a_loss_divided_by_the_world_size_is_found_unless_accumulation_explains_the_factor():
+    assert _categories({r: _facts(loss_walks=[_walk(0.5)]) for r in (0, 1)}) == ["loss_scaled_by_world_size"]
+    assert _categories({r: _facts(loss_walks=[_walk(1.0)]) for r in (0, 1)}) == []
+    # Two micro-steps on two ranks: 1/2 is the accumulation's own factor; nothing can be said.
+    assert _categories({r: _facts(loss_walks=[_walk(0.5)], backwards_per_step=[2, 2]) for r in (0, 1)}) == []
+    # Four ranks, two micro-steps, 1/8: divided by both.
+    four = {r: _facts(loss_walks=[_walk(0.125)], backwards_per_step=[2, 2]) for r in range(4)}
+    assert _categories(four) == ["loss_scaled_by_world_size"]
+    assert _categories({r: _facts(loss_walks=[_walk(0.5)], backwards_per_step=[2, 2]) for r in range(4)}) == []  # 1/accumulation
+
+
+# -- mode, order, update ------------------------------------------------------------------------
+
+
+def test_a_rank_training_in_eval_mode_is_named_with_the_line_that_set_it():
+    trained = [_forward(1, 2), _forward(2, 3)]
+    evaluated = [_forward(1, 2), _forward(2, 3, evals=["(the model)", "0", "1"], eval_site="train.py:50")]
+    (finding,) = consistency_findings({0: _facts(forwards=evaluated), 1: _facts(forwards=trained)})
+    assert (finding.category, finding.ranks, finding.locations) == ("eval_mode_differs", [0], {"0": "train.py:50"})
+    assert "From training forward 2 on" in finding.message
+    frozen = [_forward(1, 2, evals=["backbone"], eval_site="train.py:12")]  # frozen on every rank: a choice
+    assert _categories({r: _facts(forwards=frozen) for r in (0, 1)}) == []
+
+
+def _model(order) -> dict:
+    return {"site": "train.py:22", "parameter_order": list(order), "parameters": {}, "buffers": {}, "buffers_synced": True,
+            "find_unused_parameters": False, "usage_checked_passes": 0, "incomplete_passes": 0}
+
+
+def test_a_parameter_order_that_differs_is_an_error_and_replaces_the_divergence_it_causes():
+    checks = {0: _facts(models=[_model(["a.weight", "b.weight"])]), 1: _facts(models=[_model(["b.weight", "a.weight"])])}
+    checks[0]["models"][0]["parameters"] = {"a.weight": 1, "b.weight": 2}
+    checks[1]["models"][0]["parameters"] = {"a.weight": 2, "b.weight": 1}
+    (finding,) = script_check_findings(checks)
+    assert finding.category == "parameter_order_differs"
+    assert finding.details == {"position": 0, "names": {"0": "a.weight", "1": "b.weight"}}
+    assert _categories({r: _facts(models=[_model(["a.weight", "b.weight"])]) for r in (0, 1)}) == []
+
+
+def _step(step: int, grads: int = 1, hyper: str = "lr=0.1", calls=(), before: int = 10, after: int = 11) -> dict:
+    return {"step": step, "optimizer": 0, "site": "train.py:40", "hyperparameters": hyper, "grads": grads,
+            "params_before": before, "params_after": after, "calls": list(calls)}
+
+
+CLIP = {"what": "clip_grad_norm_", "site": "train.py:38"}
+
+
+def test_gradients_changed_on_one_rank_are_blamed_on_its_extra_call():
+    checks = {0: _facts(steps_taken=[_step(1), _step(2, grads=5, calls=[CLIP])]), 1: _facts(steps_taken=[_step(1), _step(2)])}
+    (finding,) = consistency_findings(checks)
+    assert (finding.category, finding.ranks, finding.step) == ("update_differs", [0], 2)
+    assert finding.locations == {"0": "train.py:38"} and "called clip_grad_norm_ at train.py:38" in finding.message
+    # Clipping on every rank keeps the update the same everywhere.
+    same = [_step(1, calls=[CLIP]), _step(2, calls=[CLIP])]
+    assert _categories({r: _facts(steps_taken=same) for r in (0, 1)}) == []
+    # A step after a backward under no_sync (local SGD, the micro-steps' own step): gradients differ by design.
+    local = {0: _facts(steps_taken=[_step(1, grads=1)], syncs_per_step=[0]), 1: _facts(steps_taken=[_step(1, grads=2)], syncs_per_step=[0])}
+    assert _categories(local) == []
+
+
+def test_a_learning_rate_changed_on_one_rank_is_blamed_on_the_scheduler_call():
+    sched = {"what": "scheduler.step", "site": "train.py:45"}
+    rank0 = [_step(1), _step(2, calls=[sched]), _step(3, hyper="lr=0.05", calls=[sched])]
+    rank1 = [_step(1), _step(2), _step(3)]
+    (finding,) = consistency_findings({0: _facts(steps_taken=rank0), 1: _facts(steps_taken=rank1)})
+    assert (finding.ranks, finding.step, finding.locations) == ([0], 3, {"0": "train.py:45"})
+    assert finding.details["differs"] == "hyperparameters"
+
+
+def test_parameters_moved_between_steps_on_one_rank_are_blamed_on_it():
+    rank0 = [_step(1, before=1, after=2), _step(2, before=2, after=3)]
+    rank1 = [_step(1, before=1, after=2), _step(2, before=9, after=10)]
+    (finding,) = consistency_findings({0: _facts(steps_taken=rank0), 1: _facts(steps_taken=rank1)})
+    assert (finding.ranks, finding.details["differs"]) == ([1], "parameters")
+    assert "after optimizer step 1 (at train.py:40) and before step 2" in finding.message
+    # Every rank changing them alike (weight clamping on every rank): the replicas stay equal.
+    alike = [_step(1, before=1, after=2), _step(2, before=5, after=6)]
+    assert _categories({r: _facts(steps_taken=alike) for r in (0, 1)}) == []
+
+
+# -- files --------------------------------------------------------------------------------------
+
+
+def _write(path: str, how: str = "torch.save", step: int = 3) -> dict:
+    return {"path": path, "how": how, "step": step, "site": "train.py:60"}
+
+
+def test_the_same_path_written_by_several_ranks_of_one_host():
+    (finding,) = consistency_findings({r: _facts(writes=[_write("/ckpt/model.pt")]) for r in (0, 1)})
+    assert (finding.category, finding.severity, finding.ranks) == ("same_file_written", "error", [0, 1])
+    assert "at the same step" in finding.message
+    own = {r: _facts(writes=[_write(f"/ckpt/rank{r}.pt")]) for r in (0, 1)}
+    assert _categories(own) == []
+    logs = {r: _facts(writes=[_write("/logs/train.log", how="open")]) for r in (0, 1)}
+    assert [f.severity for f in consistency_findings(logs)] == ["warning"]
+    hosts = {r: _facts(host=f"node{r}", writes=[_write("/local/model.pt")]) for r in (0, 1)}
+    assert _categories(hosts) == []  # each host's own disk
