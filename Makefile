@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-resnet-300mbit bench-side-by-side gpu-check clean
+.PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-doctor-overhead bench-resnet-300mbit bench-side-by-side gpu-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ bench-checkpoint-overhead: $(STAMP)
 # What gradsync's fp16 hook costs backward beside PyTorch's fp16_compress_hook, on 2 loopback ranks.
 bench-hook-cost: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/hook_cost.py
+
+# The training loop under `gradsync doctor --steps K` against a plain `gradsync run`, alternating launches.
+bench-doctor-overhead: $(STAMP)
+	$(BIN)/python benchmarks/doctor_overhead.py
 
 # Test accuracy and loss curve of the digits demo under each gradient compressor.
 bench-compression-accuracy: $(STAMP)

@@ -163,6 +163,7 @@ def test_a_learning_rate_changed_on_one_rank_is_blamed_on_the_scheduler_call():
     (finding,) = consistency_findings({0: _facts(steps_taken=rank0), 1: _facts(steps_taken=rank1)})
     assert (finding.ranks, finding.step, finding.locations) == ([0], 3, {"0": "train.py:45"})
     assert finding.details["differs"] == "hyperparameters"
+    assert "(lr: rank 0 0.05, rank 1 0.1)" in finding.message, finding.message
 
 
 def test_parameters_moved_between_steps_on_one_rank_are_blamed_on_it():

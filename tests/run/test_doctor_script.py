@@ -45,14 +45,31 @@ SCRIPTS = {
     "find_unused_all_used": ("doctor_zoo/find_unused_all_used.py", 4),
     "tp_data_by_global_rank": ("doctor_zoo/tp_data_by_global_rank.py", 3),
     "fsdp_root_only": ("doctor_zoo/fsdp_root_only.py", 3),
+    # Mistakes that leave the replicas identical (or diverge them with a cause to name):
+    "shared_seed_after_ddp": ("doctor_zoo/shared_seed_after_ddp.py", 6),
+    "dataset_generator_workers": ("doctor_zoo/dataset_generator_workers.py", 4),
+    "sampler_seed_per_rank": ("doctor_zoo/sampler_seed_per_rank.py", 3),
+    "random_split_per_rank": ("doctor_zoo/random_split_per_rank.py", 3),
+    "loss_divided_by_world": ("doctor_zoo/loss_divided_by_world.py", 3),
+    "eval_left_on_rank0": ("doctor_zoo/eval_left_on_rank0.py", 8),  # rank 0 evaluates after step 4
+    "moduledict_from_set": ("doctor_zoo/moduledict_from_set.py", 2),
+    "clip_on_rank0": ("doctor_zoo/clip_on_rank0.py", 3),
+    "scheduler_on_rank0": ("doctor_zoo/scheduler_on_rank0.py", 5),  # StepLR(step_size=2): lr moves at step 3
+    "same_path_saves": ("doctor_zoo/same_path_saves.py", 4),  # saves at step 3
     "healthy_fsdp2_tp": ("zoo/healthy_fsdp2_tp.py", 8),  # 4 FSDP steps, then 4 tensor-parallel ones
     "nan_on_rank1": ("zoo/nan_on_rank1.py", 6),  # NaN at step 4
     "unused_parameter_find": ("zoo/unused_parameter_find.py", 5),
     "healthy_ddp": ("zoo/healthy_ddp.py", 12),  # 8 steps per epoch: stops inside the 2nd epoch
     "healthy_accumulation": ("zoo/healthy_accumulation.py", 20),  # 10 steps: finishes before K
     "healthy_gradsync": ("zoo/healthy_gradsync.py", 20),  # 16 steps: finishes before K
+    # The near-misses of the mistakes above, done right:
+    "healthy_seeding": ("doctor_zoo/healthy_seeding.py", 20),  # 16 steps: finishes before K
+    "healthy_data_split": ("doctor_zoo/healthy_data_split.py", 12),  # into the 2nd epoch's warm-up pass
+    "healthy_loss_scale": ("doctor_zoo/healthy_loss_scale.py", 4),
+    "healthy_rank0_duties": ("doctor_zoo/healthy_rank0_duties.py", 20),  # 16 steps: finishes before K
 }
-HEALTHY = ["healthy_ddp", "healthy_accumulation", "healthy_gradsync", "healthy_fsdp2_tp"]
+HEALTHY = ["healthy_ddp", "healthy_accumulation", "healthy_gradsync", "healthy_fsdp2_tp", "healthy_seeding",
+           "healthy_data_split", "healthy_loss_scale", "healthy_rank0_duties"]
 
 
 @dataclass
@@ -235,6 +252,89 @@ def test_fsdp_on_the_root_alone_is_a_warning(doctor):
     assert "The Sequential sharded with fully_shard" in finding["message"], run.explain()
     assert "keeps 100% of its 5,313 parameters in its root unit (the largest part: '2', 78%)" in finding["message"], run.explain()
     _assert_warned(run, "fsdp_root_holds_most")
+
+
+# -- mistakes that leave the replicas identical ------------------------------------------------
+
+
+def test_generators_seeded_alike_after_ddp_are_named_at_the_seeding_line(doctor):
+    run = doctor["shared_seed_after_ddp"]
+    finding = run.only("shared_random_draws", "warning")
+    assert finding["locations"] == {"0": run.line("seed"), "1": run.line("seed")}, run.explain()
+    assert finding["details"]["generator"] == "torch" and finding["details"]["draws_compared"] >= run.steps
+    _assert_warned(run, "shared_random_draws")
+
+
+def test_a_generator_on_the_dataset_copied_into_workers(doctor):
+    run = doctor["dataset_generator_workers"]
+    finding = run.only("dataset_generator_copied", "warning")
+    assert finding["locations"] == {"0": run.line("loop"), "1": run.line("loop")}, run.explain()
+    assert finding["details"] == {"generators": ["rng"], "workers": 2}
+    assert "across its 2 workers" in finding["message"] and "on ranks 0, 1" in finding["message"]
+    _assert_warned(run, "dataset_generator_copied")
+
+
+def test_samplers_seeded_per_rank_overlap_and_leave_samples_out(doctor):
+    run = doctor["sampler_seed_per_rank"]
+    finding = run.only("sampler_overlap", "error")
+    assert finding["locations"] == {"0": run.line("sampler"), "1": run.line("sampler")}, run.explain()
+    details = finding["details"]
+    assert details["samples"] == 320 and details["drawn_twice"] == details["never_drawn"] > 0, details
+    assert "seeds differ" in finding["message"]
+    _assert_failed(run, "sampler_overlap")
+
+
+def test_a_random_split_that_differs_per_rank(doctor):
+    run = doctor["random_split_per_rank"]
+    finding = run.only("data_split_differs", "error")
+    assert finding["locations"] == {"0": run.line("split"), "1": run.line("split")}, run.explain()
+    assert "without a generator" in finding["message"] and "in rank 1's second one" in finding["message"]
+    _assert_failed(run, "data_split_differs")
+
+
+def test_a_loss_divided_by_the_world_size_under_ddp(doctor):
+    run = doctor["loss_divided_by_world"]
+    finding = run.only("loss_scaled_by_world_size", "warning")
+    assert finding["locations"] == {"0": run.line("backward"), "1": run.line("backward")}, run.explain()
+    assert finding["details"] == {"scale": 0.5, "world_size": 2}
+    _assert_warned(run, "loss_scaled_by_world_size")
+
+
+def test_rank_0_left_in_eval_mode_is_named_with_its_eval_line(doctor):
+    run = doctor["eval_left_on_rank0"]
+    finding = run.only("eval_mode_differs", "error")
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line("eval")}, run.explain()
+    assert finding["details"]["forward"] == 5  # the first training forward after the evaluation at step 4
+    assert run.returncode == 1 and "gradsync run: FAILED: eval_mode_differs (rank 0)" in run.output, run.explain()
+
+
+def test_parameters_in_a_rank_dependent_order_are_found_at_construction(doctor):
+    run = doctor["moduledict_from_set"]
+    finding = run.only("parameter_order_differs", "error")  # the divergence it causes is not reported twice
+    assert finding["locations"] == {"0": run.line("ddp"), "1": run.line("ddp")}, run.explain()
+    names = finding["details"]["names"]
+    assert names["0"] != names["1"] and "(the same names, ordered differently)" in finding["message"]
+    _assert_failed(run, "parameter_order_differs")
+
+
+@pytest.mark.parametrize(("name", "tag", "step", "differs"), [
+    ("clip_on_rank0", "clip", 1, "gradients"),
+    ("scheduler_on_rank0", "scheduler", 3, "hyperparameters"),
+])
+def test_an_update_changed_on_rank_0_only_is_blamed_on_its_call(doctor, name, tag, step, differs):
+    run = doctor[name]
+    finding = run.only("update_differs", "error")
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line(tag)}, run.explain()
+    assert finding["step"] == step and finding["details"]["differs"] == differs, run.explain()
+    assert run.returncode == 1 and "gradsync run: FAILED: update_differs (rank 0)" in run.output, run.explain()
+
+
+def test_every_rank_saving_to_the_same_path(doctor):
+    run = doctor["same_path_saves"]
+    finding = run.only("same_file_written", "error")
+    assert finding["locations"] == {"0": run.line("save"), "1": run.line("save")}, run.explain()
+    assert finding["details"]["path"].endswith("/model.pt") and "at the same step" in finding["message"]
+    _assert_failed(run, "same_file_written")
 
 
 # -- healthy scripts and how ranks end ----------------------------------------------------------

@@ -112,16 +112,17 @@ def _dataset_generator_copied(checks: dict[int, dict[str, Any]]) -> list[Finding
                 continue
             reported.add(copy["site"])
             names = ", ".join(sorted(copy["generators"]))
-            spread = [f"its {copy['workers']} workers" if copy["workers"] > 1 else None,
-                      "every epoch" if repeats else None, ranks_text(sorted(same)) if len(same) > 1 else None]
+            spread = [f"across its {copy['workers']} workers" if copy["workers"] > 1 else None,
+                      "in every epoch" if repeats else None,
+                      f"on {ranks_text(sorted(same))}" if len(same) > 1 else None]
             findings.append(Finding(
                 "dataset_generator_copied",
                 "warning",
                 sorted(same) if len(same) > 1 else [rank],
                 f"The dataset iterated at {copy['site'] or '?'} holds a random generator ({names}) and its DataLoader "
                 f"starts {copy['workers']} worker process(es) at every pass without a worker_init_fn: each worker gets "
-                f"a copy of the generator in the same state, so {', '.join(s for s in spread if s)} draw the same "
-                "random augmentation.",
+                f"a copy of the generator in the same state, so the same random augmentation repeats "
+                f"{', '.join(s for s in spread if s)}.",
                 "Reseed the dataset's generator inside each worker: DataLoader(..., worker_init_fn=fn) with fn setting "
                 "dataset.rng = numpy.random.default_rng(torch.utils.data.get_worker_info().seed) (that seed differs "
                 "per worker, epoch and rank when torch's generator does); or draw with torch's own generator, "
@@ -248,7 +249,7 @@ def _loss_divided_by_world_size(checks: dict[int, dict[str, Any]]) -> list[Findi
             "warning",
             sorted(checks),
             f"The loss passed to backward at {site} is the {reduction} over this rank's {walks[0]['elements']} "
-            f"elements times {walks[0]['factor']:.6g}: a {'1/' + str(world) if reduction == 'mean' else 'mean divided by ' + str(world)}"
+            f"samples (or elements) times {walks[0]['factor']:.6g}: a {'1/' + str(world) if reduction == 'mean' else 'mean divided by ' + str(world)}"
             f" for {world} ranks, as if dividing by the global batch. DDP already averages the gradients over the "
             f"ranks, so every update is 1/{world} of the intended one, and the effective learning rate falls as ranks "
             "are added.",
@@ -370,9 +371,7 @@ def _update_differs(checks: dict[int, dict[str, Any]]) -> list[Finding]:
             locations = {str(r): by_rank[r]["site"] or "?" for r in ranks}
             cause = ("changed them between the backward pass and the step" if grads_differ
                      else "changed the optimizer's settings (a param_group assignment)")
-        detail = ""
-        if hyper_differ:
-            detail = " (" + "; ".join(f"rank {r}: {h}" for r, h in sorted(hyper.items()) if r in ranks or r == min(hyper))[:300] + ")"
+        detail = f" ({_settings_differ(hyper)})" if hyper_differ else ""
         return [Finding(
             "update_differs",
             "error",
@@ -386,6 +385,21 @@ def _update_differs(checks: dict[int, dict[str, Any]]) -> list[Finding]:
             details={"differs": what, "optimizer": optimizer},
         )]
     return []
+
+
+def _settings_differ(hyper: dict[int, str]) -> str:
+    """'lr: rank 0 0.025, rank 1 0.05' for the settings that differ (the text: groups ' | ', items '; ')."""
+    parsed = {rank: [dict(item.split("=", 1) for item in group.split("; ") if "=" in item) for group in text.split(" | ")]
+              for rank, text in hyper.items()}
+    parts = []
+    for index in range(min(len(groups) for groups in parsed.values())):
+        keys = sorted(set().union(*(groups[index] for groups in parsed.values())))
+        for key in keys:
+            values = {rank: groups[index].get(key, "-") for rank, groups in parsed.items()}
+            if len(set(values.values())) > 1:
+                group = f" (group {index})" if len(next(iter(parsed.values()))) > 1 else ""
+                parts.append(f"{key}{group}: " + ", ".join(f"rank {r} {v}" for r, v in sorted(values.items())))
+    return "; ".join(parts[:4]) or "their settings"
 
 
 _UPDATE_SUGGESTIONS = {
@@ -457,7 +471,7 @@ def _same_file_written(checks: dict[int, dict[str, Any]]) -> list[Finding]:
             "same_file_written",
             "error" if saves else "warning",
             ranks,
-            f"{ranks_text(ranks)} on {host} all wrote {path} (with {by_rank[ranks[0]]['how']} at {site})"
+            f"{ranks_text(ranks).capitalize()} on host {host} all wrote {path} (with {by_rank[ranks[0]]['how']} at {site})"
             f"{', at the same step' if together else ''}: the writes overlap, and the file that survives holds one "
             "random rank's data, or a mix of several" + (" (a torn checkpoint)." if saves else "."),
             "Write from one rank (`if dist.get_rank() == 0:` and a barrier before others read it), or give each rank "

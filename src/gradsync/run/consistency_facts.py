@@ -218,7 +218,7 @@ def hyperparameters(optimizer: Any) -> str:
                 isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value)
             ):
                 items.append(f"{key}={value!r}")
-        groups.append(",".join(items))
+        groups.append("; ".join(items))
     return " | ".join(groups)
 
 
