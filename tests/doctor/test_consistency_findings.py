@@ -76,6 +76,20 @@ def test_overlapping_sampler_shares_are_found_and_padding_is_allowed():
     assert "seeds differ (rank 0: seed=0, rank 1: seed=1)" in finding.message
 
 
+def test_tensor_parallel_ranks_sharing_a_data_parallel_share_are_not_an_overlap():
+    # 4 ranks, 2 data-parallel shares (num_replicas=2): ranks 0-1 draw share 0 together, 2-3 share 1.
+    def draw(indices, sampler_rank):
+        return {**_draw(indices, sampler_rank=sampler_rank)}
+
+    checks = {0: _facts(sampler_draws=[draw([0, 2, 4, 6], 0)]), 1: _facts(sampler_draws=[draw([0, 2, 4, 6], 0)]),
+              2: _facts(sampler_draws=[draw([1, 3, 5, 7], 1)]), 3: _facts(sampler_draws=[draw([1, 3, 5, 7], 1)])}
+    assert _categories(checks) == []
+    # The same job with every sampler told it is rank 0 of 2: half the data is never drawn.
+    wrong = {r: _facts(sampler_draws=[draw([0, 2, 4, 6], 0)]) for r in range(4)}
+    (finding,) = consistency_findings(wrong)
+    assert finding.details["never_drawn"] == 4 and "rank/num_replicas do not match" in finding.message
+
+
 def _split(crcs, indices) -> dict:
     return {"site": "train.py:15", "generator_given": False, "lengths": [len(i) for i in indices], "crcs": crcs,
             "indices": indices}

@@ -474,6 +474,19 @@ def test_a_repeated_epoch_counts_only_for_a_shuffling_sampler_that_feeds_trainin
     assert _categories({0: _facts(sampler_passes=set_epoch, loaders=[_loader(4)])}) == []
 
 
+def test_a_sampler_iterated_twice_in_one_epoch_at_two_lines_is_not_a_missing_set_epoch():
+    # set_epoch(e), list(sampler) to warm a cache (one line), then the DataLoader's pass (another).
+    def passes(epoch, calls):
+        return [{"sampler": 0, "epoch": epoch, "shuffle": True, "site": site, "set_epoch_calls": calls}
+                for site in ("train.py:40", "train.py:41")]
+
+    warmed = passes(0, 1) + passes(1, 2)
+    assert _categories({0: _facts(sampler_passes=warmed, loaders=[_loader(4)])}) == []
+    # The same line passing again with the same epoch and no set_epoch in between: the order repeats.
+    repeated = passes(0, 1) + passes(0, 1)
+    assert _categories({0: _facts(sampler_passes=repeated, loaders=[_loader(4)])}) == ["sampler_epoch_not_set"]
+
+
 def test_accumulation_is_judged_on_the_typical_step():
     assert _categories({0: _facts(syncs_per_step=[4, 4, 4])}) == ["accumulation_without_no_sync"]
     # A GradScaler that skipped a step leaves one step with two synchronised passes: not accumulation.

@@ -184,9 +184,16 @@ def _samplers_overlap(checks: dict[int, dict[str, Any]], skip_subsets: bool) -> 
         size = first["dataset_size"]
         if any(d["dataset_size"] != size for d in draws.values()):
             continue  # different datasets per rank: a hand-made shard, judged by uneven_batches
+        # Ranks that share a sampler rank on purpose (the tensor-parallel ranks of one data-parallel
+        # rank: num_replicas is the data-parallel size) draw one share together: counted once.
+        shares: dict[int, list[int]] = {}
+        for rank, draw in sorted(draws.items()):
+            shares.setdefault(draw["sampler_rank"], []).append(rank)
+        counted = [members[0] if all(draws[m]["indices"] == draws[members[0]]["indices"] for m in members) else m
+                   for members in shares.values() for m in members]
         drawers: dict[int, set[int]] = {}
-        for rank, draw in draws.items():
-            for index in draw["indices"]:
+        for rank in dict.fromkeys(counted):
+            for index in draws[rank]["indices"]:
                 drawers.setdefault(index, set()).add(rank)
         twice = sum(1 for ranks in drawers.values() if len(ranks) > 1)
         never = size - len(drawers)
@@ -200,7 +207,7 @@ def _samplers_overlap(checks: dict[int, dict[str, Any]], skip_subsets: bool) -> 
             ranks = odd_ones_out(seeds)
             cause = (f"the samplers' seeds differ ({', '.join(f'rank {r}: seed={s}' for r, s in sorted(seeds.items()))}), "
                      "so each rank slices its share out of a different permutation")
-        elif len({p[0] for p in positions.values()}) < len(positions) or any(p[1] != len(checks) for p in positions.values()):
+        elif len({p[0] for p in positions.values()}) < first["num_replicas"] or len({p[1] for p in positions.values()}) > 1:
             ranks = odd_ones_out(positions)
             cause = ("the samplers' rank/num_replicas do not match the job's (" +
                      ", ".join(f"rank {r}: rank={p[0]} of {p[1]}" for r, p in sorted(positions.items())) + ")")

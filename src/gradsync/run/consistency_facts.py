@@ -167,7 +167,7 @@ def loss_normalisation(loss: torch.Tensor) -> dict[str, Any] | None:
             factor = factor / constant if name == "DivBackward0" else factor * constant
             node = inputs[0]
             continue
-        if name in ("CloneBackward0", "ViewBackward0", "ReshapeAliasBackward0", "SqueezeBackward0") and len(inputs) == 1:
+        if name in _SCALE_KEEPING and len(inputs) == 1:
             node = inputs[0]
             continue
         reduction, elements = _reduction(node, name)
@@ -176,6 +176,11 @@ def loss_normalisation(loss: torch.Tensor) -> dict[str, Any] | None:
         scale = factor if reduction == "mean" else factor * elements
         return {"scale": scale, "reduction": reduction, "elements": elements, "factor": factor}
     return None
+
+
+# Ops between a loss and its reduction that keep the scale: copies, views, dtype casts (autocast).
+_SCALE_KEEPING = frozenset({"CloneBackward0", "ViewBackward0", "ReshapeAliasBackward0", "SqueezeBackward0",
+                            "UnsqueezeBackward0", "ToCopyBackward0"})
 
 
 def _reduction(node: Any, name: str) -> tuple[str | None, int]:
