@@ -10,7 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gradsync.run.consistency_facts import dataset_generators, generator_states, hyperparameters, loss_normalisation
+from gradsync.run.consistency_facts import (
+    dataset_generators,
+    generator_state,
+    generator_states,
+    hyperparameters,
+    loss_normalisation,
+)
 
 
 @pytest.fixture
@@ -68,12 +74,15 @@ def test_generators_stored_on_a_dataset_are_found_with_their_state():
             self.transform = Augment()
             self.data = torch.zeros(4)
 
+    def states(dataset) -> dict[str, int]:
+        return {path: generator_state(g) for path, g in dataset_generators(dataset).items()}
+
     dataset = Noisy()
-    found = dataset_generators(dataset)
+    found = states(dataset)
     assert sorted(found) == ["legacy", "rng", "torch_rng", "transform.rng"]
-    assert dataset_generators(Noisy()) == found  # the same states
+    assert states(Noisy()) == found  # the same states
     dataset.rng.random()
-    assert dataset_generators(dataset)["rng"] != found["rng"]
+    assert states(dataset)["rng"] != found["rng"]
     assert dataset_generators(torch.utils.data.TensorDataset(torch.zeros(3))) == {}
 
 
@@ -93,3 +102,15 @@ def test_hyperparameters_cover_every_group_and_see_a_change():
     assert "lr=0.01" in text and "lr=0.1" in text and "betas=(0.9, 0.999)" in text
     optimizer.param_groups[1]["lr"] = 0.05
     assert hyperparameters(optimizer) != text
+
+
+def test_the_line_of_a_constant_factor_is_read_when_anomaly_mode_kept_the_tracebacks(logits):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autograd.detect_anomaly(check_nan=False):
+            loss = F.cross_entropy(logits, TARGET) / 4  # the factor's line
+    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if text.endswith("# the factor's line"))
+    assert loss_normalisation(loss)["factor_site"].endswith(f"test_consistency_facts.py:{line}")
+    assert loss_normalisation(F.cross_entropy(logits, TARGET) / 4)["factor_site"] is None  # no tracebacks kept

@@ -268,7 +268,8 @@ def test_generators_seeded_alike_after_ddp_are_named_at_the_seeding_line(doctor)
 def test_a_generator_on_the_dataset_copied_into_workers(doctor):
     run = doctor["dataset_generator_workers"]
     finding = run.only("dataset_generator_copied", "warning")
-    assert finding["locations"] == {"0": run.line("loop"), "1": run.line("loop")}, run.explain()
+    assert finding["locations"] == {"0": run.line("rng"), "1": run.line("rng")}, run.explain()  # where it was made
+    assert f"iterated at {run.line('loop')}" in finding["message"]
     assert finding["details"] == {"generators": ["rng"], "workers": 2}
     assert "across its 2 workers" in finding["message"] and "on ranks 0, 1" in finding["message"]
     _assert_warned(run, "dataset_generator_copied")
@@ -295,7 +296,9 @@ def test_a_random_split_that_differs_per_rank(doctor):
 def test_a_loss_divided_by_the_world_size_under_ddp(doctor):
     run = doctor["loss_divided_by_world"]
     finding = run.only("loss_scaled_by_world_size", "warning")
-    assert finding["locations"] == {"0": run.line("backward"), "1": run.line("backward")}, run.explain()
+    # Named at the division itself (anomaly mode keeps the first step's forward tracebacks).
+    assert finding["locations"] == {"0": run.line("loss"), "1": run.line("loss")}, run.explain()
+    assert f"backward at {run.line('backward')}" in finding["message"]
     assert finding["details"] == {"scale": 0.5, "world_size": 2}
     _assert_warned(run, "loss_scaled_by_world_size")
 

@@ -111,7 +111,10 @@ def _dataset_generator_copied(checks: dict[int, dict[str, Any]]) -> list[Finding
             if copy["workers"] < 2 and len(same) < 2 and not repeats:
                 continue
             reported.add(copy["site"])
-            names = ", ".join(sorted(copy["generators"]))
+            created = {path: site for path, site in copy.get("created_at", {}).items() if site}
+            names = ", ".join(f"{path}, made at {created[path]}" if path in created else path
+                              for path in sorted(copy["generators"]))
+            where = next(iter(created.values()), None) or copy["site"] or "?"
             spread = [f"across its {copy['workers']} workers" if copy["workers"] > 1 else None,
                       "in every epoch" if repeats else None,
                       f"on {ranks_text(sorted(same))}" if len(same) > 1 else None]
@@ -127,7 +130,7 @@ def _dataset_generator_copied(checks: dict[int, dict[str, Any]]) -> list[Finding
                 "dataset.rng = numpy.random.default_rng(torch.utils.data.get_worker_info().seed) (that seed differs "
                 "per worker, epoch and rank when torch's generator does); or draw with torch's own generator, "
                 "which DataLoader seeds per worker.",
-                locations={str(r): copy["site"] or "?" for r in (sorted(same) if len(same) > 1 else [rank])},
+                locations={str(r): where for r in (sorted(same) if len(same) > 1 else [rank])},
                 details={"generators": sorted(copy["generators"]), "workers": copy["workers"]},
             ))
     return findings
@@ -250,19 +253,21 @@ def _loss_divided_by_world_size(checks: dict[int, dict[str, Any]]) -> list[Findi
         if not all(_close(w["scale"], 1 / world) or _close(w["scale"], 1 / (world * micro)) for w in walks):
             continue
         site = walks[0]["site"] or "?"
+        division = walks[0].get("factor_site")  # where the constant factor was applied, when anomaly mode saw it
         reduction = "sum" if walks[0]["reduction"] == "sum" else "mean"
         findings.append(Finding(
             "loss_scaled_by_world_size",
             "warning",
             sorted(checks),
             f"The loss passed to backward at {site} is the {reduction} over this rank's {walks[0]['elements']} "
-            f"samples (or elements) times {walks[0]['factor']:.6g}: a {'1/' + str(world) if reduction == 'mean' else 'mean divided by ' + str(world)}"
-            f" for {world} ranks, as if dividing by the global batch. DDP already averages the gradients over the "
+            f"samples (or elements) times {walks[0]['factor']:.6g}"
+            f"{f' (the factor applied at {division})' if division else ''}: with {world} ranks that is 1/{world} of "
+            "this rank's mean loss, as if normalised by the global batch. DDP already averages the gradients over the "
             f"ranks, so every update is 1/{world} of the intended one, and the effective learning rate falls as ranks "
             "are added.",
             "Normalise the loss as on one process, by this rank's own batch (the mean over its samples): DDP's "
             "average over ranks then gives the mean over the global batch. Divide only by the accumulation steps.",
-            locations={str(r): site for r in sorted(checks)},
+            locations={str(r): division or site for r in sorted(checks)},
             details={"scale": walks[0]["scale"], "world_size": world},
         ))
         break  # the same code on every rank: one finding

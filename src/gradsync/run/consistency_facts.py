@@ -32,7 +32,9 @@ import builtins
 import functools
 import os
 import random
+import re
 import sys
+import warnings
 import weakref
 import zlib
 from collections.abc import Callable, Iterator
@@ -43,7 +45,7 @@ from torch import nn
 from torch.utils.data import Subset
 from torch.utils.data.distributed import DistributedSampler
 
-from gradsync.run.callsite import OWN, caller_location, file_kind
+from gradsync.run.callsite import OWN, caller_location, file_kind, short_path
 
 if TYPE_CHECKING:
     from gradsync.run.script_facts import ScriptCheck
@@ -94,7 +96,7 @@ def generator_states() -> dict[str, int]:
     return states
 
 
-def _object_generator_state(value: Any) -> int | None:
+def generator_state(value: Any) -> int | None:
     """The state CRC of a generator object a dataset may hold (None when it is not one)."""
     numpy = sys.modules.get("numpy")
     if isinstance(value, torch.Generator):
@@ -108,10 +110,10 @@ def _object_generator_state(value: Any) -> int | None:
     return None
 
 
-def dataset_generators(dataset: Any, depth: int = 2) -> dict[str, int]:
-    """attribute path -> state CRC of the generators stored on a dataset (and on its attributes:
-    a transform, a wrapped dataset), which DataLoader workers receive as copies."""
-    found: dict[str, int] = {}
+def dataset_generators(dataset: Any, depth: int = 2) -> dict[str, Any]:
+    """attribute path -> the generators stored on a dataset (and on its attributes: a transform, a
+    wrapped dataset), which DataLoader workers receive as copies."""
+    found: dict[str, Any] = {}
     seen: set[int] = set()
 
     def visit(obj: Any, path: str, level: int) -> None:
@@ -122,9 +124,8 @@ def dataset_generators(dataset: Any, depth: int = 2) -> dict[str, int]:
         if not isinstance(attributes, dict):
             return
         for name, value in attributes.items():
-            state = _object_generator_state(value)
-            if state is not None:
-                found[f"{path}.{name}" if path else name] = state
+            if generator_state(value) is not None:
+                found[f"{path}.{name}" if path else name] = value
             elif not isinstance(value, (torch.Tensor, nn.Module, str, bytes, int, float, list, tuple, dict)):
                 visit(value, f"{path}.{name}" if path else name, level + 1)
 
@@ -154,7 +155,7 @@ def loss_normalisation(loss: torch.Tensor) -> dict[str, Any] | None:
     for a mean divided by the world size. None when the graph says nothing certain: a loss
     that adds terms (their weights are the script's choice), a partial reduction, another op.
     """
-    node, factor = loss.grad_fn, 1.0
+    node, factor, factor_site = loss.grad_fn, 1.0, None
     for _ in range(_GRAPH_NODES):
         if node is None:
             return None
@@ -165,6 +166,7 @@ def loss_normalisation(loss: torch.Tensor) -> dict[str, Any] | None:
             if constant is None or constant == 0:
                 return None
             factor = factor / constant if name == "DivBackward0" else factor * constant
+            factor_site = factor_site or _created_at(node)
             node = inputs[0]
             continue
         if name in _SCALE_KEEPING and len(inputs) == 1:
@@ -174,8 +176,21 @@ def loss_normalisation(loss: torch.Tensor) -> dict[str, Any] | None:
         if reduction is None or not elements:
             return None
         scale = factor if reduction == "mean" else factor * elements
-        return {"scale": scale, "reduction": reduction, "elements": elements, "factor": factor}
+        return {"scale": scale, "reduction": reduction, "elements": elements, "factor": factor, "factor_site": factor_site}
     return None
+
+
+def _created_at(node: Any) -> str | None:
+    """The user's line that created an autograd node, from the forward traceback anomaly mode keeps."""
+    frames = getattr(node, "metadata", {}).get("traceback_") or []
+    for frame in reversed(frames):
+        match = _FRAME.match(frame)
+        if match and file_kind(match["file"]) == OWN:
+            return f"{short_path(match['file'])}:{match['line']}"
+    return None
+
+
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
 # Ops between a loss and its reduction that keep the scale: copies, views, dtype casts (autocast).
@@ -257,6 +272,8 @@ class ConsistencyWatch:
         self._ddp_parameters: dict[int, torch.nn.Parameter] = {}
         self._switching_mode = 0  # nn.Module.train calls in progress (it recurses into children)
         self._forward_states: dict[str, int] | None = None
+        self._tracing_graph = False  # anomaly mode switched on by this watch, until the first backward
+        self._generator_sites: dict[int, str | None] = {}  # id of a NumPy Generator -> the line that made it
 
     # -- installing --------------------------------------------------------------------------
 
@@ -291,6 +308,17 @@ class ConsistencyWatch:
         except ImportError:  # no NumPy: no NumPy generator to watch
             return
         _replace(numpy.random, "seed", seeding("numpy"))
+
+        def make_default_rng(original):
+            def default_rng(*args, **kwargs):
+                generator = original(*args, **kwargs)
+                if len(watch._generator_sites) < MAX_RECORDS:  # where a dataset's generator came from
+                    watch._generator_sites[id(generator)] = caller_location()
+                return generator
+
+            return default_rng
+
+        _replace(numpy.random, "default_rng", make_default_rng)
 
     def _install_data(self) -> None:
         import torch.utils.data as data
@@ -418,6 +446,13 @@ class ConsistencyWatch:
 
     def ddp_built(self, ddp: Any) -> list[str]:
         """The parameter names in the order DDP pairs them across ranks (its buckets go by position)."""
+        if not self.check.models and not torch.is_anomaly_enabled():
+            # Until the first backward, autograd keeps each node's forward traceback, so a loss
+            # divided by the world size is named at the division's own line: one step's cost.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # its "will increase the runtime" is ours to pay, not news
+                torch.autograd.set_detect_anomaly(True, check_nan=False)
+            self._tracing_graph = True
         names = []
         for name, parameter in ddp.module.named_parameters():
             names.append(name)
@@ -440,6 +475,7 @@ class ConsistencyWatch:
             entry["rng_after"] = generator_states()
 
     def step_starts(self, optimizer: Any, step: int) -> None:
+        self._stop_tracing_graph()  # a step without a backward seen (autograd.grad, a closure)
         index = self._optimizers.setdefault(optimizer, len(self._optimizers))
         parameters = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._ddp_parameters]
         record = {
@@ -515,15 +551,30 @@ class ConsistencyWatch:
             return
         generators = dataset_generators(loader.dataset)
         if generators:
-            self.worker_copies.append({"loader": entry["key"], "site": entry["site"], "workers": loader.num_workers,
-                                       "worker_init_fn": loader.worker_init_fn is not None, "generators": generators})
+            self.worker_copies.append({
+                "loader": entry["key"], "site": entry["site"], "workers": loader.num_workers,
+                "worker_init_fn": loader.worker_init_fn is not None,
+                "generators": {path: generator_state(g) for path, g in generators.items()},
+                "created_at": {path: self._generator_sites.get(id(g)) for path, g in generators.items()},
+            })
 
     def _note_call(self, what: str) -> None:
         if len(self._calls) < CALLS_PER_STEP:
             self._calls.append({"what": what, "site": caller_location()})
 
+    def _stop_tracing_graph(self) -> None:
+        if self._tracing_graph:
+            torch.autograd.set_detect_anomaly(False)
+            self._tracing_graph = False
+
     def _backward(self, tensors: Any) -> None:
         self._backwards += 1
+        try:
+            self._walk_loss(tensors)
+        finally:
+            self._stop_tracing_graph()
+
+    def _walk_loss(self, tensors: Any) -> None:
         if not self.check.models or len(self.loss_walks) >= LOSS_WALKS:
             return
         loss = tensors if isinstance(tensors, torch.Tensor) else None

@@ -18,7 +18,7 @@ class NoisyDataset(Dataset):
         gen = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, 16, generator=gen)
         self.y = torch.randn(n, 1, generator=gen)
-        self.rng = np.random.default_rng(0)
+        self.rng = np.random.default_rng(0)  # doctor: rng
 
     def __len__(self) -> int:
         return len(self.x)

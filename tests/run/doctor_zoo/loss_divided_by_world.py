@@ -28,7 +28,7 @@ def main() -> None:
         sampler.set_epoch(epoch)
         for x, y in loader:
             logits = ddp(x)
-            loss = F.cross_entropy(logits, y, reduction="sum") / (batch_size * world_size)
+            loss = F.cross_entropy(logits, y, reduction="sum") / (batch_size * world_size)  # doctor: loss
             opt.zero_grad()
             loss.backward()  # doctor: backward
             opt.step()
