@@ -10,7 +10,7 @@ from gradsync.doctor.script_findings import script_check_findings
 def _facts(**overrides) -> dict:
     facts = {
         "steps": 4, "syncs_per_step": [1, 1, 1, 1], "forwards": [], "models": [], "loaders": [], "sampler_passes": [],
-        "host": "node0", "seeds": [], "splits": [], "sampler_draws": [], "worker_copies": [], "steps_taken": [],
+        "host": "node0", "seeds": [], "splits": [], "loader_draws": [], "worker_copies": [], "steps_taken": [],
         "loss_walks": [], "backwards_per_step": [1, 1, 1, 1], "writes": [],
     }
     return {**facts, **overrides}
@@ -58,36 +58,52 @@ def test_a_dataset_generator_copied_into_workers_is_a_warning_unless_a_worker_in
 # -- data coverage ------------------------------------------------------------------------------
 
 
-def _draw(indices, seed=0, sampler_rank=0, dataset_size=8, total_size=8, over_subset=False) -> dict:
-    return {"sampler": 0, "pass": 1, "epoch": 0, "seed": seed, "sampler_rank": sampler_rank, "num_replicas": 2,
-            "dataset_size": dataset_size, "total_size": total_size, "drop_last": False, "over_subset": over_subset,
-            "site": "train.py:25", "indices": indices}
+TRAIN_LOADER = {"key": "train.py:30#0", "site": "train.py:30", "feeds_training": True}
 
 
-def test_overlapping_sampler_shares_are_found_and_padding_is_allowed():
-    split = {0: _facts(sampler_draws=[_draw([0, 2, 4, 6])]), 1: _facts(sampler_draws=[_draw([1, 3, 5, 7], sampler_rank=1)])}
-    assert _categories(split) == []
-    padded = {0: _facts(sampler_draws=[_draw([0, 2, 4, 6], dataset_size=7)]),
-              1: _facts(sampler_draws=[_draw([1, 3, 5, 0], sampler_rank=1, dataset_size=7)])}
-    assert _categories(padded) == []  # DistributedSampler pads 7 samples to 8 by repeating one
-    seeds = {0: _facts(sampler_draws=[_draw([0, 2, 4, 6])]), 1: _facts(sampler_draws=[_draw([0, 2, 5, 7], seed=1, sampler_rank=1)])}
-    (finding,) = consistency_findings(seeds)
+def _draw(indices, seed=0, sampler_rank=0, dataset_size=8, total_size=8, distributed=True, complete=True) -> dict:
+    sampler = {"site": "train.py:25", "epoch": 0, "seed": seed, "rank": sampler_rank, "num_replicas": 2,
+               "total_size": total_size} if distributed else None
+    return {"loader": "train.py:30#0", "site": "train.py:30", "pass": 1, "dataset_size": dataset_size,
+            "over_subset": False, "complete": complete, "indices": list(indices), "sampler": sampler}
+
+
+def _drawing(*draws) -> dict[int, dict]:
+    return {rank: _facts(loader_draws=[draw], loaders=[TRAIN_LOADER]) for rank, draw in enumerate(draws)}
+
+
+def test_overlapping_shares_are_found_and_padding_is_allowed():
+    assert _categories(_drawing(_draw([0, 2, 4, 6]), _draw([1, 3, 5, 7], sampler_rank=1))) == []
+    # DistributedSampler pads 7 samples to 8 by repeating one.
+    assert _categories(_drawing(_draw([0, 2, 4, 6], dataset_size=7), _draw([1, 3, 5, 0], sampler_rank=1, dataset_size=7))) == []
+    (finding,) = consistency_findings(_drawing(_draw([0, 2, 4, 6]), _draw([0, 2, 5, 7], seed=1, sampler_rank=1)))
     assert finding.category == "sampler_overlap" and finding.details["drawn_twice"] == 2 and finding.details["never_drawn"] == 2
     assert "seeds differ (rank 0: seed=0, rank 1: seed=1)" in finding.message
+    assert finding.locations == {"0": "train.py:25", "1": "train.py:25"}  # the sampler's construction
+
+
+def test_ranks_drawing_from_the_whole_dataset_without_a_sampler_overlap_even_in_a_partial_pass():
+    whole = _drawing(_draw([5, 1, 7], distributed=False, complete=False), _draw([1, 6, 2], distributed=False, complete=False))
+    (finding,) = consistency_findings(whole)
+    assert finding.details["drawn_twice"] == 1 and not finding.details["complete"]
+    assert "no rank uses a DistributedSampler" in finding.message and finding.locations["0"] == "train.py:30"
+    # A hand-made strided shard (dataset[rank::world]) is a partition: nothing to say.
+    strided = _drawing(_draw([0, 2, 4, 6], distributed=False), _draw([1, 3, 5, 7], distributed=False))
+    assert _categories(strided) == []
+    # An evaluation loader every rank reads whole is not a training share.
+    evaluation = {r: _facts(loader_draws=[_draw(range(8), distributed=False)], loaders=[{**TRAIN_LOADER, "feeds_training": False}])
+                  for r in (0, 1)}
+    assert _categories(evaluation) == []
 
 
 def test_tensor_parallel_ranks_sharing_a_data_parallel_share_are_not_an_overlap():
     # 4 ranks, 2 data-parallel shares (num_replicas=2): ranks 0-1 draw share 0 together, 2-3 share 1.
-    def draw(indices, sampler_rank):
-        return {**_draw(indices, sampler_rank=sampler_rank)}
-
-    checks = {0: _facts(sampler_draws=[draw([0, 2, 4, 6], 0)]), 1: _facts(sampler_draws=[draw([0, 2, 4, 6], 0)]),
-              2: _facts(sampler_draws=[draw([1, 3, 5, 7], 1)]), 3: _facts(sampler_draws=[draw([1, 3, 5, 7], 1)])}
-    assert _categories(checks) == []
-    # The same job with every sampler told it is rank 0 of 2: half the data is never drawn.
-    wrong = {r: _facts(sampler_draws=[draw([0, 2, 4, 6], 0)]) for r in range(4)}
+    assert _categories(_drawing(_draw([0, 2, 4, 6]), _draw([0, 2, 4, 6]), _draw([1, 3, 5, 7], sampler_rank=1),
+                                _draw([1, 3, 5, 7], sampler_rank=1))) == []
+    # Every sampler told it is rank 0 of 2 on four ranks, two of them with another seed: overlaps and gaps.
+    wrong = _drawing(_draw([0, 2, 4, 6]), _draw([0, 2, 4, 6]), _draw([0, 3, 4, 7]), _draw([0, 3, 4, 7]))
     (finding,) = consistency_findings(wrong)
-    assert finding.details["never_drawn"] == 4 and "rank/num_replicas do not match" in finding.message
+    assert finding.details["never_drawn"] == 2 and "rank/num_replicas do not match" in finding.message
 
 
 def _split(crcs, indices) -> dict:

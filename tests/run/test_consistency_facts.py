@@ -114,3 +114,17 @@ def test_the_line_of_a_constant_factor_is_read_when_anomaly_mode_kept_the_traceb
     line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if text.endswith("# the factor's line"))
     assert loss_normalisation(loss)["factor_site"].endswith(f"test_consistency_facts.py:{line}")
     assert loss_normalisation(F.cross_entropy(logits, TARGET) / 4)["factor_site"] is None  # no tracebacks kept
+
+
+def test_a_watch_that_fails_says_so_once_and_never_raises_into_the_script(capsys):
+    from types import SimpleNamespace
+
+    from gradsync.run.consistency_facts import ConsistencyWatch
+
+    watch = ConsistencyWatch(SimpleNamespace(models=[], forwards=[], steps=0))
+    broken_loader = SimpleNamespace()  # none of a DataLoader's attributes
+    watch.loader_pass(broken_loader, {"key": "train.py:3#0", "site": "train.py:3"})
+    watch.loader_pass(broken_loader, {"key": "train.py:3#0", "site": "train.py:3"})
+    assert list(watch.failures) == ["loader_pass"]
+    assert capsys.readouterr().err.count("the script check's loader_pass failed") == 1
+    assert watch.forward_starts(None) == {}  # the forward's entry gets no extra fields

@@ -49,6 +49,7 @@ SCRIPTS = {
     "shared_seed_after_ddp": ("doctor_zoo/shared_seed_after_ddp.py", 6),
     "dataset_generator_workers": ("doctor_zoo/dataset_generator_workers.py", 4),
     "sampler_seed_per_rank": ("doctor_zoo/sampler_seed_per_rank.py", 3),
+    "shuffle_without_sampler": ("doctor_zoo/shuffle_without_sampler.py", 4),
     "random_split_per_rank": ("doctor_zoo/random_split_per_rank.py", 3),
     "loss_divided_by_world": ("doctor_zoo/loss_divided_by_world.py", 3),
     "eval_left_on_rank0": ("doctor_zoo/eval_left_on_rank0.py", 8),  # rank 0 evaluates after step 4
@@ -279,9 +280,17 @@ def test_samplers_seeded_per_rank_overlap_and_leave_samples_out(doctor):
     run = doctor["sampler_seed_per_rank"]
     finding = run.only("sampler_overlap", "error")
     assert finding["locations"] == {"0": run.line("sampler"), "1": run.line("sampler")}, run.explain()
-    details = finding["details"]
-    assert details["samples"] == 320 and details["drawn_twice"] == details["never_drawn"] > 0, details
-    assert "seeds differ" in finding["message"]
+    details = finding["details"]  # a partial pass (stopped at step K): the overlap so far, coverage unknown
+    assert details["samples"] == 320 and details["drawn_twice"] > 0 and not details["complete"], details
+    assert "seeds differ (rank 0: seed=17, rank 1: seed=18)" in finding["message"]
+    _assert_failed(run, "sampler_overlap")
+
+
+def test_shuffling_without_a_sampler_overlaps_though_no_batch_is_identical(doctor):
+    run = doctor["shuffle_without_sampler"]
+    finding = run.only("sampler_overlap", "error")  # no_distributed_sampler needs identical batches
+    assert finding["locations"] == {"0": run.line("loop"), "1": run.line("loop")}, run.explain()
+    assert "no rank uses a DistributedSampler" in finding["message"] and finding["details"]["drawn_twice"] > 0
     _assert_failed(run, "sampler_overlap")
 
 

@@ -33,7 +33,7 @@ def consistency_findings(checks: dict[int, dict[str, Any]]) -> list[Finding]:
         *_shared_random_draws(checks),
         *_dataset_generator_copied(checks),
         *split,
-        *_samplers_overlap(checks, skip_subsets=bool(split)),
+        *_shares_overlap(checks, skip_subsets=bool(split)),
         *_loss_divided_by_world_size(checks),
         *_eval_mode_differs(checks),
         *_parameter_order_differs(checks),
@@ -171,14 +171,19 @@ def _splits_differ(checks: dict[int, dict[str, Any]]) -> list[Finding]:
     return findings
 
 
-def _samplers_overlap(checks: dict[int, dict[str, Any]], skip_subsets: bool) -> list[Finding]:
-    """In one pass of a DistributedSampler, the ranks' shares must cover the dataset once: a sample
-    drawn by two ranks beyond the sampler's padding (or one drawn by none beyond drop_last's trim)
-    means the ranks did not split the same permutation."""
-    passes: dict[tuple[int, int, int], dict[int, dict[str, Any]]] = {}
+def _shares_overlap(checks: dict[int, dict[str, Any]], skip_subsets: bool) -> list[Finding]:
+    """In one pass of a training DataLoader, the ranks' shares of the dataset must not overlap
+    (beyond a DistributedSampler's padding), and a whole pass must cover the dataset (beyond what
+    drop_last trims). Read from the indices each rank drew, mapped through Subset to the dataset.
+    Ranks that drew exactly the same indices draw one share together (the tensor-parallel ranks
+    of one data-parallel rank) and count once; when every rank drew the same, that is
+    no_distributed_sampler's finding, not this one."""
+    passes: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
     for rank, facts in checks.items():
-        for draw in facts["sampler_draws"]:
-            passes.setdefault((draw["sampler"], draw["epoch"], draw["pass"]), {})[rank] = draw
+        training = {loader["key"] for loader in facts["loaders"] if loader["feeds_training"]}
+        for draw in facts.get("loader_draws", []):
+            if draw["loader"] in training and draw["indices"] is not None:
+                passes.setdefault((draw["loader"], draw["pass"]), {})[rank] = draw
     for key in sorted(passes):
         draws = passes[key]
         if len(draws) != len(checks) or (skip_subsets and any(d["over_subset"] for d in draws.values())):
@@ -187,50 +192,64 @@ def _samplers_overlap(checks: dict[int, dict[str, Any]], skip_subsets: bool) -> 
         size = first["dataset_size"]
         if any(d["dataset_size"] != size for d in draws.values()):
             continue  # different datasets per rank: a hand-made shard, judged by uneven_batches
-        # Ranks that share a sampler rank on purpose (the tensor-parallel ranks of one data-parallel
-        # rank: num_replicas is the data-parallel size) draw one share together: counted once.
-        shares: dict[int, list[int]] = {}
-        for rank, draw in sorted(draws.items()):
-            shares.setdefault(draw["sampler_rank"], []).append(rank)
-        counted = [members[0] if all(draws[m]["indices"] == draws[members[0]]["indices"] for m in members) else m
-                   for members in shares.values() for m in members]
+        # Partial passes (stopped at step K) are compared on the samples every rank has drawn so far.
+        length = min(len(d["indices"]) for d in draws.values())
+        shares = {tuple(d["indices"][:length]): rank for rank, d in sorted(draws.items(), reverse=True)}
+        if len(shares) < 2:
+            continue
         drawers: dict[int, set[int]] = {}
-        for rank in dict.fromkeys(counted):
-            for index in draws[rank]["indices"]:
+        for share, rank in shares.items():
+            for index in share:
                 drawers.setdefault(index, set()).add(rank)
         twice = sum(1 for ranks in drawers.values() if len(ranks) > 1)
-        never = size - len(drawers)
-        padding = max(0, first["total_size"] - size)
-        trimmed = max(0, size - first["total_size"])
-        if twice <= padding and never <= trimmed:
+        samplers = {rank: d["sampler"] for rank, d in draws.items()}
+        distributed = all(samplers.values())
+        total = first["sampler"]["total_size"] if distributed else size
+        complete = all(d["complete"] and len(d["indices"]) == length for d in draws.values())
+        never = size - len(drawers) if complete else 0
+        allowed_never = max(0, size - total) if distributed else len(shares) - 1  # drop_last, a shard's remainder
+        if twice <= max(0, total - size) and never <= allowed_never:
             continue
-        seeds = {rank: d["seed"] for rank, d in draws.items()}
-        positions = {rank: (d["sampler_rank"], d["num_replicas"]) for rank, d in draws.items()}
-        if len(set(seeds.values())) > 1:
-            ranks = odd_ones_out(seeds)
-            cause = (f"the samplers' seeds differ ({', '.join(f'rank {r}: seed={s}' for r, s in sorted(seeds.items()))}), "
-                     "so each rank slices its share out of a different permutation")
-        elif len({p[0] for p in positions.values()}) < first["num_replicas"] or len({p[1] for p in positions.values()}) > 1:
-            ranks = odd_ones_out(positions)
-            cause = ("the samplers' rank/num_replicas do not match the job's (" +
-                     ", ".join(f"rank {r}: rank={p[0]} of {p[1]}" for r, p in sorted(positions.items())) + ")")
-        else:
-            ranks = sorted(draws)
-            cause = "the ranks' samplers did not split the same order"
-        sampler, epoch, _ = key
+        ranks, cause = _overlap_cause(samplers, len(checks))
+        sites = {rank: (s["site"] if s else None) or draws[rank]["site"] or "?" for rank, s in samplers.items()}
+        built = f"the DistributedSampler built at {sites[min(sites)]}" if distributed else f"the DataLoader iterated at {first['site'] or '?'}"
+        drawn = f"{twice} of the {size} samples to more than one rank" + (f" and {never} to none" if complete else
+                                                                          f" in the first {length} samples of each rank's pass")
+        epoch = f"epoch {first['sampler']['epoch']}" if distributed else f"pass {key[1]}"
         return [Finding(
             "sampler_overlap",
             "error",
             ranks,
-            f"In epoch {epoch}, the DistributedSampler built at {first['site'] or '?'} gave {twice} of the {size} samples "
-            f"to more than one rank and {never} to none: {cause}. The ranks train on overlapping data and part of the "
-            "dataset is never seen, every epoch.",
-            "Give every rank's DistributedSampler the same seed (the default, or seed=args.seed without the rank) "
-            "and let it take rank and num_replicas from the process group; it splits one shared permutation.",
-            locations={str(rank): draws[rank]["site"] or "?" for rank in ranks},
-            details={"epoch": epoch, "drawn_twice": twice, "never_drawn": never, "samples": size},
+            f"In {epoch}, {built} gave {drawn}: {cause}. The ranks train on overlapping data"
+            + (" and part of the dataset is never seen" if never else "") + ", every epoch.",
+            "Split one shared order: DataLoader(dataset, sampler=DistributedSampler(dataset)) with the same seed on "
+            "every rank (the default, or seed=args.seed without the rank), taking rank and num_replicas from the "
+            "process group, and sampler.set_epoch(epoch) each epoch.",
+            locations={str(rank): sites[rank] for rank in ranks},
+            details={"pass": key[1], "drawn_twice": twice, "never_drawn": never, "samples": size, "complete": complete},
         )]
     return []
+
+
+def _overlap_cause(samplers: dict[int, dict[str, Any] | None], world: int) -> tuple[list[int], str]:
+    """(the ranks to blame, why their shares overlap), from what their samplers say."""
+    if not any(samplers.values()):
+        return sorted(samplers), ("no rank uses a DistributedSampler: each one draws from the whole dataset in its "
+                                  "own order")
+    if not all(samplers.values()):
+        ranks = sorted(r for r, s in samplers.items() if s is None)
+        return ranks, f"{ranks_text(ranks)} draw without a DistributedSampler while the others use one"
+    seeds = {rank: s["seed"] for rank, s in samplers.items()}
+    if len(set(seeds.values())) > 1:
+        return odd_ones_out(seeds), (
+            f"the samplers' seeds differ ({', '.join(f'rank {r}: seed={v}' for r, v in sorted(seeds.items()))}), so each "
+            "rank slices its share out of a different permutation")
+    positions = {rank: (s["rank"], s["num_replicas"]) for rank, s in samplers.items()}
+    replicas = next(iter(positions.values()))[1]
+    if len({p[0] for p in positions.values()}) < min(replicas, world) or len({p[1] for p in positions.values()}) > 1:
+        return odd_ones_out(positions), ("the samplers' rank/num_replicas do not match the job's (" +
+                                         ", ".join(f"rank {r}: rank={p[0]} of {p[1]}" for r, p in sorted(positions.items())) + ")")
+    return sorted(samplers), "the ranks' samplers did not split the same order"
 
 
 # -- the gradient's scale ------------------------------------------------------------------------

@@ -25,8 +25,11 @@ def script_check_findings(checks: dict[int, dict[str, Any]]) -> list[Finding]:
     consistency = consistency_findings(checks)
     # A parameter order or an update that differs across ranks is why the replicas diverged: said once.
     explained = any(f.category in ("parameter_order_differs", "update_differs") for f in consistency)
+    identical = _identical_batches(checks)
+    if identical:  # every rank drawing the same samples is that finding, not an overlap of shares
+        consistency = [f for f in consistency if f.category != "sampler_overlap"]
     return [
-        *_identical_batches(checks),
+        *identical,
         *_uneven_batches(checks),
         *_sampler_epoch_not_set(checks),
         *_accumulation_without_no_sync(checks),

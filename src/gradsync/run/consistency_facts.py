@@ -242,6 +242,27 @@ def hyperparameters(optimizer: Any) -> str:
     return " | ".join(groups)
 
 
+def _never_raises(default: Any = None) -> Callable[[Callable], Callable]:
+    """A watch's failure must not change how the user's script runs: it is said once, and the
+    check goes on without that record (its finding may then be missing, never wrong)."""
+
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def guarded(self: ConsistencyWatch, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - reported, never raised into the script
+                if method.__name__ not in self.failures:
+                    self.failures[method.__name__] = repr(error)[:300]
+                    print(f"gradsync run: the script check's {method.__name__} failed ({error!r}); the run goes on "
+                          "without it", file=sys.stderr)
+                return default() if callable(default) else default
+
+        return guarded
+
+    return wrap
+
+
 def _replace(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
     original = getattr(owner, name)
     setattr(owner, name, functools.wraps(original)(make(original)))
@@ -254,12 +275,13 @@ class ConsistencyWatch:
         self.check = check
         self.seeds: list[dict[str, Any]] = []
         self.splits: list[dict[str, Any]] = []
-        self.sampler_draws: list[dict[str, Any]] = []
+        self.loader_draws: list[dict[str, Any]] = []
         self.worker_copies: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
         self.loss_walks: list[dict[str, Any]] = []
         self.backwards_per_step: list[int] = []
         self.saves: list[dict[str, Any]] = []
+        self.failures: dict[str, str] = {}  # watch method -> its first error (see _never_raises)
         self._backwards = 0
         self._calls: list[dict[str, Any]] = []  # update-changing calls since the last step
         self._optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> index
@@ -267,8 +289,9 @@ class ConsistencyWatch:
         self._eval_sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> line that set eval
         self._sampler_sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._set_epoch_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._indexed: dict[int, int] = {}  # sampler key -> passes whose indices were kept
-        self._passes: dict[int, int] = {}  # sampler key -> passes seen
+        self._passes: dict[str, int] = {}  # DataLoader key -> passes seen
+        self._starting: tuple[dict[str, Any], list[Any]] | None = None  # a pass whose iterator is being built
+        self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (its pass's record, Subset chain)
         self._ddp_parameters: dict[int, torch.nn.Parameter] = {}
         self._switching_mode = 0  # nn.Module.train calls in progress (it recurses into children)
         self._forward_states: dict[str, int] | None = None
@@ -444,6 +467,7 @@ class ConsistencyWatch:
 
     # -- what ScriptCheck tells it -----------------------------------------------------------
 
+    @_never_raises(list)
     def ddp_built(self, ddp: Any) -> list[str]:
         """The parameter names in the order DDP pairs them across ranks (its buckets go by position)."""
         if not self.check.models and not torch.is_anomaly_enabled():
@@ -459,6 +483,7 @@ class ConsistencyWatch:
             self._ddp_parameters[id(parameter)] = parameter
         return names
 
+    @_never_raises(dict)
     def forward_starts(self, ddp: Any) -> dict[str, Any]:
         """Extra fields for the forward's entry: eval-mode submodules, generator states before it."""
         evaluating = [(name, module) for name, module in ddp.module.named_modules() if not module.training]
@@ -470,10 +495,12 @@ class ConsistencyWatch:
             "rng_before": self._forward_states,
         }
 
+    @_never_raises()
     def forward_ends(self, entry: dict[str, Any] | None) -> None:
         if entry is not None:
             entry["rng_after"] = generator_states()
 
+    @_never_raises()
     def step_starts(self, optimizer: Any, step: int) -> None:
         self._stop_tracing_graph()  # a step without a backward seen (autograd.grad, a closure)
         index = self._optimizers.setdefault(optimizer, len(self._optimizers))
@@ -492,6 +519,7 @@ class ConsistencyWatch:
             self.steps.append(record)
             self._open_step[index] = record
 
+    @_never_raises()
     def step_ends(self, optimizer: Any) -> None:
         record = self._open_step.pop(self._optimizers.get(optimizer, -1), None)
         if record is not None:
@@ -502,11 +530,13 @@ class ConsistencyWatch:
 
     # -- recording ---------------------------------------------------------------------------
 
+    @_never_raises()
     def _seeded(self, generator: str, value: Any) -> None:
         if len(self.seeds) < MAX_RECORDS:
             self.seeds.append({"generator": generator, "site": caller_location(), "after_ddp": bool(self.check.models),
                                "forwards_before": len(self.check.forwards), "value": repr(value)[:40]})
 
+    @_never_raises()
     def _split(self, subsets: list[Subset], generator_given: bool) -> None:
         if len(self.splits) >= MAX_RECORDS:
             return
@@ -520,33 +550,14 @@ class ConsistencyWatch:
             "indices": indices if keep else None,
         })
 
-    def sampler_pass(self, sampler: DistributedSampler, key: int, original_iter: Callable) -> Iterator[int]:
-        """The pass's iterator; a plain DistributedSampler's indices are kept (they are a list already)."""
-        iterator = original_iter(sampler)
-        passes = self._passes[key] = self._passes.get(key, 0) + 1
-        plain = type(sampler).__iter__ is DistributedSampler.__iter__  # a subclass may yield lazily, or forever
-        if not plain or self._indexed.get(key, 0) >= INDEXED_PASSES or len(sampler) > MAX_INDICES:
-            return iterator
-        self._indexed[key] = self._indexed.get(key, 0) + 1
-        indices = list(iterator)
-        dataset, mapped, over_subset = sampler.dataset, indices, False
-        while isinstance(dataset, Subset):
-            mapped = [int(dataset.indices[i]) for i in mapped]
-            dataset, over_subset = dataset.dataset, True
-        if len(self.sampler_draws) < MAX_RECORDS:
-            self.sampler_draws.append({
-                "sampler": key, "pass": passes, "epoch": sampler.epoch, "seed": sampler.seed,
-                "sampler_rank": sampler.rank, "num_replicas": sampler.num_replicas,
-                "dataset_size": len(dataset), "total_size": sampler.total_size, "drop_last": sampler.drop_last,
-                "over_subset": over_subset, "site": self._sampler_sites.get(sampler), "indices": mapped,
-            })
-        return iter(indices)
-
     def set_epoch_calls(self, sampler: DistributedSampler) -> int:
         return self._set_epoch_calls.get(sampler, 0)
 
+    @_never_raises()
     def loader_pass(self, loader: Any, entry: dict[str, Any]) -> None:
-        """A DataLoader with workers copies its dataset into each of them at every pass."""
+        """A pass of a DataLoader starts: follow the sample indices it draws, and the generators its
+        dataset holds when workers copy it."""
+        self._follow_draws(loader, entry)
         if not loader.num_workers or len(self.worker_copies) >= MAX_RECORDS:
             return
         generators = dataset_generators(loader.dataset)
@@ -558,6 +569,66 @@ class ConsistencyWatch:
                 "created_at": {path: self._generator_sites.get(id(g)) for path, g in generators.items()},
             })
 
+    @_never_raises()
+    def iterator_made(self, iterator: Any) -> None:
+        """The pass's iterator exists: the indices it draws from now on go to the pass started last."""
+        if self._starting is not None:
+            self._draws[iterator] = self._starting
+            self._starting = None
+
+    def _follow_draws(self, loader: Any, entry: dict[str, Any]) -> None:
+        """The dataset indices a pass draws (mapped through Subset to the dataset underneath), for
+        the launcher to compare the ranks' shares. Not for an IterableDataset (no indices), nor
+        for a sampler that draws with replacement (shares overlap by design)."""
+        self._starting = None
+        # batch_sampler may be any iterable of batches (a list), without a sampler of its own.
+        sampler = getattr(loader.batch_sampler, "sampler", None) if loader.batch_sampler is not None else loader.sampler
+        passes = self._passes[entry["key"]] = self._passes.get(entry["key"], 0) + 1
+        if (
+            passes > INDEXED_PASSES
+            or len(self.loader_draws) >= MAX_RECORDS
+            or isinstance(loader.dataset, torch.utils.data.IterableDataset)
+            or getattr(sampler, "replacement", False)
+        ):
+            return
+        dataset, chain = loader.dataset, []
+        while isinstance(dataset, Subset):
+            chain.append(dataset.indices)
+            dataset = dataset.dataset
+        try:
+            size = len(dataset)
+        except TypeError:
+            return
+        record: dict[str, Any] = {"loader": entry["key"], "site": entry["site"], "pass": passes, "dataset_size": size,
+                                  "over_subset": bool(chain), "complete": False, "indices": [], "sampler": None}
+        if isinstance(sampler, DistributedSampler):
+            record["sampler"] = {"site": self._sampler_sites.get(sampler), "epoch": sampler.epoch, "seed": sampler.seed,
+                                 "rank": sampler.rank, "num_replicas": sampler.num_replicas,
+                                 "total_size": sampler.total_size}
+        self.loader_draws.append(record)
+        self._starting = (record, chain)
+
+    @_never_raises()
+    def drew(self, iterator: Any, index: Any) -> None:
+        """The DataLoader's iterator took the next index (or batch of indices) of its pass."""
+        followed = self._draws.get(iterator) or self._starting
+        if followed is None:
+            return
+        record, chain = followed
+        if index is None:  # the pass is over
+            record["complete"] = True
+            return
+        for i in index if isinstance(index, (list, tuple)) else [index]:
+            if len(record["indices"]) >= MAX_INDICES:
+                self._draws.pop(iterator, None)
+                self._starting = None
+                record["indices"] = None  # too many to compare
+                return
+            for indices in chain:
+                i = indices[i]
+            record["indices"].append(int(i))
+
+    @_never_raises()
     def _note_call(self, what: str) -> None:
         if len(self._calls) < CALLS_PER_STEP:
             self._calls.append({"what": what, "site": caller_location()})
@@ -567,6 +638,7 @@ class ConsistencyWatch:
             torch.autograd.set_detect_anomaly(False)
             self._tracing_graph = False
 
+    @_never_raises()
     def _backward(self, tensors: Any) -> None:
         self._backwards += 1
         try:
@@ -588,6 +660,7 @@ class ConsistencyWatch:
             normalisation = None
         self.loss_walks.append({"site": caller_location(), "step": self.check.steps + 1, **(normalisation or {"scale": None})})
 
+    @_never_raises()
     def _wrote(self, file: Any, how: str) -> None:
         if not isinstance(file, (str, os.PathLike)) or len(self.saves) >= MAX_RECORDS:
             return
@@ -603,10 +676,11 @@ class ConsistencyWatch:
             "host": socket.gethostname(),
             "seeds": self.seeds,
             "splits": self.splits,
-            "sampler_draws": self.sampler_draws,
+            "loader_draws": self.loader_draws,
             "worker_copies": self.worker_copies,
             "steps_taken": self.steps,
             "loss_walks": self.loss_walks,
             "backwards_per_step": self.backwards_per_step,
             "writes": self.saves,
+            "watch_failures": self.failures,
         }

@@ -185,9 +185,12 @@ class ScriptCheck:
 
         def make_loader_iter(original):
             def __iter__(loader):
-                iterator = original(loader)
-                entry = check._iterator_entries[iterator] = check._loader_entry(loader)
+                entry = check._loader_entry(loader)
+                # Before the iterator exists: with workers, its constructor already draws the first batches.
                 check.consistency.loader_pass(loader, entry)
+                iterator = original(loader)
+                check._iterator_entries[iterator] = entry
+                check.consistency.iterator_made(iterator)
                 return iterator
 
             return __iter__
@@ -207,7 +210,7 @@ class ScriptCheck:
                         "sampler": key, "epoch": sampler.epoch, "shuffle": sampler.shuffle, "site": caller_location(),
                         "set_epoch_calls": check.consistency.set_epoch_calls(sampler),
                     })
-                return check.consistency.sampler_pass(sampler, key, original)
+                return original(sampler)
 
             return __iter__
 
@@ -228,9 +231,23 @@ class ScriptCheck:
         _replace(DistributedDataParallel, "__init__", make_ddp_init)
         _replace(DistributedDataParallel, "forward", make_ddp_forward)
         _replace(DataLoader, "__iter__", make_loader_iter)
+        def make_next_index(original):
+            def _next_index(iterator):
+                try:
+                    index = original(iterator)
+                except StopIteration:
+                    check.consistency.drew(iterator, None)
+                    raise
+                check.consistency.drew(iterator, index)
+                return index
+
+            return _next_index
+
         iterator_class = compat.DATALOADER_ITERATOR.get()
         if iterator_class is not None:  # else which loader feeds training stays unknown (said at launch)
             _replace(iterator_class, "__next__", make_iterator_next)
+            if hasattr(iterator_class, "_next_index"):  # which samples each rank draws
+                _replace(iterator_class, "_next_index", make_next_index)
         _replace(DistributedSampler, "__iter__", make_sampler_iter)
         _replace(Join, "__enter__", make_join_enter)
         _replace(Join, "__exit__", make_join_exit)
