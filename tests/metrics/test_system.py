@@ -50,9 +50,13 @@ def test_means_per_interval_of_cpu_memory_and_loopback_traffic():
     sampler = SystemSampler(0.02, interface="lo").start()
     try:
         sampler.take()  # whatever came before this interval is discarded
+        wall, cpu = time.perf_counter(), time.process_time()
         _busy(0.3)
+        share = (time.process_time() - cpu) / (time.perf_counter() - wall) * 100  # of one core, as the OS gave it
         busy = sampler.take()
-        assert busy["cpu_percent"] > 20, busy  # this process kept a core busy
+        # The share a busy loop gets depends on the machine's other load (tests run two at a time):
+        # the sampler must see about what the process itself measured.
+        assert share > 5 and busy["cpu_percent"] > 0.5 * share, (busy, share)
         assert busy["rss_mb"] > 50
         assert _send_over_loopback(64) == 64 << 20
         time.sleep(0.05)
