@@ -25,8 +25,8 @@ def _forward(before: int, after: int, evals=(), eval_site=None) -> dict:
             "eval_modules": list(evals), "eval_count": len(evals), "eval_site": eval_site}
 
 
-def _seed(after_ddp: bool, site: str = "train.py:20") -> dict:
-    return {"generator": "torch", "site": site, "after_ddp": after_ddp, "forwards_before": 0, "value": "0"}
+def _seed(after_ddp: bool, site: str = "train.py:20", forwards_before: int = 0) -> dict:
+    return {"generator": "torch", "site": site, "after_ddp": after_ddp, "forwards_before": forwards_before, "value": "0"}
 
 
 # -- randomness ---------------------------------------------------------------------------------
@@ -42,6 +42,11 @@ def test_identical_draws_are_blamed_on_a_seeding_after_ddp():
     # Per-rank seeds after DDP: the states differ.
     per_rank = {r: _facts(forwards=[_forward(10 * r + 1, 10 * r + 2)], seeds=[_seed(True)]) for r in (0, 1)}
     assert _categories(per_rank) == []
+    # Seeded alike only from the 3rd forward on (an epoch loop reseeding with the epoch): judged from there.
+    later = {r: _facts(forwards=[_forward(10 * r + 1, 10 * r + 2), _forward(10 * r + 2, 10 * r + 3), _forward(5, 6),
+                                 _forward(7, 8)], seeds=[_seed(True, forwards_before=2)]) for r in (0, 1)}
+    (finding,) = consistency_findings(later)
+    assert finding.details["draws_compared"] == 3  # two forwards and the draw between them
     # No draws at all (no dropout): nothing was shared.
     assert _categories({r: _facts(forwards=[_forward(1, 1)], seeds=[_seed(True)]) for r in (0, 1)}) == []
 
@@ -148,6 +153,19 @@ def test_a_rank_training_in_eval_mode_is_named_with_the_line_that_set_it():
     assert "From training forward 2 on" in finding.message
     frozen = [_forward(1, 2, evals=["backbone"], eval_site="train.py:12")]  # frozen on every rank: a choice
     assert _categories({r: _facts(forwards=frozen) for r in (0, 1)}) == []
+
+
+def test_a_rank_that_switched_the_ddp_wrapper_to_eval_is_found_at_its_steps():
+    # ddp.eval() on rank 0: its later forwards are not training forwards, but it keeps stepping.
+    def stepping(modes):
+        return [{**_step(s), "modes": [m]} for s, m in enumerate(modes, 1)]
+
+    training = {"eval_modules": [], "eval_count": 0, "eval_site": None}
+    wrapper = {"eval_modules": ["(the DDP wrapper)", "(the model)", "0"], "eval_count": 3, "eval_site": "train.py:51"}
+    checks = {0: _facts(steps_taken=stepping([training, wrapper, wrapper])), 1: _facts(steps_taken=stepping([training] * 3))}
+    (finding,) = consistency_findings(checks)
+    assert (finding.category, finding.ranks, finding.locations) == ("eval_mode_differs", [0], {"0": "train.py:51"})
+    assert finding.details["step"] == 2 and "From optimizer step 2 on" in finding.message
 
 
 def _model(order) -> dict:

@@ -53,6 +53,7 @@ SCRIPTS = {
     "random_split_per_rank": ("doctor_zoo/random_split_per_rank.py", 3),
     "loss_divided_by_world": ("doctor_zoo/loss_divided_by_world.py", 3),
     "eval_left_on_rank0": ("doctor_zoo/eval_left_on_rank0.py", 8),  # rank 0 evaluates after step 4
+    "wrapper_eval_left_on_rank0": ("doctor_zoo/wrapper_eval_left_on_rank0.py", 6),  # ddp.eval() after step 3
     "moduledict_from_set": ("doctor_zoo/moduledict_from_set.py", 2),
     "clip_on_rank0": ("doctor_zoo/clip_on_rank0.py", 3),
     "scheduler_on_rank0": ("doctor_zoo/scheduler_on_rank0.py", 5),  # StepLR(step_size=2): lr moves at step 3
@@ -318,6 +319,13 @@ def test_rank_0_left_in_eval_mode_is_named_with_its_eval_line(doctor):
     assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line("eval")}, run.explain()
     assert finding["details"]["forward"] == 5  # the first training forward after the evaluation at step 4
     assert run.returncode == 1 and "gradsync run: FAILED: eval_mode_differs (rank 0)" in run.output, run.explain()
+
+
+def test_rank_0_that_switched_the_ddp_wrapper_to_eval_is_found_at_its_steps(doctor):
+    run = doctor["wrapper_eval_left_on_rank0"]
+    finding = run.only("eval_mode_differs", "error")
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line("eval")}, run.explain()
+    assert finding["details"]["step"] == 4 and finding["details"]["eval_modules"][0] == "(the DDP wrapper)"
 
 
 def test_parameters_in_a_rank_dependent_order_are_found_at_construction(doctor):

@@ -54,8 +54,16 @@ def _shared_random_draws(checks: dict[int, dict[str, Any]]) -> list[Finding]:
     count = min(len(f) for f in forwards.values())
     findings = []
     for generator, label in GENERATORS.items():
+        # torch.manual_seed seeds the CUDA generators too; torch.cuda.manual_seed(_all) only them.
+        seeding = ("torch", "cuda") if generator == "cuda" else (generator,)
+        after_ddp = {rank: [s for s in facts["seeds"] if s["generator"] in seeding and s["after_ddp"]]
+                     for rank, facts in checks.items()}
+        if not all(after_ddp.values()):
+            continue  # seeded alike only before the model was built (or not at all): the script's own choice
+        # The draws since the seeding (the first after DDP on every rank): before it, they owe nothing to it.
+        start = max(seeds[0]["forwards_before"] for seeds in after_ddp.values())
         draws = []  # per window where every rank drew from it: were the draws identical?
-        for i in range(count):
+        for i in range(start, count):
             entries = {rank: f[i] for rank, f in forwards.items()}
             if not all("rng_before" in e and generator in e["rng_before"] and generator in e.get("rng_after", {})
                        for e in entries.values()):
@@ -64,18 +72,13 @@ def _shared_random_draws(checks: dict[int, dict[str, Any]]) -> list[Finding]:
             after = {r: e["rng_after"][generator] for r, e in entries.items()}
             if all(before[r] != after[r] for r in entries):  # drew inside the forward (dropout)
                 draws.append(len(set(before.values())) == 1)
-            if i:  # drew between the previous forward and this one (augmentation, in this process)
+            if i > start:  # drew between the previous forward and this one (augmentation, in this process)
                 previous = {r: forwards[r][i - 1].get("rng_after", {}).get(generator) for r in entries}
                 if None not in previous.values() and all(previous[r] != before[r] for r in entries):
                     draws.append(len(set(previous.values())) == 1)
         if not draws or not all(draws):
             continue
-        last_seed = {}
-        for rank, facts in checks.items():
-            seeds = [s for s in facts["seeds"] if s["generator"] == ("torch" if generator == "cuda" else generator)]
-            last_seed[rank] = seeds[-1] if seeds else None
-        if any(seed is None or not seed["after_ddp"] for seed in last_seed.values()):
-            continue  # seeded alike before the model was built (or not at all): the script's own choice
+        last_seed = {rank: seeds[0] for rank, seeds in after_ddp.items()}
         ranks = sorted(checks)
         site = last_seed[ranks[0]]["site"] or "?"
         findings.append(Finding(
@@ -297,34 +300,51 @@ def _loss_divided_by_world_size(checks: dict[int, dict[str, Any]]) -> list[Findi
 
 
 def _eval_mode_differs(checks: dict[int, dict[str, Any]]) -> list[Finding]:
+    """Some ranks trained submodules in eval mode that the others trained in train mode. Compared
+    at each training forward, then at each optimizer step (a rank that switched the DDP wrapper
+    itself to eval has no training forwards left to compare, but it still steps)."""
     forwards = {rank: facts["forwards"] for rank, facts in checks.items()}
-    count = min(len(f) for f in forwards.values())
-    for i in range(count):
-        modes = {rank: f[i] for rank, f in forwards.items()}
-        if not all("eval_count" in m for m in modes.values()):
-            return []
-        sets = {rank: (m["eval_count"], tuple(m["eval_modules"])) for rank, m in modes.items()}
-        if len(set(sets.values())) == 1:
-            continue
-        fewest = min(s[0] for s in sets.values())
-        ranks = sorted(r for r, s in sets.items() if s[0] > fewest) or odd_ones_out(sets)
-        culprit = modes[ranks[0]]
-        names = ", ".join(culprit["eval_modules"]) + (" and more" if culprit["eval_count"] > len(culprit["eval_modules"]) else "")
-        where = f", put in eval mode at {culprit['eval_site']} and not back with train()" if culprit["eval_site"] else ""
-        return [Finding(
-            "eval_mode_differs",
-            "error",
-            ranks,
-            f"From training forward {i + 1} on, {ranks_text(ranks)} ran {culprit['eval_count']} submodule(s) in eval "
-            f"mode ({names}){where}, while the other ranks trained them: dropout is off and BatchNorm uses frozen "
-            "statistics on those ranks only, so the ranks compute gradients of different models. DDP's own training "
-            "flag stays True, so nothing warns.",
-            "Put the model back in training mode after evaluating (model.train() right after the evaluation), or "
-            "evaluate on every rank; switch the DDP wrapper (ddp.eval() / ddp.train()), which switches every submodule.",
-            locations={str(rank): modes[rank]["eval_site"] or modes[rank]["site"] or "?" for rank in ranks},
-            details={"forward": i + 1, "eval_modules": culprit["eval_modules"]},
-        )]
+    for i in range(min(len(f) for f in forwards.values())):
+        found = _modes_differ({rank: f[i] for rank, f in forwards.items()}, f"training forward {i + 1}",
+                              {"forward": i + 1})
+        if found:
+            return found
+    steps: dict[int, dict[int, dict[str, Any]]] = {}
+    for rank, facts in checks.items():
+        for record in facts["steps_taken"]:
+            if record.get("modes"):  # the first DDP model's
+                steps.setdefault(record["step"], {})[rank] = {**record["modes"][0], "site": record["site"]}
+    for step in sorted(steps):
+        if len(steps[step]) == len(checks):
+            found = _modes_differ(steps[step], f"optimizer step {step}", {"step": step})
+            if found:
+                return found
     return []
+
+
+def _modes_differ(modes: dict[int, dict[str, Any]], when: str, detail: dict[str, int]) -> list[Finding]:
+    if not all("eval_count" in m for m in modes.values()):
+        return []
+    sets = {rank: (m["eval_count"], tuple(m["eval_modules"])) for rank, m in modes.items()}
+    if len(set(sets.values())) == 1:
+        return []
+    fewest = min(s[0] for s in sets.values())
+    ranks = sorted(r for r, s in sets.items() if s[0] > fewest) or odd_ones_out(sets)
+    culprit = modes[ranks[0]]
+    names = ", ".join(culprit["eval_modules"]) + (" and more" if culprit["eval_count"] > len(culprit["eval_modules"]) else "")
+    where = f", put in eval mode at {culprit['eval_site']} and not back with train()" if culprit["eval_site"] else ""
+    return [Finding(
+        "eval_mode_differs",
+        "error",
+        ranks,
+        f"From {when} on, {ranks_text(ranks)} ran {culprit['eval_count']} submodule(s) in eval mode ({names}){where}, "
+        "while the other ranks trained them: dropout is off and BatchNorm uses frozen statistics on those ranks only, "
+        "so the ranks compute gradients of different models, and nothing warns.",
+        "Put the model back in training mode after evaluating (model.train() right after the evaluation), or "
+        "evaluate on every rank; switch the DDP wrapper (ddp.eval() / ddp.train()), which switches every submodule.",
+        locations={str(rank): modes[rank]["eval_site"] or modes[rank]["site"] or "?" for rank in ranks},
+        details={**detail, "eval_modules": culprit["eval_modules"]},
+    )]
 
 
 def _parameter_order_differs(checks: dict[int, dict[str, Any]]) -> list[Finding]:

@@ -294,7 +294,6 @@ class ConsistencyWatch:
         self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (its pass's record, Subset chain)
         self._ddp_parameters: dict[int, torch.nn.Parameter] = {}
         self._switching_mode = 0  # nn.Module.train calls in progress (it recurses into children)
-        self._forward_states: dict[str, int] | None = None
         self._tracing_graph = False  # anomaly mode switched on by this watch, until the first backward
         self._generator_sites: dict[int, str | None] = {}  # id of a NumPy Generator -> the line that made it
 
@@ -325,6 +324,8 @@ class ConsistencyWatch:
         torch_seed = functools.wraps(torch.manual_seed)(torch_seed)
         torch.manual_seed = torch_seed
         torch.random.manual_seed = torch_seed
+        for name in ("manual_seed", "manual_seed_all"):  # the CUDA generators alone
+            _replace(torch.cuda, name, seeding("cuda"))
         _replace(random, "seed", seeding("random"))
         try:
             import numpy
@@ -486,13 +487,17 @@ class ConsistencyWatch:
     @_never_raises(dict)
     def forward_starts(self, ddp: Any) -> dict[str, Any]:
         """Extra fields for the forward's entry: eval-mode submodules, generator states before it."""
+        return {**self._modes(ddp), "rng_before": generator_states()}
+
+    def _modes(self, ddp: Any) -> dict[str, Any]:
+        """The submodules of a DDP model in eval mode, and the line that put the first one there."""
         evaluating = [(name, module) for name, module in ddp.module.named_modules() if not module.training]
-        self._forward_states = generator_states()
+        if not ddp.training:
+            evaluating.insert(0, ("(the DDP wrapper)", ddp))
         return {
             "eval_modules": [name or "(the model)" for name, _ in evaluating[:EVAL_NAMES]],
             "eval_count": len(evaluating),
             "eval_site": self._eval_sites.get(evaluating[0][1]) if evaluating else None,
-            "rng_before": self._forward_states,
         }
 
     @_never_raises()
@@ -513,6 +518,8 @@ class ConsistencyWatch:
             "grads": _sampled_crc(p.grad for p in parameters if p.grad is not None) if parameters else None,
             "params_before": _sampled_crc(iter(parameters)) if parameters else None,
             "calls": self._calls,
+            # Per step too: a rank that put the DDP wrapper itself in eval mode has no training forwards to compare.
+            "modes": [self._modes(ddp) for ddp, *_ in self.check.models],
         }
         self._calls = []
         if len(self.steps) < MAX_RECORDS:
