@@ -10,9 +10,10 @@ rank records, under --doctor-steps only:
 - the state of every random generator around each training forward (torch, CUDA, `random`,
   NumPy), the seeding calls with their lines, and the generators a DataLoader's dataset holds
   when workers copy it;
-- the indices each DistributedSampler pass yields, mapped through `Subset` to the dataset, and
-  each `random_split`'s splits;
-- which submodules are in eval mode at each training forward, and the line that set them so;
+- the indices each DataLoader pass draws, mapped through `Subset` to the dataset (with its
+  DistributedSampler's seed and rank), and each `random_split`'s splits;
+- which submodules are in eval mode at each training forward and each optimizer step, and the
+  line that set them so;
 - the parameter names in order when DDP is built;
 - before each optimizer step, a fingerprint of the DDP parameters' gradients and parameters
   and the optimizer's hyperparameters, with the calls made since the previous step that change
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from gradsync.run.script_facts import ScriptCheck
 
 MAX_INDICES = 200_000  # a sampler pass or a split longer than this keeps no indices (too large to compare)
-INDEXED_PASSES = 4  # sampler passes per sampler whose indices are kept
+INDEXED_PASSES = 4  # passes per DataLoader whose indices are kept
 MAX_RECORDS = 64  # seeds, splits, saves, steps, loss walks kept per rank
 CALLS_PER_STEP = 16  # update-changing calls kept between two optimizer steps
 EVAL_NAMES = 8  # eval-mode submodule names kept per forward
