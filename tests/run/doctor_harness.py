@@ -1,0 +1,92 @@
+"""Running scripts under `gradsync run --doctor-steps K` for the script check's tests, and reading
+what each run left: its diagnosis, its facts files, its output, the lines its scripts mark.
+
+Lines are found by their `# doctor: <tag>` (tests/run/doctor_zoo) or `# zoo: <tag>` (tests/run/zoo)
+markers. Two test files use it (test_doctor_script.py, test_doctor_consistency.py), each with its own
+session of runs, so that `make test`'s two workers can run them side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.harness import REPO_ROOT
+
+RUN_TESTS = Path(__file__).parent
+
+
+@dataclass
+class DoctorRun:
+    name: str
+    script: str  # under tests/run
+    steps: int  # K
+    returncode: int
+    output: str
+    diagnosis: dict
+    run_dir: Path
+
+    def line(self, tag: str) -> str:
+        """'tests/run/<script>:LINE' of the line marked `# doctor: tag` (or `# zoo: tag`)."""
+        marker = "zoo" if self.script.startswith("zoo/") else "doctor"
+        text = (RUN_TESTS / self.script).read_text().splitlines()
+        numbers = [i for i, line in enumerate(text, 1) if line.rstrip().endswith(f"# {marker}: {tag}")]
+        assert len(numbers) == 1, f"{self.script} must mark exactly one line with '# {marker}: {tag}'"
+        return f"tests/run/{self.script}:{numbers[0]}"
+
+    def findings(self) -> list[dict]:
+        return self.diagnosis["findings"]
+
+    def only(self, category: str, severity: str) -> dict:
+        """The run's one finding, which must be `category` with `severity`."""
+        assert [(f["category"], f["severity"]) for f in self.findings()] == [(category, severity)], self.explain()
+        return self.findings()[0]
+
+    def facts(self, rank: int) -> dict:
+        return json.loads((self.run_dir / "workers" / "attempt0" / f"script-check-rank{rank}.json").read_text())
+
+    def exit_record(self, rank: int) -> dict:
+        return json.loads((self.run_dir / "workers" / "attempt0" / f"rank{rank}.exit.json").read_text())["exit"]
+
+    def explain(self) -> str:
+        return f"{self.name}: exit {self.returncode}\n{json.dumps(self.diagnosis, indent=1)}\n{self.output[-3000:]}"
+
+
+def run_one(name: str, script: str, steps: int, root: Path) -> DoctorRun:
+    run_dir = root / name
+    command = [
+        sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "2", "--doctor-steps", str(steps),
+        "--stall-timeout", "20", "--run-dir", str(run_dir), f"tests/run/{script}",
+    ]
+    # A script stopped after K steps never reaches its own clean-up: its temporary files go to `root`.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(root)}
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=150, env=env)
+    path = run_dir / "diagnosis.json"
+    diagnosis = json.loads(path.read_text()) if path.exists() else {"findings": [], "missing": True}
+    return DoctorRun(name, script, steps, done.returncode, done.stdout + done.stderr, diagnosis, run_dir)
+
+
+def run_all(scripts: dict[str, tuple[str, int]], root: Path) -> dict[str, DoctorRun]:
+    """Every script of `scripts` (name -> (script under tests/run, K)), two at a time."""
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda item: run_one(item[0], *item[1], root), scripts.items()))
+    print(f"\n{len(runs)} --doctor-steps runs in {time.monotonic() - start:.0f} s", file=sys.stderr)
+    return {run.name: run for run in runs}
+
+
+
+def assert_failed(run: DoctorRun, category: str) -> None:
+    assert run.returncode == 1 and run.diagnosis["status"] == "failed", run.explain()
+    assert f"gradsync run: FAILED: {category} (ranks 0, 1)" in run.output, run.explain()
+
+
+def assert_warned(run: DoctorRun, category: str) -> None:
+    assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
+    assert f"warning: {category} (ranks [0, 1])" in run.output, run.explain()

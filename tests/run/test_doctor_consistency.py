@@ -1,0 +1,151 @@
+"""`gradsync run --doctor-steps K`: the mistakes that leave the replicas identical (or diverge them with
+a cause to name), on unmodified scripts of tests/run/doctor_zoo, each against its healthy near-miss.
+
+Each finding must name the rank at fault and the line that did it. The rules themselves are tested
+on hand-made facts in tests/doctor/test_consistency_findings.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.run.doctor_harness import assert_failed, assert_warned, run_all
+
+# Under `make test` another test file runs beside these runs: more than pytest's default 300 s.
+pytestmark = pytest.mark.timeout(900)
+
+# name -> (script under tests/run, K)
+SCRIPTS = {
+    "shared_seed_after_ddp": ("doctor_zoo/shared_seed_after_ddp.py", 6),
+    "dataset_generator_workers": ("doctor_zoo/dataset_generator_workers.py", 4),
+    "sampler_seed_per_rank": ("doctor_zoo/sampler_seed_per_rank.py", 3),
+    "shuffle_without_sampler": ("doctor_zoo/shuffle_without_sampler.py", 4),
+    "random_split_per_rank": ("doctor_zoo/random_split_per_rank.py", 3),
+    "loss_divided_by_world": ("doctor_zoo/loss_divided_by_world.py", 3),
+    "eval_left_on_rank0": ("doctor_zoo/eval_left_on_rank0.py", 8),  # rank 0 evaluates after step 4
+    "wrapper_eval_left_on_rank0": ("doctor_zoo/wrapper_eval_left_on_rank0.py", 6),  # ddp.eval() after step 3
+    "moduledict_from_set": ("doctor_zoo/moduledict_from_set.py", 2),
+    "clip_on_rank0": ("doctor_zoo/clip_on_rank0.py", 3),
+    "scheduler_on_rank0": ("doctor_zoo/scheduler_on_rank0.py", 5),  # StepLR(step_size=2): lr moves at step 3
+    "same_path_saves": ("doctor_zoo/same_path_saves.py", 4),  # saves at step 3
+    # The near-misses of the mistakes above, done right:
+    "healthy_seeding": ("doctor_zoo/healthy_seeding.py", 20),  # 16 steps: finishes before K
+    "healthy_data_split": ("doctor_zoo/healthy_data_split.py", 12),  # into the 2nd epoch's warm-up pass
+    "healthy_loss_scale": ("doctor_zoo/healthy_loss_scale.py", 4),
+    "healthy_rank0_duties": ("doctor_zoo/healthy_rank0_duties.py", 20),  # 16 steps: finishes before K
+}
+HEALTHY = ["healthy_seeding", "healthy_data_split", "healthy_loss_scale", "healthy_rank0_duties"]
+
+
+@pytest.fixture(scope="session")
+def doctor(tmp_path_factory):
+    return run_all(SCRIPTS, tmp_path_factory.mktemp("doctor-consistency"))
+
+
+# -- mistakes that leave the replicas identical ------------------------------------------------
+
+
+def test_generators_seeded_alike_after_ddp_are_named_at_the_seeding_line(doctor):
+    run = doctor["shared_seed_after_ddp"]
+    finding = run.only("shared_random_draws", "warning")
+    assert finding["locations"] == {"0": run.line("seed"), "1": run.line("seed")}, run.explain()
+    assert finding["details"]["generator"] == "torch" and finding["details"]["draws_compared"] >= run.steps
+    assert_warned(run, "shared_random_draws")
+
+
+def test_a_generator_on_the_dataset_copied_into_workers(doctor):
+    run = doctor["dataset_generator_workers"]
+    finding = run.only("dataset_generator_copied", "warning")
+    assert finding["locations"] == {"0": run.line("rng"), "1": run.line("rng")}, run.explain()  # where it was made
+    assert f"iterated at {run.line('loop')}" in finding["message"]
+    assert finding["details"] == {"generators": ["rng"], "workers": 2}
+    assert "across its 2 workers" in finding["message"] and "on ranks 0, 1" in finding["message"]
+    assert_warned(run, "dataset_generator_copied")
+
+
+def test_samplers_seeded_per_rank_overlap_and_leave_samples_out(doctor):
+    run = doctor["sampler_seed_per_rank"]
+    finding = run.only("sampler_overlap", "error")
+    assert finding["locations"] == {"0": run.line("sampler"), "1": run.line("sampler")}, run.explain()
+    details = finding["details"]  # a partial pass (stopped at step K): the overlap so far, coverage unknown
+    assert details["samples"] == 320 and details["drawn_twice"] > 0 and not details["complete"], details
+    assert "seeds differ (rank 0: seed=17, rank 1: seed=18)" in finding["message"]
+    assert_failed(run, "sampler_overlap")
+
+
+def test_shuffling_without_a_sampler_overlaps_though_no_batch_is_identical(doctor):
+    run = doctor["shuffle_without_sampler"]
+    finding = run.only("sampler_overlap", "error")  # no_distributed_sampler needs identical batches
+    assert finding["locations"] == {"0": run.line("loop"), "1": run.line("loop")}, run.explain()
+    assert "no rank uses a DistributedSampler" in finding["message"] and finding["details"]["drawn_twice"] > 0
+    assert_failed(run, "sampler_overlap")
+
+
+def test_a_random_split_that_differs_per_rank(doctor):
+    run = doctor["random_split_per_rank"]
+    finding = run.only("data_split_differs", "error")
+    assert finding["locations"] == {"0": run.line("split"), "1": run.line("split")}, run.explain()
+    assert "without a generator" in finding["message"] and "in rank 1's second one" in finding["message"]
+    assert_failed(run, "data_split_differs")
+
+
+def test_a_loss_divided_by_the_world_size_under_ddp(doctor):
+    run = doctor["loss_divided_by_world"]
+    finding = run.only("loss_scaled_by_world_size", "warning")
+    # Named at the division itself (anomaly mode keeps the first step's forward tracebacks).
+    assert finding["locations"] == {"0": run.line("loss"), "1": run.line("loss")}, run.explain()
+    assert f"backward at {run.line('backward')}" in finding["message"]
+    assert finding["details"] == {"scale": 0.5, "world_size": 2}
+    assert_warned(run, "loss_scaled_by_world_size")
+
+
+def test_rank_0_left_in_eval_mode_is_named_with_its_eval_line(doctor):
+    run = doctor["eval_left_on_rank0"]
+    finding = run.only("eval_mode_differs", "error")
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line("eval")}, run.explain()
+    assert finding["details"]["forward"] == 5  # the first training forward after the evaluation at step 4
+    assert run.returncode == 1 and "gradsync run: FAILED: eval_mode_differs (rank 0)" in run.output, run.explain()
+
+
+def test_rank_0_that_switched_the_ddp_wrapper_to_eval_is_found_at_its_steps(doctor):
+    run = doctor["wrapper_eval_left_on_rank0"]
+    finding = run.only("eval_mode_differs", "error")
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line("eval")}, run.explain()
+    assert finding["details"]["step"] == 4 and finding["details"]["eval_modules"][0] == "(the DDP wrapper)"
+
+
+def test_parameters_in_a_rank_dependent_order_are_found_at_construction(doctor):
+    run = doctor["moduledict_from_set"]
+    finding = run.only("parameter_order_differs", "error")  # the divergence it causes is not reported twice
+    assert finding["locations"] == {"0": run.line("ddp"), "1": run.line("ddp")}, run.explain()
+    names = finding["details"]["names"]
+    assert names["0"] != names["1"] and "(the same names, ordered differently)" in finding["message"]
+    assert_failed(run, "parameter_order_differs")
+
+
+@pytest.mark.parametrize(("name", "tag", "step", "differs"), [
+    ("clip_on_rank0", "clip", 1, "gradients"),
+    ("scheduler_on_rank0", "scheduler", 3, "hyperparameters"),
+])
+def test_an_update_changed_on_rank_0_only_is_blamed_on_its_call(doctor, name, tag, step, differs):
+    run = doctor[name]
+    finding = run.only("update_differs", "error")
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line(tag)}, run.explain()
+    assert finding["step"] == step and finding["details"]["differs"] == differs, run.explain()
+    assert run.returncode == 1 and "gradsync run: FAILED: update_differs (rank 0)" in run.output, run.explain()
+
+
+def test_every_rank_saving_to_the_same_path(doctor):
+    run = doctor["same_path_saves"]
+    finding = run.only("same_file_written", "error")
+    assert finding["locations"] == {"0": run.line("save"), "1": run.line("save")}, run.explain()
+    assert finding["details"]["path"].endswith("/model.pt") and "at the same step" in finding["message"]
+    assert_failed(run, "same_file_written")
+
+
+@pytest.mark.parametrize("name", HEALTHY)
+def test_healthy_near_misses_get_no_findings(doctor, name):
+    run = doctor[name]
+    assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
+    assert run.diagnosis["findings"] == [], run.explain()
+    assert "gradsync run: ok: 2 ranks finished" in run.output and "warning:" not in run.output, run.explain()
