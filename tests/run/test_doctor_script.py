@@ -17,7 +17,7 @@ from gradsync.errors import ConfigError
 from gradsync.run import launcher
 from gradsync.rundir.records import Finding
 from gradsync.run.options import RunOptions
-from gradsync.run.script_facts import (
+from gradsync.run.check_primitives import (
     inputs_fingerprint,
     tensor_fingerprint,
     tensor_hash,

@@ -401,14 +401,14 @@ def _update_differs(checks: dict[int, dict[str, Any]]) -> list[Finding]:
         hyper = {r: rec["hyperparameters"] for r, rec in by_rank.items()}
         grads_differ = synced and None not in grads.values() and len(set(grads.values())) > 1
         hyper_differ = len(set(hyper.values())) > 1
-        moved = _moved_between_steps(checks, optimizer, step, by_rank)
+        moved = _moved_between_steps(records, optimizer, step)
         if not (grads_differ or hyper_differ or moved):
             continue
         what = "gradients" if grads_differ else "hyperparameters" if hyper_differ else "parameters"
-        blamed = _blame_calls(checks, optimizer, step)
+        blamed = _blame_calls(records, len(checks), optimizer, step)
         if what == "parameters":
             ranks = moved
-            previous = {r: rec for (o, s), recs in records.items() if o == optimizer and s == step - 1 for r, rec in recs.items()}
+            previous = records.get((optimizer, step - 1), {})
             locations = {str(r): (previous.get(r) or by_rank[r])["site"] or "?" for r in ranks}
             cause = (f"changed them after optimizer step {step - 1} (at {locations[str(ranks[0])]}) and before step {step}, "
                      "outside the optimizer")
@@ -463,43 +463,39 @@ _UPDATE_SUGGESTIONS = {
 }
 
 
-def _blame_calls(checks: dict[int, dict[str, Any]], optimizer: int, step: int) -> dict[int, dict[str, Any]]:
+def _blame_calls(records: dict[tuple[int, int], dict[int, dict[str, Any]]], world: int, optimizer: int,
+                 step: int) -> dict[int, dict[str, Any]]:
     """rank -> the first update-changing call it made, in the latest window up to `step` where the
     ranks' calls differ, that not every rank made."""
     for window in range(step, 0, -1):
-        calls = {}
-        for rank, facts in checks.items():
-            record = next((r for r in facts["steps_taken"] if r["optimizer"] == optimizer and r["step"] == window), None)
-            if record is None:
-                return {}
-            calls[rank] = record["calls"]
-        keys = {rank: _calls_key(c) for rank, c in calls.items()}
+        by_rank = records.get((optimizer, window), {})
+        if len(by_rank) != world:
+            return {}
+        keys = {rank: _calls_key(record["calls"]) for rank, record in by_rank.items()}
         if len(set(keys.values())) == 1:
             continue
         everyone = set.intersection(*(set(k) for k in keys.values()))
-        extra = {rank: next(c for c in calls[rank] if (c["what"], c["site"] or "?") not in everyone)
-                 for rank in calls if set(keys[rank]) - everyone}
-        return extra
+        return {rank: next(c for c in record["calls"] if (c["what"], c["site"] or "?") not in everyone)
+                for rank, record in by_rank.items() if set(keys[rank]) - everyone}
     return {}
 
 
-def _moved_between_steps(checks: dict[int, dict[str, Any]], optimizer: int, step: int,
-                         by_rank: dict[int, dict[str, Any]]) -> list[int]:
+def _moved_between_steps(records: dict[tuple[int, int], dict[int, dict[str, Any]]], optimizer: int,
+                         step: int) -> list[int]:
     """The ranks whose DDP parameters changed between the previous step's end and this step,
     when the ranks did not all change them alike."""
-    previous = {}
-    for rank, facts in checks.items():
-        record = next((r for r in facts["steps_taken"] if r["optimizer"] == optimizer and r["step"] == step - 1), None)
-        if record is None or record.get("params_after") is None or by_rank[rank]["params_before"] is None:
-            return []
-        previous[rank] = record["params_after"]
+    before, now = records.get((optimizer, step - 1), {}), records[(optimizer, step)]
+    if set(before) != set(now) or any(before[r].get("params_after") is None or now[r]["params_before"] is None
+                                      for r in now):
+        return []
+    previous = {rank: before[rank]["params_after"] for rank in now}
     if len(set(previous.values())) > 1:
         return []  # they differed already: an earlier finding's consequence
-    now = {rank: by_rank[rank]["params_before"] for rank in by_rank}
-    if len(set(now.values())) == 1:
+    current = {rank: now[rank]["params_before"] for rank in now}
+    if len(set(current.values())) == 1:
         return []
-    moved = [rank for rank in sorted(now) if now[rank] != previous[rank]]
-    return moved if len(moved) < len(now) else odd_ones_out(now)
+    moved = [rank for rank in sorted(current) if current[rank] != previous[rank]]
+    return moved if len(moved) < len(current) else odd_ones_out(current)
 
 
 # -- files ---------------------------------------------------------------------------------------

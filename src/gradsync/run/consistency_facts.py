@@ -38,7 +38,7 @@ import sys
 import warnings
 import weakref
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,6 +47,7 @@ from torch.utils.data import Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from gradsync.run.callsite import OWN, caller_location, file_kind, short_path
+from gradsync.run.check_primitives import index_sampler, patch, tensor_hash, tensors_fingerprint
 
 if TYPE_CHECKING:
     from gradsync.run.script_facts import ScriptCheck
@@ -65,32 +66,14 @@ def _crc(data: bytes | memoryview, start: int = 0) -> int:
     return zlib.crc32(data, start)
 
 
-def _tensor_crc(tensor: torch.Tensor) -> int:
-    return _crc(memoryview(tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()))
-
-
-def _sampled_crc(tensors: Iterator[torch.Tensor]) -> int | None:
-    """One CRC over strided samples of many tensors (the script check's per-tensor fingerprint)."""
-    from gradsync.run.script_facts import tensor_fingerprint
-
-    combined, found = 0, False
-    for tensor in tensors:
-        fingerprint = tensor_fingerprint(tensor)
-        if fingerprint is None:
-            return None
-        combined = _crc(fingerprint.to_bytes(4, "little"), combined)
-        found = True
-    return combined if found else None
-
-
 # -- random generators --------------------------------------------------------------------------
 
 
 def generator_states() -> dict[str, int]:
     """A CRC of each process-wide random generator's state: what dropout and augmentation draw from."""
-    states = {"torch": _tensor_crc(torch.get_rng_state()), "random": _crc(repr(random.getstate()).encode())}
+    states = {"torch": tensor_hash(torch.get_rng_state()), "random": _crc(repr(random.getstate()).encode())}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = _tensor_crc(torch.cuda.get_rng_state())
+        states["cuda"] = tensor_hash(torch.cuda.get_rng_state())
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         states["numpy"] = _crc(memoryview(numpy.random.get_state()[1]))
@@ -101,7 +84,7 @@ def generator_state(value: Any) -> int | None:
     """The state CRC of a generator object a dataset may hold (None when it is not one)."""
     numpy = sys.modules.get("numpy")
     if isinstance(value, torch.Generator):
-        return _tensor_crc(value.get_state())
+        return tensor_hash(value.get_state())
     if isinstance(value, random.Random):
         return _crc(repr(value.getstate()).encode())
     if numpy is not None and isinstance(value, numpy.random.Generator):
@@ -148,7 +131,8 @@ def _inputs(node: Any) -> list[Any]:
 
 
 def loss_normalisation(loss: torch.Tensor) -> dict[str, Any] | None:
-    """How a scalar loss weighs each reduced element: {"scale", "reduction", "elements", "factor"}.
+    """How a scalar loss weighs each reduced element: {"scale", "reduction", "elements", "factor",
+    "factor_site"}, the last the line that applied the first constant factor (when anomaly mode kept it).
 
     Walking down from the loss through constant factors (x / c, x * c) to the reduction (a mean,
     a sum, a loss function's own reduction): `scale` is the loss divided by the mean of the
@@ -264,11 +248,6 @@ def _never_raises(default: Any = None) -> Callable[[Callable], Callable]:
     return wrap
 
 
-def _replace(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = getattr(owner, name)
-    setattr(owner, name, functools.wraps(original)(make(original)))
-
-
 class ConsistencyWatch:
     """The facts of the consistency checks for one rank (see the module's docstring)."""
 
@@ -293,7 +272,7 @@ class ConsistencyWatch:
         self._passes: dict[str, int] = {}  # DataLoader key -> passes seen
         self._starting: tuple[dict[str, Any], list[Any]] | None = None  # a pass whose iterator is being built
         self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (its pass's record, Subset chain)
-        self._ddp_parameters: dict[int, torch.nn.Parameter] = {}
+        self._ddp_parameters: set[int] = set()  # ids of the DDP models' parameters (the models are held)
         self._switching_mode = 0  # nn.Module.train calls in progress (it recurses into children)
         self._tracing_graph = False  # anomaly mode switched on by this watch, until the first backward
         self._generator_sites: dict[int, str | None] = {}  # id of a NumPy Generator -> the line that made it
@@ -326,13 +305,13 @@ class ConsistencyWatch:
         torch.manual_seed = torch_seed
         torch.random.manual_seed = torch_seed
         for name in ("manual_seed", "manual_seed_all"):  # the CUDA generators alone
-            _replace(torch.cuda, name, seeding("cuda"))
-        _replace(random, "seed", seeding("random"))
+            patch(torch.cuda, name, seeding("cuda"))
+        patch(random, "seed", seeding("random"))
         try:
             import numpy
         except ImportError:  # no NumPy: no NumPy generator to watch
             return
-        _replace(numpy.random, "seed", seeding("numpy"))
+        patch(numpy.random, "seed", seeding("numpy"))
 
         def make_default_rng(original):
             def default_rng(*args, **kwargs):
@@ -343,7 +322,7 @@ class ConsistencyWatch:
 
             return default_rng
 
-        _replace(numpy.random, "default_rng", make_default_rng)
+        patch(numpy.random, "default_rng", make_default_rng)
 
     def _install_data(self) -> None:
         import torch.utils.data as data
@@ -365,8 +344,8 @@ class ConsistencyWatch:
 
             return set_epoch
 
-        _replace(DistributedSampler, "__init__", make_sampler_init)
-        _replace(DistributedSampler, "set_epoch", make_set_epoch)
+        patch(DistributedSampler, "__init__", make_sampler_init)
+        patch(DistributedSampler, "set_epoch", make_set_epoch)
 
         original_split = dataset_module.random_split
 
@@ -400,7 +379,7 @@ class ConsistencyWatch:
 
             return train
 
-        _replace(nn.Module, "train", make_train)
+        patch(nn.Module, "train", make_train)
 
     def _install_update_calls(self) -> None:
         """Clipping and schedulers change an update after DDP averaged it: note who called them, where."""
@@ -428,9 +407,9 @@ class ConsistencyWatch:
             for owner in (nn_utils, clip_grad):
                 if getattr(owner, name, None) is original:
                     setattr(owner, name, wrapped)
-        _replace(lr_scheduler.LRScheduler, "step", noting("scheduler.step"))
+        patch(lr_scheduler.LRScheduler, "step", noting("scheduler.step"))
         if "step" in vars(lr_scheduler.ReduceLROnPlateau):  # its own step, not LRScheduler's
-            _replace(lr_scheduler.ReduceLROnPlateau, "step", noting("scheduler.step"))
+            patch(lr_scheduler.ReduceLROnPlateau, "step", noting("scheduler.step"))
 
     def _install_backward(self) -> None:
         import torch.autograd
@@ -455,7 +434,7 @@ class ConsistencyWatch:
 
             return save
 
-        _replace(torch, "save", make_save)
+        patch(torch, "save", make_save)
         original_open = builtins.open
 
         @functools.wraps(original_open)
@@ -482,7 +461,7 @@ class ConsistencyWatch:
         names = []
         for name, parameter in ddp.module.named_parameters():
             names.append(name)
-            self._ddp_parameters[id(parameter)] = parameter
+            self._ddp_parameters.add(id(parameter))
         return names
 
     @_never_raises(dict)
@@ -506,33 +485,38 @@ class ConsistencyWatch:
         if entry is not None:
             entry["rng_after"] = generator_states()
 
+    def _stepped_parameters(self, optimizer: Any) -> list[torch.nn.Parameter]:
+        """The parameters of DDP models that `optimizer` steps: the ones averaged alike on every rank."""
+        return [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._ddp_parameters]
+
     @_never_raises()
     def step_starts(self, optimizer: Any, step: int) -> None:
         self._stop_tracing_graph()  # a step without a backward seen (autograd.grad, a closure)
         index = self._optimizers.setdefault(optimizer, len(self._optimizers))
-        parameters = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._ddp_parameters]
+        calls, self._calls = self._calls, []
+        if len(self.steps) >= MAX_RECORDS:
+            return
+        parameters = self._stepped_parameters(optimizer)
         record = {
             "step": step,
             "optimizer": index,
             "site": caller_location(),
             "hyperparameters": hyperparameters(optimizer),
-            "grads": _sampled_crc(p.grad for p in parameters if p.grad is not None) if parameters else None,
-            "params_before": _sampled_crc(iter(parameters)) if parameters else None,
-            "calls": self._calls,
+            "grads": tensors_fingerprint(p.grad for p in parameters if p.grad is not None),
+            "params_before": tensors_fingerprint(parameters),
+            "calls": calls,
             # Per step too: a rank that put the DDP wrapper itself in eval mode has no training forwards to compare.
             "modes": [self._modes(ddp) for ddp, *_ in self.check.models],
         }
-        self._calls = []
-        if len(self.steps) < MAX_RECORDS:
-            self.steps.append(record)
-            self._open_step[index] = record
+        self.steps.append(record)
+        self._open_step[index] = record
 
     @_never_raises()
     def step_ends(self, optimizer: Any) -> None:
         record = self._open_step.pop(self._optimizers.get(optimizer, -1), None)
         if record is not None:
-            parameters = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._ddp_parameters]
-            record["params_after"] = _sampled_crc(iter(parameters)) if parameters else None
+            parameters = self._stepped_parameters(optimizer)
+            record["params_after"] = tensors_fingerprint(parameters)
         self.backwards_per_step.append(self._backwards)
         self._backwards = 0
 
@@ -589,8 +573,7 @@ class ConsistencyWatch:
         the launcher to compare the ranks' shares. Not for an IterableDataset (no indices), nor
         for a sampler that draws with replacement (shares overlap by design)."""
         self._starting = None
-        # batch_sampler may be any iterable of batches (a list), without a sampler of its own.
-        sampler = getattr(loader.batch_sampler, "sampler", None) if loader.batch_sampler is not None else loader.sampler
+        sampler = index_sampler(loader)
         passes = self._passes[entry["key"]] = self._passes.get(entry["key"], 0) + 1
         if (
             passes > INDEXED_PASSES

@@ -25,8 +25,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,76 +42,13 @@ from torch.utils.data.distributed import DistributedSampler
 from gradsync import compat
 from gradsync.run.callsite import caller_location
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
+from gradsync.run.check_primitives import index_sampler, inputs_fingerprint, nested_tensors, patch, tensor_hash
 from gradsync.run.consistency_facts import ConsistencyWatch
 from gradsync.rundir import write_json
 
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
-FINGERPRINT_SAMPLES = 256  # values sampled (evenly strided) from each input tensor
 MAX_RECORDS = 64  # DataLoaders and sampler passes kept per rank
 TP_MODULES_WATCHED = 8  # parallelize_module'd modules whose inputs are fingerprinted
-_NESTING_DEPTH = 3  # how deep lists, tuples and dicts of inputs are searched for tensors
-
-
-def _raw_bytes(tensor: torch.Tensor) -> memoryview:
-    flat = tensor.detach().reshape(-1).contiguous().cpu()
-    return memoryview(flat.view(torch.uint8).numpy())
-
-
-def _header(tensor: torch.Tensor) -> int:
-    return zlib.crc32(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-
-
-def tensor_fingerprint(tensor: torch.Tensor) -> int | None:
-    """A CRC of dtype, shape and an evenly strided sample of the values (None when unreadable).
-
-    Cheap enough for every forward of the first steps (a few hundred values copied to the CPU);
-    two different batches agree on it only by an unlikely coincidence.
-    """
-    try:
-        flat = tensor.detach().reshape(-1)
-        stride = max(1, flat.numel() // FINGERPRINT_SAMPLES)
-        return zlib.crc32(_raw_bytes(flat[::stride][:FINGERPRINT_SAMPLES]), _header(tensor))
-    except (RuntimeError, TypeError):  # sparse, quantized or meta tensors: not comparable
-        return None
-
-
-def tensor_hash(tensor: torch.Tensor) -> int | None:
-    """A CRC of dtype, shape and every byte of the values (None when unreadable)."""
-    try:
-        return zlib.crc32(_raw_bytes(tensor), _header(tensor))
-    except (RuntimeError, TypeError):
-        return None
-
-
-def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth < _NESTING_DEPTH and isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item, depth + 1)
-    elif depth < _NESTING_DEPTH and isinstance(value, Mapping):
-        for item in value.values():
-            yield from _tensors(item, depth + 1)
-
-
-def inputs_fingerprint(args: tuple, kwargs: dict) -> int | None:
-    """One fingerprint of every tensor among a forward's arguments; None when there is none."""
-    combined = 0
-    found = False
-    for tensor in _tensors((args, kwargs)):
-        fingerprint = tensor_fingerprint(tensor)
-        if fingerprint is None:
-            return None
-        combined = zlib.crc32(fingerprint.to_bytes(4, "little"), combined)
-        found = True
-    return combined if found else None
-
-
-def _index_sampler(loader: DataLoader) -> Any:
-    """The sampler whose indices the loader batches (None for a plain list of batches)."""
-    if loader.batch_sampler is None:  # batch_size=None: one sample at a time
-        return loader.sampler
-    return getattr(loader.batch_sampler, "sampler", None)
 
 
 def _length(thing: Any) -> int | None:
@@ -120,12 +56,6 @@ def _length(thing: Any) -> int | None:
         return len(thing)
     except TypeError:  # an IterableDataset without __len__, a batch sampler without one
         return None
-
-
-def _replace(owner: type, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = getattr(owner, name)
-    replacement = functools.wraps(original)(make(original))
-    setattr(owner, name, replacement)
 
 
 class ScriptCheck:
@@ -228,9 +158,9 @@ class ScriptCheck:
 
             return __exit__
 
-        _replace(DistributedDataParallel, "__init__", make_ddp_init)
-        _replace(DistributedDataParallel, "forward", make_ddp_forward)
-        _replace(DataLoader, "__iter__", make_loader_iter)
+        patch(DistributedDataParallel, "__init__", make_ddp_init)
+        patch(DistributedDataParallel, "forward", make_ddp_forward)
+        patch(DataLoader, "__iter__", make_loader_iter)
         def make_next_index(original):
             def _next_index(iterator):
                 try:
@@ -245,12 +175,12 @@ class ScriptCheck:
 
         iterator_class = compat.DATALOADER_ITERATOR.get()
         if iterator_class is not None:  # else which loader feeds training stays unknown (said at launch)
-            _replace(iterator_class, "__next__", make_iterator_next)
+            patch(iterator_class, "__next__", make_iterator_next)
             if hasattr(iterator_class, "_next_index"):  # which samples each rank draws
-                _replace(iterator_class, "_next_index", make_next_index)
-        _replace(DistributedSampler, "__iter__", make_sampler_iter)
-        _replace(Join, "__enter__", make_join_enter)
-        _replace(Join, "__exit__", make_join_exit)
+                patch(iterator_class, "_next_index", make_next_index)
+        patch(DistributedSampler, "__iter__", make_sampler_iter)
+        patch(Join, "__enter__", make_join_enter)
+        patch(Join, "__exit__", make_join_exit)
         self._install_sharding_watches()
         self.consistency.install()
 
@@ -312,7 +242,7 @@ class ScriptCheck:
             if not (_module.training and torch.is_grad_enabled()) or len(entry["inputs"]) >= FORWARDS_FINGERPRINTED:
                 return
             # A DTensor input is distributed already (reading it whole would be a collective): not compared.
-            plain = not any(isinstance(t, DTensor) for t in _tensors((args, kwargs)))
+            plain = not any(isinstance(t, DTensor) for t in nested_tensors((args, kwargs)))
             entry["inputs"].append(inputs_fingerprint(args, kwargs) if plain else None)
 
         module.register_forward_pre_hook(fingerprint_inputs, with_kwargs=True)
@@ -329,7 +259,7 @@ class ScriptCheck:
         entry = self._loader_entries.get(loader)
         if entry is None:
             site = caller_location()
-            sampler = _index_sampler(loader)
+            sampler = index_sampler(loader)
             entry = {
                 # Ranks run the same code, so the n-th loader iterated at a line is the same loader.
                 "key": f"{site}#{sum(1 for other in self.loaders if other['site'] == site)}",

@@ -1,0 +1,91 @@
+"""What the script check's watches share (gradsync.run.script_facts, gradsync.run.consistency_facts):
+fingerprints and hashes of tensors, compared across ranks, the sampler a DataLoader draws indices
+from, and wrapping a method in place.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+FINGERPRINT_SAMPLES = 256  # values sampled (evenly strided) from each tensor
+_NESTING_DEPTH = 3  # how deep lists, tuples and dicts of inputs are searched for tensors
+
+
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.detach().reshape(-1).contiguous().cpu()
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def _header(tensor: torch.Tensor) -> int:
+    return zlib.crc32(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+
+
+def tensor_fingerprint(tensor: torch.Tensor) -> int | None:
+    """A CRC of dtype, shape and an evenly strided sample of the values (None when unreadable).
+
+    Cheap enough for every forward of the first steps (a few hundred values copied to the CPU);
+    two different batches agree on it only by an unlikely coincidence.
+    """
+    try:
+        flat = tensor.detach().reshape(-1)
+        stride = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+        return zlib.crc32(_raw_bytes(flat[::stride][:FINGERPRINT_SAMPLES]), _header(tensor))
+    except (RuntimeError, TypeError):  # sparse, quantized or meta tensors: not comparable
+        return None
+
+
+def tensor_hash(tensor: torch.Tensor) -> int | None:
+    """A CRC of dtype, shape and every byte of the values (None when unreadable)."""
+    try:
+        return zlib.crc32(_raw_bytes(tensor), _header(tensor))
+    except (RuntimeError, TypeError):
+        return None
+
+
+def nested_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """The tensors in a value and in its lists, tuples and dicts, a few levels deep."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < _NESTING_DEPTH and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from nested_tensors(item, depth + 1)
+    elif depth < _NESTING_DEPTH and isinstance(value, Mapping):
+        for item in value.values():
+            yield from nested_tensors(item, depth + 1)
+
+
+def tensors_fingerprint(tensors: Iterable[torch.Tensor]) -> int | None:
+    """One fingerprint of many tensors, in order; None when there is none or one is unreadable."""
+    combined = 0
+    found = False
+    for tensor in tensors:
+        fingerprint = tensor_fingerprint(tensor)
+        if fingerprint is None:
+            return None
+        combined = zlib.crc32(fingerprint.to_bytes(4, "little"), combined)
+        found = True
+    return combined if found else None
+
+
+def inputs_fingerprint(args: tuple, kwargs: dict) -> int | None:
+    """One fingerprint of every tensor among a forward's arguments; None when there is none."""
+    return tensors_fingerprint(nested_tensors((args, kwargs)))
+
+
+def index_sampler(loader: Any) -> Any:
+    """The sampler whose indices a DataLoader batches (None for a plain list of batches)."""
+    if loader.batch_sampler is None:  # batch_size=None: one sample at a time
+        return loader.sampler
+    return getattr(loader.batch_sampler, "sampler", None)
+
+
+def patch(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Replace `owner.name` with `make(original)`, keeping the original's name and docstring."""
+    original = getattr(owner, name)
+    replacement = functools.wraps(original)(make(original))
+    setattr(owner, name, replacement)
