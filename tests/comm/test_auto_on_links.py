@@ -58,4 +58,7 @@ def test_auto_compresses_on_a_slow_link(tmp_path):
     left = choice["exposed_comm_s"][choice["compression"]] / times[choice["compression"]]
     k = choice["accumulation_steps"]
     assert (k > 1) == (left >= 0.1), choice
-    assert choice["samples_per_step"][-1] == 2 * 16 * k, choice
+    # Steps after the decision hold k micro-batches, except the epoch's last, which takes what is
+    # left when k does not divide the remaining batches (10 = 3 + 3 + 3 + 1): none holds more.
+    samples = choice["samples_per_step"]
+    assert max(samples) == 2 * 16 * k and samples[-1] <= 2 * 16 * k, choice
