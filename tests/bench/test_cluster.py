@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,20 @@ from gradsync.bench.cluster import (
 from gradsync.errors import ConfigError
 
 PY = sys.executable
+
+
+# --- master ports ------------------------------------------------------------------------------
+
+
+def test_master_ports_lie_below_the_ephemeral_range():
+    """A benchmark hands each job the next master port from FIRST_MASTER_PORT: a thousand jobs
+    must stay clear of the ports outgoing connections are given, or a job's store can find its
+    port taken by the last job's connections."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if not ranges.exists():
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range (not Linux)")
+    low, _ = map(int, ranges.read_text().split())
+    assert cl.FIRST_MASTER_PORT + 1000 < low
 
 
 # --- spec validation (no root needed) -----------------------------------------------------------

@@ -59,6 +59,7 @@ __all__ = [
     "list_namespaces",
     "main",
     "run_torchrun",
+    "FIRST_MASTER_PORT",
 ]
 
 # tc's rate units ("bps" is bytes per second in tc, "bit" bits per second; IEC variants too).
@@ -70,6 +71,10 @@ _MAX_HOSTS = 254
 # Queueing delay tbf tolerates before it drops: generous, so TCP sees a slow link, not a lossy one.
 _TBF_LATENCY = "100ms"
 _COMMAND_TIMEOUT_S = 30.0
+# Master ports inside the hosts' own namespaces start below Linux's ephemeral range (32768-60999):
+# a port picked free on the machine can, inside a namespace, be the local end of the last job's
+# connections (Gloo's, from the job before) and fail to listen: EADDRINUSE, seen on a benchmark's second job.
+FIRST_MASTER_PORT = 29500
 # Resolved on our PATH: Popen would look `ip` up on the PATH of the env a caller passes to run().
 _IP = shutil.which("ip") or "ip"
 
@@ -480,7 +485,7 @@ class SimulatedCluster:
         starts workers in sessions of their own, so killing the launcher's group is not enough)."""
         _kill_everything_in(self._host(host_index).name)
 
-    def torchrun_args(self, host_index: int, nproc_per_node: int, master_port: int = 29500) -> list[str]:
+    def torchrun_args(self, host_index: int, nproc_per_node: int, master_port: int = FIRST_MASTER_PORT) -> list[str]:
         """torchrun options for static rendezvous on host `host_index`, served by host 0.
 
         Static (not c10d) rendezvous because it needs nothing but an address: c10d would also need

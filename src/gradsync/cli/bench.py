@@ -10,7 +10,6 @@ from typing import Any
 
 from gradsync.bench import allreduce, cluster, train
 from gradsync.cli.launch import launch_module
-from gradsync.distributed import free_port
 from gradsync.errors import ConfigError, GradsyncError
 
 
@@ -87,7 +86,8 @@ def run_allreduce(args: argparse.Namespace) -> int:
     if simulated is None:
         return launch_module("gradsync.bench.allreduce", _worker_args(args), workers)
     with simulated:
-        return cluster.run_torchrun(simulated, args.nproc_per_node, ["gradsync.bench.allreduce", *_worker_args(args)], free_port())
+        return cluster.run_torchrun(simulated, args.nproc_per_node, ["gradsync.bench.allreduce", *_worker_args(args)],
+                                    cluster.FIRST_MASTER_PORT)
 
 
 def _worker_args(args: argparse.Namespace) -> list[str]:
@@ -126,7 +126,7 @@ def run_train(args: argparse.Namespace) -> int:
     runner = train.local_runner
     if simulated is not None:
         simulated.open()
-        ports = itertools.count(free_port())
+        ports = itertools.count(cluster.FIRST_MASTER_PORT)  # a fresh port per job: the last job's store may linger
 
         def on_simulated_hosts(count: int, module_argv: list[str]) -> int:
             # The lone reference needs no network; N workers spread over the hosts.
