@@ -1,6 +1,8 @@
 """The docs' peer table: each gradsync configuration beside its PyTorch twin, the ceiling, and the splice."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,24 @@ def test_the_table_replaces_only_what_lies_between_its_markers(tmp_path):
     text = target.read_text()
     assert text.startswith("intro\n<!-- t -->\n```\nmake bench\n```") and text.endswith("<!-- /t -->\nafter\n")
     assert "old table" not in text and "`powersgd` | 92% (91–93)" in text
+
+
+def test_every_marker_a_make_target_writes_is_in_its_doc():
+    """`make bench-resnet-*` splices its table between markers: a renamed or deleted marker would
+    fail only after the benchmark's long run."""
+    root = Path(__file__).resolve().parents[2]
+    makefile = (root / "Makefile").read_text().replace("\\\n", " ")
+    targets = re.findall(r"gradsync\.bench\.tables \S+ (\S+\.md)\s+--marker (\S+)", makefile)
+    assert len(targets) >= 3  # 300, 100 and 20 Mbit/s
+    for doc, marker in targets:
+        text = (root / doc).read_text()
+        assert splice(text, marker, "table") != text, f"{doc} lacks the markers of {marker}"
+
+
+def test_a_single_round_gives_single_figures_and_says_so():
+    report = {**REPORT, "rounds": 1, "single_worker_runs": [43.5, 42.5],
+              "results": [{**_row("powersgd", 0.77, exposed=0.06), "rounds": [{"scaling_efficiency": 0.77}]},
+                          {**_row("torch-powersgd", 0.81), "rounds": [{"scaling_efficiency": 0.81}]}]}
+    lines = peer_table(report, "cmd").splitlines()
+    assert "one round: a single figure each" in lines[4]
+    assert "| `torch-powersgd` | 81% | `powersgd` | 77% | 6% | 2.0000 |" in lines

@@ -28,6 +28,9 @@ CEILING = "no-comm"
 def _efficiency(row: dict[str, Any] | None) -> str:
     if row is None:
         return ""
+    rounds = row.get("rounds")
+    if rounds is not None and len(rounds) < 2:
+        return f"{row['scaling_efficiency']:.0%}"  # one round has no range
     low, high = row.get("scaling_efficiency_spread") or (row["scaling_efficiency"],) * 2
     return f"{row['scaling_efficiency']:.0%} ({100 * low:.0f}–{100 * high:.0f})"
 
@@ -41,14 +44,17 @@ def peer_table(report: dict[str, Any], command: str) -> str:
     configuration with its peer beside it (peers without a gradsync twin get a row of their own)."""
     rows = {r["config"]: r for r in report["results"]}
     runs = report.get("single_worker_runs") or [report["single_worker_samples_per_s"]]
+    rounds = report.get("rounds", 1)
     lines = [
         "```",
         command,
         "```",
         "",
-        f"{report['world_size']} workers, batch {report['batch_size_per_worker']} per worker, {report.get('rounds', 1)} "
-        f"interleaved rounds (median, and the rounds' range). One worker alone: "
-        f"{report['single_worker_samples_per_s']:.1f} samples/s ({', '.join(f'{r:.1f}' for r in runs)} around the rounds).",
+        f"{report['world_size']} workers, batch {report['batch_size_per_worker']} per worker, "
+        + (f"{rounds} interleaved rounds (median, and the rounds' range)" if rounds > 1
+           else "one round: a single figure each, so differences of a few points are within the noise")
+        + f". One worker alone: {report['single_worker_samples_per_s']:.1f} samples/s "
+        f"({', '.join(f'{r:.1f}' for r in runs)} around the rounds).",
     ]
     if CEILING in rows:
         lines += ["", f"**Ceiling** (`{CEILING}`: the same workers training side by side, never communicating): "
