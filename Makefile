@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-doctor-overhead bench-resnet-300mbit bench-side-by-side gpu-check clean
+.PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-slow-links bench-side-by-side gpu-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -56,9 +56,16 @@ bench-system-sampler: $(STAMP)
 bench-checkpoint-overhead: $(STAMP)
 	$(BIN)/python benchmarks/checkpoint_overhead.py
 
-# What gradsync's fp16 hook costs backward beside PyTorch's fp16_compress_hook, on 2 loopback ranks.
+# What gradsync's fp32 (metered), fp16 and PowerSGD hooks cost backward beside PyTorch's, in turns on 2 loopback ranks.
 bench-hook-cost: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/hook_cost.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/hook_cost.py --configs fp32,fp16,powersgd
+
+# The same in turns across 2 simulated hosts at 300 Mbit/s (root): launches swing by more than the
+# gap between the two PowerSGDs, turns inside one pair of processes do not.
+bench-hook-cost-300mbit: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m gradsync.bench.cluster --hosts 2 --link 300mbit -- $(BIN)/python -m torch.distributed.run \
+		--nnodes {nnodes} --node-rank {node_rank} --master-addr {master_addr} --master-port {master_port} --nproc-per-node 1 \
+		benchmarks/hook_cost.py --configs fp32,fp16,powersgd --batch-size 32
 
 # The training loop under `gradsync doctor --steps K` against a plain `gradsync run`, alternating launches.
 bench-doctor-overhead: $(STAMP)
@@ -77,6 +84,22 @@ bench-resnet-300mbit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/$(RESNET_300MBIT) --output-dir gradsync_runs/bench-resnet18-300mbit
 	$(BIN)/python -m gradsync.bench.tables gradsync_runs/bench-resnet18-300mbit/report.json docs/performance.md \
 		--marker bench-resnet-300mbit --command "OMP_NUM_THREADS=1 $(RESNET_300MBIT)"
+
+# The same ResNet-18 where no compressor is enough (~40 min, root): every config at 100 Mbit/s; at 20 Mbit/s,
+# where one fp32 step takes ~20 s, without auto (whose 36 trial steps every job would run too) and the peers
+# whose twins show the same bytes. Periodic synchronisation every 4 steps; both tables rewritten from these runs.
+RESNET_100MBIT = gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 100mbit \
+	--configs no-comm,plain,torch-fp16,torch-powersgd,fp32,fp16,powersgd,int8,auto,local-sgd,diloco --steps 12 --warmup 2 \
+	--periodic-every 4 --rounds 1
+RESNET_20MBIT = gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 20mbit \
+	--configs no-comm,torch-powersgd,fp32,fp16,powersgd,int8,local-sgd,diloco --steps 10 --warmup 2 --periodic-every 4 --rounds 1
+bench-resnet-slow-links: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/$(RESNET_100MBIT) --output-dir gradsync_runs/bench-resnet18-100mbit
+	$(BIN)/python -m gradsync.bench.tables gradsync_runs/bench-resnet18-100mbit/report.json docs/performance.md \
+		--marker bench-resnet-100mbit --command "OMP_NUM_THREADS=1 $(RESNET_100MBIT)"
+	OMP_NUM_THREADS=1 $(BIN)/$(RESNET_20MBIT) --output-dir gradsync_runs/bench-resnet18-20mbit
+	$(BIN)/python -m gradsync.bench.tables gradsync_runs/bench-resnet18-20mbit/report.json docs/performance.md \
+		--marker bench-resnet-20mbit --command "OMP_NUM_THREADS=1 $(RESNET_20MBIT)"
 
 # The parallelism strategies side by side on the GPT: 4 workers on 2 simulated hosts joined by
 # 300 Mbit/s, then on this host's loopback (the 300 Mbit/s run needs root; ~15 min in all).
