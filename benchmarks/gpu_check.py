@@ -12,7 +12,8 @@ One GPU limits what can run: NCCL needs one GPU per rank, so NCCL runs at world 
 gradsync wraps no DDP and reduces nothing), and the checks that need two ranks run them on Gloo
 with both ranks' tensors on cuda:0. Without CUDA the script says so in one line and exits 0.
 
-Run with `make gpu-check` or `python benchmarks/gpu_check.py [--output PATH]`.
+Run with `make gpu-check` or `python benchmarks/gpu_check.py [--output PATH] [--only WORDS]` (`--only
+compression` reruns the checks whose path holds those words).
 """
 
 from __future__ import annotations
@@ -646,6 +647,8 @@ def worker_main(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help=f"markdown table (default {DEFAULT_OUTPUT})")
+    parser.add_argument("--only", action="append", default=[], metavar="WORDS",
+                        help="run only the checks whose path contains WORDS (repeatable), e.g. --only compression")
     parser.add_argument("--worker", choices=tuple(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--backend", default=None, help=argparse.SUPPRESS)
@@ -661,8 +664,11 @@ def main(argv: list[str] | None = None) -> int:
     print(title, flush=True)
     started = time.monotonic()
     checks = Checks(Runner(args.output.parent, BUDGET_S))
+    chosen = [(path, check) for path, check in checks.all() if not args.only or any(words in path for words in args.only)]
+    if not chosen:
+        parser.error(f"--only {' '.join(args.only)} matches no check")
     results = []
-    for path, check in checks.all():
+    for path, check in chosen:
         result = run_check(path, check)
         print(f"  {result.status:<7} {path}", flush=True)
         results.append(result)

@@ -45,6 +45,7 @@ from gradsync.profiling.breakdown import format_breakdown
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps, phase
 from gradsync.metrics import Clock, MetricsRecorder, StepRecord
 from gradsync.parallel import make_strategy
+from gradsync.parallel.base import step_mixed_groups_one_by_one
 from gradsync import rundir
 from gradsync.rundir.records import METRICS_KEYS
 from gradsync.precision import MixedPrecision, check_precision_supported
@@ -277,6 +278,13 @@ class Trainer:
         names = {id(p): name for name, p in model.named_parameters()}
         self._wrapped = self._strategy.wrap(model)
         _rebind_optimizer(optimizer, names, dict(model.named_parameters()))
+        mixed = step_mixed_groups_one_by_one(optimizer)
+        if mixed and self.is_main:
+            self._logger.info(
+                f"optimizer param group(s) {mixed} hold DTensors beside plain tensors ({self._strategy.name} "
+                "left some layers unsplit); they step parameter by parameter (foreach=False), since torch's "
+                "multi-tensor kernels refuse the mix"
+            )
         self._model, self._optimizer, self._loader = model, optimizer, loader
         # Every rank started from the same seed so models are built equal; from here on each
         # data-parallel rank draws its own stream, so dropout masks differ across replicas as

@@ -329,3 +329,39 @@ def _full_head_count():
 def test_attention_that_splits_heads_by_their_full_count_is_explained_under_tensor_parallelism():
     for error in launch(_full_head_count, 2, timeout=150):
         assert error is not None and "1/2 of what it asked for" in error and "view(batch, length, -1, head_dim)" in error
+
+
+def _adamw_multi_tensor(steps):
+    trainer = gradsync.setup(parallel="tp", seed=0, metrics={"progress": False, "tensorboard": False})
+    model = make_model()
+    # foreach=True is what torch picks by itself on CUDA; the head stays a plain tensor beside
+    # the blocks' DTensors, and one _foreach_ call cannot take both.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=True)
+    model, optimizer, loader = trainer.prepare(model, optimizer, Regression(), batch_size=BATCH)
+    applied = []
+    for _ in trainer.epochs(1):
+        for x, y, idx in loader:
+            if len(applied) == steps:
+                break
+            with trainer.step() as step:
+                step.backward(F.mse_loss(model(x), y))
+            applied.append(idx.tolist())
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in trainer.unwrap(model).parameters()]
+    trainer.close()
+    return {"params": [p.detach().reshape(-1).tolist() for p in full], "applied": applied,
+            "foreach": [group["foreach"] for group in optimizer.param_groups]}
+
+
+def test_tensor_parallelism_steps_a_multi_tensor_optimizer_over_split_and_unsplit_layers_as_one_process_would():
+    results = launch(_adamw_multi_tensor, 2, steps=4, timeout=150)
+    assert results[0]["applied"] == results[1]["applied"]  # a tensor-parallel group shares its batches
+    assert results[0]["foreach"] == [False]
+    dataset, model = Regression(), make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
+    for indices in results[0]["applied"]:
+        optimizer.zero_grad()
+        F.mse_loss(model(dataset.x[indices]), dataset.y[indices]).backward()
+        optimizer.step()
+    expected = [p.detach().reshape(-1).tolist() for p in model.parameters()]
+    for result in results:
+        assert_params_close(result["params"], expected)

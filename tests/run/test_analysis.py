@@ -218,7 +218,21 @@ def test_a_peer_error_is_a_consequence_and_sigterm_stopped_ranks_say_so():
     diagnosis = diagnose(views, trigger="failure", now=20.0)
     (finding,) = diagnosis["findings"]
     assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
-    assert diagnosis["ranks"]["2"] == "stopped by the launcher (SIGTERM) once rank 1 had failed"
+    # Stopped before the backend said anything: where it was is still told.
+    assert diagnosis["ranks"]["2"] == "stopped by the launcher (SIGTERM) once rank 1 had failed; it was at train.py:5"
+
+
+def test_a_rank_stopped_while_it_waited_for_the_crashed_one_is_named_at_the_collective_it_waited_in():
+    # The launcher's SIGTERM came before Gloo's "connection closed": the same consequence, told the same way.
+    views = {
+        0: view(0, [record(1), record(2, site="train.py:30", state="entered", entered=9.0)], exitcode=-15, signal="SIGTERM"),
+        1: view(1, [record(1)], exit=exception("bad record in shard 3", "ValueError", "data.py:18", time=10.0), exitcode=1),
+    }
+    diagnosis = diagnose(views, trigger="failure", now=100.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+    assert diagnosis["ranks"]["0"].startswith("stopped by the launcher (SIGTERM) once rank 1 had failed; it was waiting in all_reduce #2")
+    assert diagnosis["ranks"]["0"].endswith("at train.py:30")
 
 
 def test_a_failure_before_anyone_communicated_does_not_blame_that_rank_alone():

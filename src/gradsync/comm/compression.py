@@ -241,17 +241,29 @@ class CompressionHook:
         self.stats.raw_bytes += buffer.numel() * buffer.element_size()
         self.stats.encode_s += time.perf_counter() - started
 
-        def unpack(done: torch.futures.Future) -> torch.Tensor:
-            started = time.perf_counter()
-            results = [future.value() for future in done.value()]
-            if layout.plain:
-                layout.scatter(buffer, "plain", _first(results.pop(0)))
-            if layout.compressed:
-                layout.scatter(buffer, "compressed", _first(results.pop(0)))
-            self.stats.decode_s += time.perf_counter() - started
-            return buffer
+        # On CUDA the hook's future must carry the device: collect_all's own future does not, so
+        # DDP would read the bucket without waiting for the copies below (seen on Gloo with CUDA
+        # tensors: replicas drifted apart from the first step). A device-aware future records
+        # an event on the stream the copies ran on, and DDP's wait() orders its stream after it.
+        reduced = torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda else torch.futures.Future()
 
-        return torch.futures.collect_all(futures).then(unpack)
+        def unpack(done: torch.futures.Future) -> None:
+            try:
+                started = time.perf_counter()
+                # wait(), not value(): on CUDA it makes this stream wait for each reduction's copy
+                # back to the GPU, which the backend may still be running on a stream of its own.
+                results = [future.wait() for future in done.value()]
+                if layout.plain:
+                    layout.scatter(buffer, "plain", _first(results.pop(0)))
+                if layout.compressed:
+                    layout.scatter(buffer, "compressed", _first(results.pop(0)))
+                self.stats.decode_s += time.perf_counter() - started
+                reduced.set_result(buffer)
+            except BaseException as error:  # a failed reduction fails the hook's future, as DDP expects
+                reduced.set_exception(error)
+
+        torch.futures.collect_all(futures).add_done_callback(unpack)
+        return reduced
 
     def _follow_layout(self, bucket: dist.GradBucket) -> _Layout:
         """This bucket's layout; state laid out for another layout is moved to this one first."""

@@ -177,6 +177,32 @@ def clip_dtensor_aware(parameters: list[nn.Parameter], max_norm: float) -> float
     return total
 
 
+def step_mixed_groups_one_by_one(optimizer: torch.optim.Optimizer) -> list[int]:
+    """Turn off the multi-tensor kernels of param groups that hold DTensors beside plain tensors;
+    return those groups' indexes.
+
+    Tensor parallelism turns only the planned layers' parameters into DTensors; the rest stay
+    plain tensors. On CUDA torch's optimizers default to their `foreach` kernels, and one
+    `_foreach_*` call cannot take both kinds ("got mixed torch.Tensor and DTensor"), so the
+    first `optimizer.step()` fails. The per-parameter loop computes the same update; only
+    the groups that mix the two lose the multi-tensor speed-up (the `fused` kernels refuse the
+    mix the same way, so they are turned off too).
+    """
+    from torch.distributed.tensor import DTensor
+
+    changed = []
+    for index, group in enumerate(optimizer.param_groups):
+        kinds = {isinstance(p, DTensor) for p in group["params"]}
+        if len(kinds) < 2 or (group.get("foreach") is False and not group.get("fused")):
+            continue
+        if "foreach" in group:
+            group["foreach"] = False
+        if group.get("fused"):
+            group["fused"] = False
+        changed.append(index)
+    return changed
+
+
 @dataclass
 class CommTally:
     """Bytes, calls and blocking intervals of one kind of communication."""

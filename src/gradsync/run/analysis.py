@@ -1146,8 +1146,11 @@ def _rank_line(
         return f"finished its script after {collectives} collectives{tail}"
     waiting = view.waiting_on()
     if view.signal == "SIGTERM" and crashes and view not in crashes and view.exit is None:
-        # torchrun's agent stops the other workers once one has failed.
-        return f"stopped by the launcher (SIGTERM) once rank {min(crashes, key=_failure_time).rank} had failed"
+        # torchrun's agent stops the other workers once one has failed; which came first, its
+        # SIGTERM or the backend's "connection closed", is a race, so where it was is said either way.
+        position = f"waiting in {describe(waiting)} at {waiting.get('site') or '?'}" if waiting is not None else _last_position(view)
+        where = "" if position == "?" else f"; it was {'' if waiting is not None else 'at '}{position}"
+        return f"stopped by the launcher (SIGTERM) once rank {min(crashes, key=_failure_time).rank} had failed{where}"
     if view.signal and not view.stopped_by_gradsync and view.exit is None:
         if view.signal == "SIGTERM" and failed:
             return f"stopped by the launcher (SIGTERM) once rank {min(failed, key=_failure_time).rank} had failed; it was at {_last_position(view)}"
