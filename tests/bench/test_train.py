@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gradsync.bench.train import parse_configs, render
+from gradsync.bench.train import parse_configs, render, round_order
 from gradsync.errors import ConfigError
 
 
@@ -20,6 +20,18 @@ def test_configs_are_checked():
     assert parse_configs("plain,torch-powersgd,auto") == ["plain", "torch-powersgd", "auto"]
     with pytest.raises(ConfigError, match="names fp32 twice"):
         parse_configs("fp32,int8,fp32")
+
+
+def test_over_twice_as_many_rounds_as_configs_each_config_runs_in_every_place_of_a_round_twice():
+    configs = ["no-comm", "plain", "fp32", "powersgd"]
+    orders = [round_order(configs, r) for r in range(2 * len(configs))]
+    assert orders[:2] == [configs, configs[::-1]]  # two rounds: there and back
+    assert all(sorted(order) == sorted(configs) for order in orders)
+    for config in configs:
+        places = sorted(order.index(config) for order in orders)
+        assert places == sorted(2 * list(range(len(configs)))), (config, places)
+    # Reversal alone would keep "plain" second or third for ever; in four rounds it takes every place.
+    assert {round_order(configs, r).index("plain") for r in range(4)} == {0, 1, 2, 3}
 
 
 def test_a_small_benchmark_runs_peers_and_configs_in_interleaved_rounds_and_draws_it(tmp_path):

@@ -41,7 +41,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--steps", type=int, default=30, help="optimizer steps per job after warm-up (default 30)")
     training.add_argument("--warmup", type=int, default=5, help="steps left out of the throughput (default 5)")
     training.add_argument("--rounds", type=int, default=2,
-                          help="runs of every configuration, interleaved, the order reversed every other round; the "
+                          help="runs of every configuration, interleaved, the order reversed every other round and "
+                               "rotated every two (2 x the number of configs puts each in every place twice); the "
                                "report gives each one's median and spread (default 2)")
     training.add_argument("--batch-size", type=int, default=32, help="samples per worker per step (default 32)")
     training.add_argument("--auto-max-accumulation", type=int, default=1, metavar="K",
