@@ -20,8 +20,6 @@ across ranks and returns the averaged bucket. They share three rules:
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -516,8 +514,11 @@ class PowerSGDHook(CompressionHook):
     adds up, at 30 buckets to a slower step than bf16's. This one reduces DDP's buckets in
     groups of at least `GROUP_BYTES`, whatever the bucket size. PyTorch's hook waits for its
     second and third all-reduce inside future callbacks, which on Gloo run on the group's two
-    worker threads, so two buckets in flight deadlock; this one issues and waits for every
-    collective on one thread of its own, in the same order on every rank, while backward goes on. And it makes eight
+    worker threads, so two buckets in flight deadlock; this one issues and waits for a group's
+    collectives in the hook itself, on the thread running backward, in the same order on every
+    rank. (A thread of its own, which let backward go on meanwhile, cost more than it hid on the
+    CPU: the worker's heap was given back to the OS and faulted in again, ~50 MB a step, and
+    the two threads shared one core; docs/performance.md has the measurements.) And it makes eight
     passes over the gradients where PyTorch's makes eleven: the new error is computed in one
     fused `addmm` instead of from a full copy of the input.
 
@@ -540,7 +541,6 @@ class PowerSGDHook(CompressionHook):
         self._pending: list[tuple[dist.GradBucket, torch.futures.Future]] = []
         self._pending_bytes = 0
         self._packed: dict[str, torch.Tensor] = {}
-        self._reducer = _SerialThread("gradsync-powersgd")
 
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
         buffer = bucket.buffer()
@@ -561,10 +561,8 @@ class PowerSGDHook(CompressionHook):
             group, self._pending, self._pending_bytes = self._pending, [], 0
             if bucket.is_last():
                 self.steps += 1
-            if buffer.is_cuda:
-                self._finish_group(group)  # NCCL's collectives only enqueue work: backward goes on meanwhile
-            else:
-                self._reducer.submit(self._finish_group, group)
+            # NCCL's collectives only enqueue work, so backward goes on meanwhile; Gloo's block it.
+            self._finish_group(group)
         return future
 
     def _finish_group(self, group: list[tuple[dist.GradBucket, torch.futures.Future]]) -> None:
@@ -698,32 +696,6 @@ class PowerSGDHook(CompressionHook):
             self.factors_q[key] = (q if q.dim() == 2 else q.reshape(-1, self.config.powersgd_rank)).clone()
             if "error" in parts:
                 self.errors[key] = parts["error"].reshape(-1, self.factors_q[key].shape[0]).clone()
-
-
-class _SerialThread:
-    """One daemon thread that runs the calls submitted to it, in submission order.
-
-    PowerSGD's groups are reduced here rather than on the backward thread: Gloo's collectives
-    block the thread that waits for them, and backward has the gradients of the next group to
-    compute meanwhile. One thread, so the groups' collectives are issued in the same order on
-    every rank. Daemon, so a collective stuck on a dead peer does not hold the interpreter's exit.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, call: Any, *args: Any) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
-        self._calls.put((call, args))
-
-    def _run(self) -> None:
-        while True:
-            call, args = self._calls.get()
-            call(*args)
 
 
 _HOOKS = {"fp16": CastHook, "bf16": CastHook, "int8": Int8Hook, "topk": TopKHook, "powersgd": PowerSGDHook}
