@@ -24,7 +24,7 @@ demo: $(STAMP)
 # Two pytest workers, one test file each at a time: many tests spend their time waiting (stall
 # timeouts, a rank that hangs on purpose, a shaped link), so two files share the 2 cores well.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -n 3 --dist loadfile tests
 
 # Not part of `make test`: a checkpointed job broken every way benchmarks/chaos.py knows (SIGKILL at
 # 2-4 ranks and during sync/async saves, SIGSTOP, a simulated host cut off or killed, a full disk,

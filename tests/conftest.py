@@ -8,11 +8,23 @@ import pytest
 from tests.harness import WORLD_SIZES
 
 
-# `make test` hands whole files to two workers in collection order. The zoo's session fixture
-# launches ~45 jobs (over 300 s), the script check's ~20 (160 s); collected late, as their
-# paths sort, they ran while the other worker had little or nothing left to do. Started first,
-# they overlap the many short files instead (1094-1145 s before, 1061-1090 s after, 2 cores).
-STARTED_FIRST = ("tests/run/test_zoo.py", "tests/run/test_doctor_script.py")
+# `make test` hands whole files to its workers in collection order, the next file to whichever
+# worker is free. The longest files go first (longest-first is the classic greedy for balancing
+# jobs across machines): the zoo's session fixture launches ~45 jobs (over 300 s), the script
+# checks' ~20 each; collected late, as their paths sort, they ran while the other workers had
+# little or nothing left. Measured with --durations on 2 cores, 2026-12-04. Three workers on two
+# cores: the tests spend much of their time waiting (hangs, timeouts), 58% CPU with two.
+STARTED_FIRST = (
+    "tests/run/test_zoo.py",
+    "tests/run/test_doctor_script.py",
+    "tests/run/test_doctor_consistency.py",
+    "tests/checkpoint/test_chaos.py",
+    "tests/run/test_faults.py",
+    "tests/parallel/test_checkpoints.py",
+    "tests/bench/test_train.py",
+    "tests/cli/test_demo.py",
+    "tests/checkpoint/test_resume.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
