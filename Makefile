@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml requirements-dev.txt
 demo: $(STAMP)
 	$(BIN)/gradsync demo
 
-# Two pytest workers, one test file each at a time: many tests spend their time waiting (stall
-# timeouts, a rank that hangs on purpose, a shaped link), so two files share the 2 cores well.
+# Three pytest workers, one test file each at a time, on 2 cores: many tests spend their time
+# waiting (stall timeouts, a rank that hangs on purpose, a shaped link), so with two the cores
+# were 42% idle (1039-1090 s; 996-1043 s with three). tests/conftest.py starts the longest files first.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist loadfile tests
 

@@ -12,8 +12,7 @@ from tests.harness import WORLD_SIZES
 # worker is free. The longest files go first (longest-first is the classic greedy for balancing
 # jobs across machines): the zoo's session fixture launches ~45 jobs (over 300 s), the script
 # checks' ~20 each; collected late, as their paths sort, they ran while the other workers had
-# little or nothing left. Measured with --durations on 2 cores, 2026-12-04. Three workers on two
-# cores: the tests spend much of their time waiting (hangs, timeouts), 58% CPU with two.
+# little or nothing left. Measured with --durations on 2 cores, 2026-12-04.
 STARTED_FIRST = (
     "tests/run/test_zoo.py",
     "tests/run/test_doctor_script.py",

@@ -517,7 +517,7 @@ class PowerSGDHook(CompressionHook):
     worker threads, so two buckets in flight deadlock; this one issues and waits for a group's
     collectives in the hook itself, on the thread running backward, in the same order on every
     rank. (A thread of its own, which let backward go on meanwhile, cost more than it hid on the
-    CPU: the worker's heap was given back to the OS and faulted in again, ~50 MB a step, and
+    CPU: the worker's heap was given back to the OS and faulted in again, ~55 MB a step, and
     the two threads shared one core; docs/performance.md has the measurements.) And it makes eight
     passes over the gradients where PyTorch's makes eleven: the new error is computed in one
     fused `addmm` instead of from a full copy of the input.
