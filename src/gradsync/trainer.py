@@ -40,6 +40,7 @@ from gradsync.config import TrainerConfig
 from gradsync.data import DistributedLoader, EvalLoader
 from gradsync.distributed import collective_device, join_process_group, lone_process_group, plan_distributed, shutdown
 from gradsync.errors import ConfigError, GradsyncError
+from gradsync.host_memory import reuse_freed_memory, wants_reuse
 from gradsync.log import configure_logging
 from gradsync.profiling.breakdown import format_breakdown
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps, phase
@@ -75,6 +76,7 @@ class Trainer:
         if self.is_main:
             for note in compat.check(compat.TRAINER):
                 self._logger.warning(note)
+        self._apply_host_memory()
         self._closed = False
         atexit.register(self._leave_at_exit)
         with self._failing_together():
@@ -185,6 +187,26 @@ class Trainer:
         return self._optimizer_steps
 
     # -- setting up ------------------------------------------------------------------------
+
+    def _apply_host_memory(self) -> None:
+        """`host_memory`: on CPU training, keep the host memory a step frees for the next one."""
+        setting = self._config.host_memory
+        if not wants_reuse(setting, self.device.type):
+            return
+        applied = reuse_freed_memory()
+        if not self.is_main:
+            return
+        if applied is None:
+            if setting == "reuse":
+                self._logger.warning(
+                    "host_memory='reuse' changes nothing here: the C library is not glibc. Preloading jemalloc "
+                    "or tcmalloc (LD_PRELOAD) keeps freed memory for reuse on any C library."
+                )
+            return
+        self._logger.info(
+            f"host_memory={setting!r}: host memory a step frees stays in each process for the next step ({applied}); "
+            "host_memory='release' keeps the C library's defaults"
+        )
 
     def _check_options_and_choose_run_dir(self) -> Path:
         """Check every rank got the same options and take rank 0's run directory.

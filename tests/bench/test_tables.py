@@ -38,6 +38,14 @@ def test_each_gradsync_configuration_sits_beside_the_peer_doing_the_same_thing()
         "|  |  | `auto` (chose powersgd) | 93% (93–93) | 3% | 2.0000 |",
         "| `torch-bf16` | 70% (70–70) | | | — | 2.0000 |",  # bf16 did not run: the peer stands alone
     ]
+    assert not any("host_memory" in line for line in lines), "a report from before host_memory ran with the defaults"
+
+
+def test_the_table_says_when_gradsync_kept_freed_host_memory_and_the_peers_did_not():
+    lines = peer_table({**REPORT, "host_memory": "auto"}, "gradsync bench train ...").splitlines()
+    said = [line for line in lines if "host_memory='auto'" in line]
+    assert len(said) == 1 and "the peers with the C library's defaults" in said[0]
+    assert not any("host_memory" in line for line in peer_table({**REPORT, "host_memory": "release"}, "...").splitlines())
 
 
 def test_the_table_replaces_only_what_lies_between_its_markers(tmp_path):

@@ -57,7 +57,7 @@ def test_a_small_benchmark_runs_peers_and_configs_in_interleaved_rounds_and_draw
                     *(f"2 workers, {c} (round 2 of 2)" for c in ("diloco", "int8", "fp32", "plain")),
                     "1 worker, fp32 (the reference, after round 2)"]
     references = report["single_worker_runs"]
-    assert report["rounds"] == 2 and len(references) == 3
+    assert report["rounds"] == 2 and len(references) == 3 and report["host_memory"] == "auto"
     assert report["single_worker_samples_per_s"] == pytest.approx(sum(references) / 3)
     assert [r["config"] for r in report["results"]] == ["plain", "fp32", "int8", "diloco"]
     for r in report["results"]:
@@ -67,6 +67,7 @@ def test_a_small_benchmark_runs_peers_and_configs_in_interleaved_rounds_and_draw
         assert r["scaling_efficiency"] == pytest.approx(statistics.median(efficiencies))
         assert r["scaling_efficiency_spread"] == [min(efficiencies), max(efficiencies)]
         assert r["samples_per_s_per_worker"] > 0 and r["final_loss"] > 0 and len(r["loss_curve"]) >= 1
+        assert r["page_faults_per_step"] >= 0, "gradsync's jobs and the peers alike count them"
     plain, fp32, int8, diloco = report["results"]
     assert 0 < fp32["exposed_comm_share"] < 1 and plain["exposed_comm_share"] is None, "a peer's bare loop is not metered"
     # The peer trains the same model on the same batches: DDP's plain all-reduce lands on the same loss.

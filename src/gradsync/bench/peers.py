@@ -12,7 +12,9 @@ Configurations: `plain` (DDP's own all-reduce), `torch-fp16` and `torch-bf16`
 feedback and warm start, plain all-reduce for the first ~10% of the steps, as gradsync's
 `powersgd` does), and `no-comm`: the same loop without DDP, so the workers never communicate.
 `no-comm` is the ceiling of scaling efficiency on the machine at hand: its workers still compete
-for cores and memory bandwidth, which no communication setting can win back. On the 2-core
+for cores and memory bandwidth, which no communication setting can win back. Being a measure of
+what gradsync's jobs could reach, it keeps freed host memory as they do (`--host-memory`,
+gradsync.host_memory); the other peers run with the C library's defaults, as a plain script does. On the 2-core
 machine behind docs/performance.md, two ResNet-18 workers side by side lost between nothing and
 a tenth to each other, and the figure moved by as much between runs.
 """
@@ -25,6 +27,8 @@ import os
 import resource
 import time
 from pathlib import Path
+
+from gradsync.host_memory import HOST_MEMORY
 
 PEERS = ("plain", "torch-fp16", "torch-bf16", "torch-powersgd", "no-comm")
 LOSS_EVERY = 5  # steps between the loss curve's points (the trainer logs every 5 in the benchmark too)
@@ -43,7 +47,24 @@ def job_parser(module: str, configs: tuple[str, ...]) -> argparse.ArgumentParser
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--result", required=True)
+    parser.add_argument("--host-memory", choices=HOST_MEMORY, default="auto",
+                        help="gradsync's jobs' host_memory; of the peers only no-comm (the ceiling) follows it")
     return parser
+
+
+def minor_page_faults() -> int:
+    """This process's minor page faults so far: pages the OS had to map in on first touch."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def faults_per_step(counts: list[int]) -> float:
+    """Minor page faults per step from the running counts at each timed step's end.
+
+    Reported beside throughput because on CPU they are a cost the step times alone cannot
+    explain: ~2 us each, and tens of thousands a step when the allocator hands memory back to
+    the OS between steps (gradsync.host_memory).
+    """
+    return (counts[-1] - counts[0]) / (len(counts) - 1) if len(counts) > 1 else float("nan")
 
 
 def _register_hook(model, config: str, steps: int) -> None:
@@ -70,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from gradsync.bench.workloads import WORKLOADS
     from gradsync.distributed import end_process
+    from gradsync.host_memory import reuse_freed_memory, wants_reuse
 
     args, _ = job_parser("gradsync.bench.peers", PEERS).parse_known_args(argv)  # a peer ignores gradsync's own options
 
@@ -77,6 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     device = torch.device("cuda" if cuda else "cpu")
+    if args.config == "no-comm" and wants_reuse(args.host_memory, device.type):
+        # The ceiling measures what gradsync's jobs could reach without communicating, so it
+        # keeps freed host memory as they do; the other peers run as a plain script does.
+        reuse_freed_memory()
     dist.init_process_group("nccl" if cuda else "gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     workload = WORKLOADS[args.workload]
@@ -89,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         _register_hook(model, args.config, args.steps)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=args.lr, momentum=0.9)
     step_ends: list[float] = []
+    faults: list[int] = []
     curve: list[list[float]] = []
     for step, batch in enumerate(loader, 1):
         batch = [t.to(device, non_blocking=True) for t in batch]
@@ -101,13 +128,15 @@ def main(argv: list[str] | None = None) -> None:
         if cuda:
             torch.cuda.synchronize()
         step_ends.append(time.perf_counter())
+        faults.append(minor_page_faults())
     measured = step_ends[args.warmup:]
     totals = torch.tensor([measured[-1] - measured[0] if len(measured) > 1 else float("nan"), loss.item() / world,
-                           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=torch.float64, device=device)
+                           resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                           faults_per_step(faults[args.warmup:])], dtype=torch.float64, device=device)
     seconds = totals[:1].clone()
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the job runs at its slowest worker's pace
     dist.all_reduce(totals[1:2])  # the last step's loss, averaged over the workers
-    peak = totals[2:].clone()
+    peak = totals[2:].clone()  # peak memory and page faults: the worst worker's
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     if rank == 0:
         timed_steps = len(measured) - 1
@@ -125,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
             "chosen": None,
             "parallel": {"strategy": "ddp"},
             "state_mb_per_worker": state / 2**20,  # parameters, gradients and SGD's momentum
-            "peak_rss_mb_per_worker": float(peak) / 2**20,
+            "peak_rss_mb_per_worker": float(peak[0]) / 2**20,
+            "page_faults_per_step": float(peak[1]),
         }
         Path(args.result).write_text(json.dumps(result))
     dist.barrier()

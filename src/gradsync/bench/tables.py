@@ -59,6 +59,10 @@ def peer_table(report: dict[str, Any], command: str) -> str:
     if CEILING in rows:
         lines += ["", f"**Ceiling** (`{CEILING}`: the same workers training side by side, never communicating): "
                       f"{_efficiency(rows[CEILING])}. No communication setting can beat it on this machine."]
+    if report.get("host_memory", "release") != "release":
+        lines += ["", f"gradsync's jobs, the lone worker and the ceiling ran with `host_memory={report['host_memory']!r}` "
+                      "(on CPU: freed host memory kept for the next step); the peers with the C library's defaults, as a plain "
+                      "script runs."]
     lines += [
         "",
         "| PyTorch peer | scaling efficiency | gradsync | scaling efficiency | exposed comm | final loss |",

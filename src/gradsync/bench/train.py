@@ -28,7 +28,14 @@ keeps the same global batch: a tensor-parallel group takes the batches of all it
 once. Throughput is measured after `warmup` steps; auto's warm-up includes its trials, so its
 number is what it settled on. Memory per worker is reported two ways: the model state it holds
 (parameters, gradients and optimizer state, its shards only under FSDP and TP) and the process's
-peak resident memory (activations, buffers and the runtime included).
+peak resident memory (activations, buffers and the runtime included), with its minor page
+faults per timed step: on CPU a fault costs ~2 us, and tens of thousands a step are a cost the
+configuration's communication does not explain (gradsync.host_memory).
+
+gradsync's jobs run with `host_memory` as given (`--host-memory`, default auto: freed host memory
+is kept for reuse on CPU), and so do the lone reference and the `no-comm` ceiling, which measure
+what those jobs could reach; the other peers run with the C library's defaults, as a plain
+script does. `--host-memory release` compares like with like on the allocator.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gradsync.bench.peers import PEERS, job_parser
+from gradsync.bench.peers import PEERS, faults_per_step, job_parser, minor_page_faults
 from gradsync.comm.auto import DECISION_STEPS
 from gradsync.errors import ConfigError
 from gradsync.rundir import RunDir
@@ -135,6 +142,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     parallel = parallel_for(args.config, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     trainer = setup(
+        host_memory=args.host_memory,
         ddp={
             "compression": {"name": "auto", "max_accumulation_steps": args.max_accumulation} if auto else compression_for(args.config),
             "bucket_cap_mb": "auto" if auto else 25.0,
@@ -153,6 +161,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     group_batch = args.batch_size * (parallel.get("tp_size") or (world if parallel["strategy"] == "tp" else 1))
     model, optimizer, loader = trainer.prepare(model, optimizer, dataset, batch_size=group_batch, shuffle=False)
     step_ends: list[float] = []
+    faults: list[int] = []
     loss_value = float("nan")
     for _ in trainer.epochs(1):
         for batch in loader:
@@ -161,10 +170,12 @@ def worker_main(argv: list[str] | None = None) -> None:
                 step.backward(loss)
             trainer.log(loss=loss)
             step_ends.append(time.perf_counter())
+            faults.append(minor_page_faults())
             loss_value = loss.item()
     summary = trainer.summary()
-    memory = torch.tensor([model_state_bytes(model, optimizer), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024],
-                          dtype=torch.float64, device=trainer.device)
+    # The worst worker's: state, peak memory and page faults per timed step.
+    memory = torch.tensor([model_state_bytes(model, optimizer), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                           faults_per_step(faults[args.warmup:])], dtype=torch.float64, device=trainer.device)
     if trainer.world_size > 1:
         dist.all_reduce(memory, op=dist.ReduceOp.MAX)
     memory = memory.cpu()
@@ -197,6 +208,7 @@ def worker_main(argv: list[str] | None = None) -> None:
             "parallel": summary["parallel"],
             "state_mb_per_worker": float(memory[0]) / 2**20,
             "peak_rss_mb_per_worker": float(memory[1]) / 2**20,
+            "page_faults_per_step": float(memory[2]),
         }
         Path(args.result).write_text(json.dumps(result))
     trainer.close()
@@ -266,6 +278,7 @@ def run_benchmark(
     rounds: int = 2,
     auto_max_accumulation: int = 1,
     periodic_every: int = 16,
+    host_memory: str = "auto",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the lone reference and every configuration, in interleaved rounds; the report as in `--json`.
@@ -276,6 +289,8 @@ def run_benchmark(
     measured next to the reference or in a favoured place of the round.
     `auto_max_accumulation` > 1 lets auto raise the accumulation up to that many micro-batches.
     `periodic_every`: the optimizer steps between agreements of `diloco` and `local-sgd`.
+    `host_memory`: gradsync's jobs' setting (gradsync.host_memory), which the lone reference and
+    the `no-comm` ceiling share; the peers run with the C library's defaults, as a plain script does.
     """
     single_runner = single_runner or runner
     # Every job trains the same number of steps, so final losses compare; when auto is among
@@ -287,7 +302,7 @@ def run_benchmark(
         def job(config: str, count: int, run: Runner, attempt: int) -> dict[str, Any]:
             result = Path(scratch) / f"{config}-{count}-{attempt}.json"
             args = ["--workload", workload, "--config", config, "--steps", str(job_steps), "--warmup", str(job_warmup),
-                    "--batch-size", str(batch_size), "--max-accumulation", str(auto_max_accumulation), "--periodic-every", str(periodic_every), "--result", str(result),
+                    "--batch-size", str(batch_size), "--max-accumulation", str(auto_max_accumulation), "--periodic-every", str(periodic_every), "--host-memory", host_memory, "--result", str(result),
                     "--run-dir", str(Path(scratch) / f"run-{config}-{count}-{attempt}")]
             module = "gradsync.bench.peers" if config in PEERS else "gradsync.bench.train"
             code = run(count, [module, *args])
@@ -333,6 +348,7 @@ def run_benchmark(
         "timed_from_step": job_warmup,
         "auto_max_accumulation": auto_max_accumulation,
         "periodic_every": periodic_every,
+        "host_memory": host_memory,
         "rounds": rounds,
         "single_worker_samples_per_s": statistics.fmean(references),
         "single_worker_runs": references,  # samples/s before the first round and after each
@@ -354,7 +370,7 @@ def render(report: dict[str, Any]) -> str:
         f"{rounds} round{'s' if rounds > 1 else ''}; one worker alone: {report['single_worker_samples_per_s']:.1f} samples/s"
         + (f" ({', '.join(f'{r:.1f}' for r in runs)} around the rounds)" if runs else ""),
         f"{'config':>14} {'samples/s/worker':>17} {'scaling eff.':>13} {'rounds':>9} {'exposed comm':>13} {'sent MB/step':>13} "
-        f"{'state MB':>9} {'peak RSS MB':>12} {'final loss':>11}  chosen",
+        f"{'state MB':>9} {'peak RSS MB':>12} {'faults/step':>12} {'final loss':>11}  chosen",
     ]
     for r in report["results"]:
         picked = r.get("chosen") or {}
@@ -370,7 +386,7 @@ def render(report: dict[str, Any]) -> str:
             f"{r['config']:>14} {r['samples_per_s_per_worker']:>17.1f} {r['scaling_efficiency']:>12.0%} {spread_text:>9} "
             f"{'—' if exposed is None else f'{exposed:.0%}':>13} {_megabytes(r.get('traffic_bytes_per_step', r['comm_bytes_per_step'])):>13} "
             f"{r.get('state_mb_per_worker', float('nan')):>9.1f} {r.get('peak_rss_mb_per_worker', float('nan')):>12.0f} "
-            f"{r['final_loss']:>11.4f}  {chosen}"
+            f"{r.get('page_faults_per_step', float('nan')):>12.0f} {r['final_loss']:>11.4f}  {chosen}"
         )
     return "\n".join(lines)
 

@@ -11,6 +11,7 @@ from typing import Any
 from gradsync.bench import allreduce, cluster, train
 from gradsync.cli.launch import launch_module
 from gradsync.errors import ConfigError, GradsyncError
+from gradsync.host_memory import HOST_MEMORY
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -51,6 +52,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     training.add_argument("--periodic-every", type=int, default=16, metavar="H",
                           help="optimizer steps between the agreements of the diloco and local-sgd configurations "
                                "(default 16)")
+    training.add_argument("--host-memory", choices=HOST_MEMORY, default="auto",
+                          help="gradsync's jobs' host_memory (the lone reference and no-comm share it; the peers run "
+                               "with the C library's defaults): 'release' measures gradsync without it (default auto)")
     training.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     training.add_argument("--output-dir", default=None, help="write report.json, report.png and report.html here")
     training.set_defaults(run=run_train)
@@ -141,7 +145,7 @@ def run_train(args: argparse.Namespace) -> int:
         report = train.run_benchmark(
             args.workload, configs, workers=workers, steps=args.steps + args.warmup, warmup=args.warmup,
             batch_size=args.batch_size, rounds=args.rounds, auto_max_accumulation=args.auto_max_accumulation,
-            periodic_every=args.periodic_every, runner=runner,
+            periodic_every=args.periodic_every, host_memory=args.host_memory, runner=runner,
             log=log,
         )
     finally:

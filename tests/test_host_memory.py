@@ -1,0 +1,73 @@
+"""host_memory: freed host memory stays in the process on CPU training (glibc), and only then.
+
+mallopt is process-wide, so each case runs in a fresh interpreter and counts the page faults of
+a step-like pattern, the third time: 100 MB in 100 KB blocks allocated, written and freed.
+glibc's defaults give the freed top of the heap back to the OS, so the blocks fault in again
+(24,400 pages); reuse keeps it.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from gradsync.config import TrainerConfig
+from gradsync.errors import ConfigError
+from gradsync.host_memory import _glibc, wants_reuse
+
+needs_glibc = pytest.mark.skipif(_glibc() is None, reason="mallopt's thresholds are glibc's")
+
+PAGES = 1000 * 100_000 // 4096
+
+COUNT_FAULTS = """
+import ctypes, resource
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    before = faults()
+    blocks = [libc.malloc(100_000) for _ in range(1000)]
+    for block in blocks:
+        ctypes.memset(block, 1, 100_000)
+    for block in reversed(blocks):
+        libc.free(block)
+print(faults() - before)
+"""
+
+
+def faults_of_reallocating(setup: str) -> int:
+    out = subprocess.run([sys.executable, "-c", setup + COUNT_FAULTS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[-1])
+
+
+@needs_glibc
+def test_reuse_keeps_a_freed_block_for_the_next_allocation():
+    released = faults_of_reallocating("")
+    reused = faults_of_reallocating("from gradsync.host_memory import reuse_freed_memory\nassert reuse_freed_memory()\n")
+    assert released > PAGES / 2
+    assert reused < PAGES / 20
+
+
+@needs_glibc
+@pytest.mark.parametrize(("setting", "reuses"), [("auto", True), ("reuse", True), ("release", False)])
+def test_a_cpu_trainer_applies_its_setting_at_setup(setting, reuses, tmp_path):
+    setup = (
+        "import gradsync\n"
+        f"trainer = gradsync.setup(device='cpu', host_memory={setting!r}, run_dir={str(tmp_path)!r}, "
+        "metrics={'progress': False, 'tensorboard': False})\n"
+    )
+    faults = faults_of_reallocating(setup)
+    assert (faults < PAGES / 20) if reuses else (faults > PAGES / 2)
+
+
+def test_auto_reuses_on_cpu_only():
+    assert wants_reuse("auto", "cpu") and not wants_reuse("auto", "cuda")
+    assert wants_reuse("reuse", "cuda") and not wants_reuse("release", "cpu")
+
+
+def test_an_unknown_setting_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match="host_memory='keep'.*'reuse'.*'release'.*'auto'"):
+        TrainerConfig(host_memory="keep")
