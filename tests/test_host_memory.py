@@ -54,6 +54,43 @@ def test_reuse_keeps_a_freed_block_for_the_next_allocation():
     assert reused < PAGES / 20
 
 
+RESIDENT_GROWTH = """
+import ctypes, os
+from gradsync.host_memory import reuse_freed_memory
+assert reuse_freed_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def resident():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+sizes = [100_000 * (1 + i % 7) + 4096 * (i % 13) for i in range(300)]  # 0.1-0.75 MB, uneven
+blocks = [0] * len(sizes)
+keep = [0] * len(sizes)
+for round in range(12):
+    for i, size in enumerate(sizes):
+        blocks[i] = libc.malloc(size)
+        ctypes.memset(blocks[i], 1, size)
+        keep[i] = libc.malloc(64)  # a small survivor between the large blocks, freed later
+    for block in blocks[::2] + blocks[1::2]:
+        libc.free(block)
+    for block in keep:
+        libc.free(block)
+    if round == 1:
+        settled = resident()
+print(resident() - settled, sum(sizes))
+"""
+
+
+@needs_glibc
+def test_reused_memory_does_not_grow_from_step_to_step():
+    # What a healthy job could lose to reuse: a heap that fragments and grows every step.
+    out = subprocess.run([sys.executable, "-c", RESIDENT_GROWTH], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    growth, step_bytes = (int(word) for word in out.stdout.split())
+    assert growth < step_bytes / 20
+
+
 @needs_glibc
 @pytest.mark.parametrize(("setting", "reuses"), [("auto", True), ("reuse", True), ("release", False)])
 def test_a_cpu_trainer_applies_its_setting_at_setup(setting, reuses, tmp_path):

@@ -18,10 +18,12 @@ and fault every time, as under glibc's defaults: 32 MB is the most glibc documen
 mmap threshold, and serving larger blocks from the heap (M_MMAP_MAX=0) was measured to hold
 2-3 times their size in fragments around 64-byte aligned allocations. PyTorch's CPU
 performance guide preloads jemalloc or tcmalloc for the same reason; mallopt needs no library
-that may be missing, and changes only these two thresholds. Threads other than the one that
-trains allocate from arenas of their own, whose heaps glibc deletes once empty whatever the
-trim threshold: work done on Gloo's callback threads (int8's decode) still faults. It is process-wide and cannot be
+that may be missing, and changes only these two thresholds. It is process-wide and cannot be
 undone safely mid-run, so gradsync applies it once, at setup, and says so.
+
+Threads other than the one that trains allocate from arenas of their own, whose heaps glibc
+deletes once empty whatever the trim threshold: work done on Gloo's callback threads (int8's
+decode) still faults.
 
 "auto" (the default) reuses when the trainer's device is the CPU; CUDA jobs keep little on the
 host and are left alone. Other C libraries (musl, macOS) have no `mallopt` of this kind, and

@@ -12,11 +12,11 @@ Configurations: `plain` (DDP's own all-reduce), `torch-fp16` and `torch-bf16`
 feedback and warm start, plain all-reduce for the first ~10% of the steps, as gradsync's
 `powersgd` does), and `no-comm`: the same loop without DDP, so the workers never communicate.
 `no-comm` is the ceiling of scaling efficiency on the machine at hand: its workers still compete
-for cores and memory bandwidth, which no communication setting can win back. Being a measure of
-what gradsync's jobs could reach, it keeps freed host memory as they do (`--host-memory`,
-gradsync.host_memory); the other peers run with the C library's defaults, as a plain script does. On the 2-core
+for cores and memory bandwidth, which no communication setting can win back. On the 2-core
 machine behind docs/performance.md, two ResNet-18 workers side by side lost between nothing and
-a tenth to each other, and the figure moved by as much between runs.
+a tenth to each other, and the figure moved by as much between runs. Being a measure of what
+gradsync's jobs could reach, it keeps freed host memory as they do (`--host-memory`,
+gradsync.host_memory); the other peers run with the C library's defaults, as a plain script does.
 """
 
 from __future__ import annotations
