@@ -7,8 +7,11 @@ runs a few real training steps with each candidate, measures every rank's step t
 slowest rank counts), and keeps the fastest. A compressor must beat plain fp32 by more than
 `margin` to be chosen, because compression costs accuracy and often loses on fast links; on a
 fast network auto therefore keeps plain fp32. Between compressors, speed decides: they train
-alike (within a point of each other on the digits demo), so the fastest wins unless the next
-less lossy one is within the noise of the trials (at least `TIE`), and then the less lossy wins.
+alike (within a point of each other on the digits demo), so the fastest wins; only a less
+lossy one within `TIE` of it (a difference no user would notice) wins instead. The trials'
+noise does not widen that tie: when two compressors are closer than their trials can tell
+apart, either is as good a guess for speed, and accuracy is kept by both, so the measured
+faster one is kept (and the log says the call was close).
 
 The trials run in a palindrome, fp32, bf16, PowerSGD, int8 (twice as long), PowerSGD, bf16,
 fp32: each candidate's steps are then centred on the same moment, so a step time that drifts
@@ -52,7 +55,7 @@ from gradsync.metrics.timing import synchronized_time
 CANDIDATES = ("none", "bf16", "powersgd", "int8")
 WARMUP_STEPS = 5
 STEPS_PER_TRIAL = 3  # measured steps per segment of the palindrome, after one step that pays for the switch
-TIE = 0.02  # compressors closer than this (or than twice the trials' noise) count as equally fast
+TIE = 0.02  # compressors closer than this count as equally fast: the less lossy wins
 
 
 def trial_schedule(candidates: int, steps_per_trial: int) -> list[tuple[int, int]]:
@@ -184,7 +187,7 @@ class AutoTuner:
         self.max_accumulation = max(base.max_accumulation_steps, accumulation_steps)
         self.accumulation_steps = accumulation_steps  # auto's choice once decided (unchanged unless allowed)
         self.baseline_exposed_s: float | None = None  # fp32's exposed communication per step, least-waiting rank
-        self.tie: float | None = None  # the relative difference in step time auto treated as noise
+        self.tie: float | None = None  # the relative difference in step time auto treated as equal
         self.proposed_periodic_every: int | None = None  # ddp.periodic.every auto proposes (never applies)
         self.steps = 0
         self._schedule = trial_schedule(len(self.trials), steps_per_trial)
@@ -257,16 +260,16 @@ class AutoTuner:
             trial.step_s, trial.exposed_s, trial.noise = step_s, max(0.0, -negated_exposed), noise
         self.baseline_exposed_s = baseline.exposed_s
         exposed_share = self.baseline_exposed_s / baseline.step_s if baseline.step_s > 0 else 0.0
-        # Two trials of a few steps each differ by chance by about one spread (median absolute
-        # deviation) of their steps; twice that is rarely exceeded by chance.
-        self.tie = max(TIE, 2 * statistics.median(t.noise for t in self.trials))
+        self.tie = TIE
         best = baseline
+        runner_up: Trial | None = None
         if exposed_share >= self.margin:
             winners = [t for t in self.trials[1:] if t.step_s < baseline.step_s * (1 - self.margin)]
             if winners:
                 fastest = min(winners, key=lambda t: t.step_s)
                 # The least lossy compressor within the tie of the fastest (CANDIDATES is least lossy first).
                 best = next(t for t in winners if t.step_s <= fastest.step_s * (1 + self.tie))
+                runner_up = min((t for t in winners if t is not best), key=lambda t: t.step_s, default=None)
         self.chosen = best
         timings = ", ".join(f"{t.name} {t.step_s * 1e3:.1f} ms" for t in self.trials)
         exposed = f"fp32 left {self.baseline_exposed_s * 1e3:.1f} ms ({exposed_share:.0%}) of each step waiting for communication"
@@ -277,12 +280,20 @@ class AutoTuner:
             why = f"{exposed}, but no compressor was more than {self.margin:.0%} faster, so gradients stay exact"
         else:
             why = (f"{exposed}; {best.name} cut the step time by {1 - best.step_s / baseline.step_s:.0%} "
-                   f"(communication was the bottleneck; compressors within {self.tie:.0%} of the fastest, "
-                   "the trials' noise, count as tied and the least lossy of them wins)")
+                   f"(communication was the bottleneck; compressors within {self.tie:.0%} of the fastest "
+                   "count as tied and the least lossy of them wins)")
+            if runner_up is not None and abs(runner_up.step_s / best.step_s - 1) < self._close(best, runner_up):
+                why += (f". {runner_up.name} was within the trials' noise of it ({runner_up.step_s / best.step_s - 1:+.1%}): "
+                        "a close call between two compressors that keep accuracy alike")
         self.log(f"auto compression chose {best.name}: {why}. Step times (lower quartile of each trial): {timings}.")
         if self.max_accumulation > self.measured_accumulation:
             self._decide_accumulation(best)
         self._propose_periodic(best)
+
+    @staticmethod
+    def _close(a: Trial, b: Trial) -> float:
+        """The difference two trials' step times can show by chance: twice their spreads combined."""
+        return 2 * ((a.noise or 0.0) ** 2 + (b.noise or 0.0) ** 2) ** 0.5
 
     def _propose_periodic(self, best: Trial) -> None:
         """Say (never apply) how rarely the ranks would have to agree for communication to stop
