@@ -335,7 +335,8 @@ def test_what_is_sent_does_not_depend_on_how_ddp_buckets_the_parameters(tmp_path
 
 
 def powersgd_groups_on_the_backward_thread():
-    """The groups PowerSGD reduced, in order, and whether each ran on the thread running backward."""
+    """The groups PowerSGD reduced, in order, whether each ran on the thread running backward,
+    and, at each later bucket's hook, whether an earlier group was still under way."""
     import threading
 
     from gradsync.comm.compression import PowerSGDHook
@@ -343,15 +344,26 @@ def powersgd_groups_on_the_backward_thread():
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False), torch.nn.Linear(1024, 1024, bias=False))
-    groups, threads = [], set()
+    groups, threads, returned, under_way = [], set(), [], []
 
     class Watched(PowerSGDHook):
         GROUP_BYTES = 1  # every bucket is a group of its own
 
+        def __call__(self, state, bucket):
+            if bucket.index() > 0:
+                under_way.append(not all(future.done() for future in returned))
+            else:
+                returned.clear()
+            returned.append(super().__call__(state, bucket))
+            return returned[-1]
+
         def _reduce_group(self, buckets):
             groups.append([bucket.index() for bucket in buckets])
+            stages = super()._reduce_group(buckets)
+            for stage in stages:
+                threads.add(threading.get_ident())
+                yield stage
             threads.add(threading.get_ident())
-            super()._reduce_group(buckets)
 
     # DDP's first backward puts every parameter in one bucket; from the second on, 4 MB weights
     # in 1 MB buckets are a bucket each, the last layer's first.
@@ -359,13 +371,16 @@ def powersgd_groups_on_the_backward_thread():
     ddp.register_comm_hook(None, Watched(CompressionConfig(name="powersgd", powersgd_start_step=0)))
     for _ in range(2):
         ddp(torch.randn(8, 1024)).sum().backward()
-    return {"groups": groups, "on_backward_thread": threads == {threading.get_ident()},
-            "finite": bool(torch.isfinite(model[0].weight.grad).all())}
+    return {"groups": groups, "on_backward_thread": threads == {threading.get_ident()}, "under_way": under_way,
+            "all_done": all(future.done() for future in returned), "finite": bool(torch.isfinite(model[0].weight.grad).all())}
 
 
-def test_powersgd_reduces_each_group_in_order_on_the_thread_running_backward():
+def test_powersgd_reduces_groups_in_order_on_the_thread_running_backward_while_it_goes_on():
     # CPU backward runs on the caller's thread. A thread of PowerSGD's own let backward go on
     # during a group's collectives, but on a worker with one core it cost more than it hid
-    # (the heap released and faulted in again every step: see PowerSGDHook).
+    # (the heap released and faulted in again every step: see PowerSGDHook). Instead a group's
+    # stages advance at the next buckets' hooks: the first group is still under way when the
+    # second bucket arrives, and every group is done when backward ends.
     for result in launch(powersgd_groups_on_the_backward_thread, 2):
-        assert result == {"groups": [[0], [0], [1]], "on_backward_thread": True, "finite": True}
+        assert result == {"groups": [[0], [0], [1]], "on_backward_thread": True, "under_way": [True], "all_done": True,
+                          "finite": True}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -508,19 +508,23 @@ class PowerSGDHook(CompressionHook):
     and Q = M^T P (rank `powersgd_rank`), with error feedback and warm start; plain all-reduce
     before `powersgd_start_step`.
 
-    Written here rather than wrapping PyTorch's `powerSGD_hook`, for three reasons measured on
-    Gloo. PyTorch's hook compresses one DDP bucket at a time and pays three collectives for each:
+    Written here rather than wrapping PyTorch's `powerSGD_hook`, for reasons measured on Gloo.
+    PyTorch's hook compresses one DDP bucket at a time and pays three collectives for each:
     with small buckets (which the casts and int8 want, to overlap with backward) their latency
     adds up, at 30 buckets to a slower step than bf16's. This one reduces DDP's buckets in
     groups of at least `GROUP_BYTES`, whatever the bucket size. PyTorch's hook waits for its
     second and third all-reduce inside future callbacks, which on Gloo run on the group's two
-    worker threads, so two buckets in flight deadlock; this one issues and waits for a group's
-    collectives in the hook itself, on the thread running backward, in the same order on every
-    rank. (A thread of its own, which let backward go on meanwhile, cost more than it hid on the
-    CPU: the worker's heap was given back to the OS and faulted in again, ~55 MB a step, and
-    the two threads shared one core; docs/performance.md has the measurements.) And it makes eight
-    passes over the gradients where PyTorch's makes eleven: the new error is computed in one
-    fused `addmm` instead of from a full copy of the input.
+    worker threads, so two buckets in flight deadlock; this one runs a group in stages on the
+    thread running backward: each stage ends by issuing a collective, and the next stage
+    (waiting for it, then going on) runs at the next bucket's hook, which every rank reaches in
+    the same order. So backward computes the next buckets' gradients while P and Q travel, and
+    the last bucket's hook finishes every group. (A thread of its own did the same and cost
+    more than it hid on the CPU: the worker's heap was given back to the OS and faulted in
+    again, ~55 MB a step, and the two threads shared one core; docs/performance.md has the
+    measurements.) Its factors are kept transposed, so that the products with them stream the
+    gradient row by row (2.5-3.3x faster on one CPU thread). And it makes eight passes over the
+    gradients where PyTorch's makes eleven: the new error is computed in one fused `addmm`
+    instead of from a full copy of the input.
 
     State is kept per parameter (by name once bound): the error of each matrix and its Q, so a
     checkpoint does not depend on DDP's bucket layout. The first Q of a matrix is drawn from a
@@ -538,8 +542,10 @@ class PowerSGDHook(CompressionHook):
         self.steps = 0  # synchronised backward passes so far
         self.errors: dict[str, torch.Tensor] = {}
         self.factors_qt: dict[str, torch.Tensor] = {}  # each matrix's Q, transposed
-        self._pending: list[tuple[dist.GradBucket, torch.futures.Future]] = []
+        self._pending: list[tuple[dist.GradBucket, torch.futures.Future]] = []  # buckets of the group being filled
         self._pending_bytes = 0
+        # Groups whose collectives are under way: their buckets, and the stages left (_reduce_group).
+        self._in_flight: list[tuple[list[tuple[dist.GradBucket, torch.futures.Future]], Iterator[None]]] = []
         self._packed: dict[str, torch.Tensor] = {}
 
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
@@ -554,28 +560,48 @@ class PowerSGDHook(CompressionHook):
         # Set once its group is reduced; on CUDA the future must know the device its tensor lives on.
         future: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
         if bucket.index() == 0:
-            self._pending, self._pending_bytes = [], 0  # a backward that failed midway left its buckets behind
+            # A backward that failed midway left its buckets and groups behind.
+            self._pending, self._pending_bytes, self._in_flight = [], 0, []
+        # Every group in flight takes its next stage first: each bucket's hook is a point that
+        # every rank reaches in the same order (DDP runs them in bucket order), so the
+        # collectives these stages issue are issued in the same order everywhere.
+        self._advance(self._in_flight)
         self._pending.append((bucket, future))
         self._pending_bytes += buffer.numel() * buffer.element_size()
         if self._pending_bytes >= self.GROUP_BYTES or bucket.is_last():
             group, self._pending, self._pending_bytes = self._pending, [], 0
+            stages = self._reduce_group([b for b, _ in group])
+            self._in_flight.append((group, stages))
+            self._advance(self._in_flight[-1:])
             if bucket.is_last():
                 self.steps += 1
-            # NCCL's collectives only enqueue work, so backward goes on meanwhile; Gloo's block it.
-            self._finish_group(group)
+                while self._in_flight:
+                    self._advance(self._in_flight)
         return future
 
-    def _finish_group(self, group: list[tuple[dist.GradBucket, torch.futures.Future]]) -> None:
-        try:
-            self._reduce_group([bucket for bucket, _ in group])
-        except BaseException as error:  # DDP raises it from backward, on the user's thread
-            for _, waiting in group:
-                waiting.set_exception(error)
-            return
-        for bucket, waiting in group:
-            waiting.set_result(bucket.buffer())
+    def _advance(self, groups: list[tuple[list[tuple[dist.GradBucket, torch.futures.Future]], Any]]) -> None:
+        """Run each group's next stage (up to its next collective); a finished group sets its buckets' futures."""
+        for entry in list(groups):
+            group, stages = entry
+            try:
+                done = next(stages, True) is True
+            except BaseException as error:  # DDP raises it from backward, on the user's thread
+                # Collectives after a failed one cannot match across ranks: fail every group in flight.
+                for failed, _ in self._in_flight:
+                    for _, waiting in failed:
+                        waiting.set_exception(error)
+                self._in_flight = []
+                return
+            if done:
+                self._in_flight.remove(entry)
+                for bucket, waiting in group:
+                    waiting.set_result(bucket.buffer())
 
-    def _reduce_group(self, buckets: list[dist.GradBucket]) -> None:
+    def _reduce_group(self, buckets: list[dist.GradBucket]) -> Iterator[None]:
+        """PowerSGD on a group of buckets, in stages: it yields after issuing each collective it
+        must wait for, and the hook resumes it at the next bucket. On Gloo a collective blocks
+        the thread that waits for it, so waiting later lets backward compute the next buckets'
+        gradients while P and Q travel; on NCCL the waits only order streams."""
         started = time.perf_counter()
         plain: list[torch.Tensor] = []
         matrices: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []  # (key, gradient as a matrix, its fp32 work copy, rank)
@@ -593,12 +619,14 @@ class PowerSGDHook(CompressionHook):
                 key = self._names.get(parameter.data_ptr()) or f"@{parameter.data_ptr()}"
                 matrices.append((key, matrix, work, rank))
         # DDP's buckets hold one dtype each, a group may hold several: one exact all-reduce per dtype.
+        # Work tensors are named by the group's first bucket: groups in flight at once need their own.
+        first = buckets[0].index()
         plain_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for gradient in plain:
             plain_by_dtype.setdefault(gradient.dtype, []).append(gradient)
         plain_work = []
         for dtype, tensors in plain_by_dtype.items():
-            flat = self._pack(f"plain {dtype}", tensors, dtype)
+            flat = self._pack(f"plain {dtype} {first}", tensors, dtype)
             flat.div_(self.world_size)
             self.stats.sent_bytes += flat.numel() * flat.element_size()
             plain_work.append((dist.all_reduce(flat, group=self.process_group, async_op=True), dtype, tensors))
@@ -607,7 +635,7 @@ class PowerSGDHook(CompressionHook):
             # 4 rows streams the gradient once, row by row, where the tall-and-thin product
             # ran 2.5-3.3x slower on one CPU thread (ResNet-18: 5 ms each instead of 13-18).
             device = matrices[0][2].device
-            p_all = self._work("p", sum(work.shape[0] * r for _, _, work, r in matrices), torch.float32, device)
+            p_all = self._work(f"p {first}", sum(work.shape[0] * r for _, _, work, r in matrices), torch.float32, device)
             pts, at = [], 0
             for key, _, work, rank in matrices:
                 error = self.errors.get(key)
@@ -618,8 +646,12 @@ class PowerSGDHook(CompressionHook):
                 pts.append(pt)
                 at += pt.numel()
             self.stats.sent_bytes += p_all.numel() * p_all.element_size()
-            dist.all_reduce(p_all, group=self.process_group)
-            q_all = self._work("q", sum(work.shape[1] * r for _, _, work, r in matrices), torch.float32, device)
+            reducing = dist.all_reduce(p_all, group=self.process_group, async_op=True)
+            self.stats.encode_s += time.perf_counter() - started
+            yield
+            reducing.wait()
+            started = time.perf_counter()
+            q_all = self._work(f"q {first}", sum(work.shape[1] * r for _, _, work, r in matrices), torch.float32, device)
             qts, at = [], 0
             for (_, _, work, rank), pt in zip(matrices, pts):
                 # Orthonormal columns of P: its scale cancels, so the sum over ranks needs no division.
@@ -629,8 +661,10 @@ class PowerSGDHook(CompressionHook):
                 qts.append(qt)
                 at += qt.numel()
             self.stats.sent_bytes += q_all.numel() * q_all.element_size()
+            reducing = dist.all_reduce(q_all, group=self.process_group, async_op=True)
             self.stats.encode_s += time.perf_counter() - started
-            dist.all_reduce(q_all, group=self.process_group)
+            yield
+            reducing.wait()
             started = time.perf_counter()
             q_all.div_(self.world_size)
             for (key, matrix, work, _), pt, qt in zip(matrices, pts, qts):
@@ -644,10 +678,12 @@ class PowerSGDHook(CompressionHook):
                     torch.mm(pt.t(), qt, out=matrix)
                 else:
                     matrix.copy_(pt.t() @ qt)
-        for work, dtype, tensors in plain_work:
-            work.wait()
-            self._unpack(f"plain {dtype}", tensors)
-        self.stats.decode_s += time.perf_counter() - started
+            self.stats.decode_s += time.perf_counter() - started
+        elif plain_work:
+            yield
+        for reducing, dtype, tensors in plain_work:
+            reducing.wait()
+            self._unpack(f"plain {dtype} {first}", tensors)
 
     def _qt(self, key: str, columns: int, rank: int, device: torch.device) -> torch.Tensor:
         """Q of a matrix, transposed (rank x columns)."""
