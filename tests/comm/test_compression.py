@@ -220,7 +220,8 @@ def _tuner_with_timings(timings, margin=0.05, exposed=0.05, max_accumulation_ste
         trial.exposed_times = [exposed[trial.name]] * 5
     tuner._decide()
     dist.destroy_process_group()
-    return {**tuner.describe(), "said": said} if describe else tuner.describe()["compression"]
+    kept = [t.name for t in tuner.trials if t.hook is not None]
+    return {**tuner.describe(), "said": said, "kept": kept} if describe else tuner.describe()["compression"]
 
 
 def test_auto_keeps_exact_gradients_unless_a_compressor_wins_by_the_margin():
@@ -240,6 +241,8 @@ def test_between_compressors_the_fastest_wins_unless_a_less_lossy_one_is_within_
     assert "powersgd was within the trials' noise of it (+6.4%)" in noisy["said"][0]
     quiet = launch(_tuner_with_timings, 1, timings={**timings, "powersgd": 0.058}, jitter=0.005, describe=True)[0]
     assert quiet["compression"] == "int8" and "noise" not in quiet["said"][0]
+    # Only the chosen hook is kept: the others' residuals and errors are as large as the gradients.
+    assert quiet["kept"] == ["int8"]
 
 
 def test_auto_keeps_exact_gradients_when_fp32_leaves_little_communication_exposed():

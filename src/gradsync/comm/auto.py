@@ -133,7 +133,7 @@ class PlainHook(CompressionHook):
 @dataclass
 class Trial:
     name: str
-    hook: CompressionHook
+    hook: CompressionHook | None  # None once another candidate is chosen
     step_times: list[float] = field(default_factory=list)
     exposed_times: list[float] = field(default_factory=list)  # exposed communication per step
     step_s: float | None = None  # its typical step (typical_step_s), slowest rank
@@ -197,9 +197,9 @@ class AutoTuner:
 
     @property
     def current(self) -> CompressionHook:
-        if self.chosen is not None:
-            return self.chosen.hook
-        return self.trials[self._schedule[min(max(0, self._position), len(self._schedule) - 1)][0]].hook
+        hook = (self.chosen or self.trials[self._schedule[min(max(0, self._position), len(self._schedule) - 1)][0]]).hook
+        assert hook is not None
+        return hook
 
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]  # a DDP hook (see compression.py)
         return self.current(state, bucket)
@@ -210,7 +210,8 @@ class AutoTuner:
     def bind(self, module: torch.nn.Module) -> None:
         """Compression hooks' interface: every candidate names the module's parameters."""
         for trial in self.trials:
-            trial.hook.bind(module)
+            if trial.hook is not None:
+                trial.hook.bind(module)
 
     @property
     def deciding(self) -> bool:
@@ -270,7 +271,7 @@ class AutoTuner:
                 # The least lossy compressor within the tie of the fastest (CANDIDATES is least lossy first).
                 best = next(t for t in winners if t.step_s <= fastest.step_s * (1 + self.tie))
                 runner_up = min((t for t in winners if t is not best), key=lambda t: t.step_s, default=None)
-        self.chosen = best
+        self._settle_on(best)
         timings = ", ".join(f"{t.name} {t.step_s * 1e3:.1f} ms" for t in self.trials)
         exposed = f"fp32 left {self.baseline_exposed_s * 1e3:.1f} ms ({exposed_share:.0%}) of each step waiting for communication"
         if exposed_share < self.margin:
@@ -294,6 +295,14 @@ class AutoTuner:
     def _close(a: Trial, b: Trial) -> float:
         """The difference two trials' step times can show by chance: twice their spreads combined."""
         return 2 * ((a.noise or 0.0) ** 2 + (b.noise or 0.0) ** 2) ** 0.5
+
+    def _settle_on(self, trial: Trial) -> None:
+        """Keep `trial`'s hook and let the others go: their residuals and PowerSGD's errors are
+        as large as the gradients (int8's and PowerSGD's together, 8 bytes a parameter)."""
+        self.chosen = trial
+        for other in self.trials:
+            if other is not trial:
+                other.hook = None
 
     def _propose_periodic(self, best: Trial) -> None:
         """Say (never apply) how rarely the ranks would have to agree for communication to stop
@@ -353,14 +362,15 @@ class AutoTuner:
             "chosen": None if self.chosen is None else self.chosen.name,
             "accumulation_steps": self.accumulation_steps,
         }
-        if self.chosen is not None:
+        if self.chosen is not None and self.chosen.hook is not None:
             state["hook"] = self.chosen.hook.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         chosen = state.get("chosen")
         if chosen is not None:
-            self.chosen = next(t for t in self.trials if t.name == chosen)
+            self._settle_on(next(t for t in self.trials if t.name == chosen))
+            assert self.chosen is not None and self.chosen.hook is not None
             self.chosen.hook.load_state_dict(state.get("hook", {}))
             self.accumulation_steps = state.get("accumulation_steps", self.accumulation_steps)
 
