@@ -187,7 +187,6 @@ class AutoTuner:
         self.max_accumulation = max(base.max_accumulation_steps, accumulation_steps)
         self.accumulation_steps = accumulation_steps  # auto's choice once decided (unchanged unless allowed)
         self.baseline_exposed_s: float | None = None  # fp32's exposed communication per step, least-waiting rank
-        self.tie: float | None = None  # the relative difference in step time auto treated as equal
         self.proposed_periodic_every: int | None = None  # ddp.periodic.every auto proposes (never applies)
         self.steps = 0
         self._schedule = trial_schedule(len(self.trials), steps_per_trial)
@@ -261,7 +260,6 @@ class AutoTuner:
             trial.step_s, trial.exposed_s, trial.noise = step_s, max(0.0, -negated_exposed), noise
         self.baseline_exposed_s = baseline.exposed_s
         exposed_share = self.baseline_exposed_s / baseline.step_s if baseline.step_s > 0 else 0.0
-        self.tie = TIE
         best = baseline
         runner_up: Trial | None = None
         if exposed_share >= self.margin:
@@ -269,7 +267,7 @@ class AutoTuner:
             if winners:
                 fastest = min(winners, key=lambda t: t.step_s)
                 # The least lossy compressor within the tie of the fastest (CANDIDATES is least lossy first).
-                best = next(t for t in winners if t.step_s <= fastest.step_s * (1 + self.tie))
+                best = next(t for t in winners if t.step_s <= fastest.step_s * (1 + TIE))
                 runner_up = min((t for t in winners if t is not best), key=lambda t: t.step_s, default=None)
         self._settle_on(best)
         timings = ", ".join(f"{t.name} {t.step_s * 1e3:.1f} ms" for t in self.trials)
@@ -281,7 +279,7 @@ class AutoTuner:
             why = f"{exposed}, but no compressor was more than {self.margin:.0%} faster, so gradients stay exact"
         else:
             why = (f"{exposed}; {best.name} cut the step time by {1 - best.step_s / baseline.step_s:.0%} "
-                   f"(communication was the bottleneck; compressors within {self.tie:.0%} of the fastest "
+                   f"(communication was the bottleneck; compressors within {TIE:.0%} of the fastest "
                    "count as tied and the least lossy of them wins)")
             if runner_up is not None and abs(runner_up.step_s / best.step_s - 1) < self._close(best, runner_up):
                 why += (f". {runner_up.name} was within the trials' noise of it ({runner_up.step_s / best.step_s - 1:+.1%}): "
@@ -351,7 +349,7 @@ class AutoTuner:
             "baseline_exposed_comm_s": self.baseline_exposed_s,
             "exposed_comm_s": {t.name: t.exposed_s for t in self.trials},
             "noise": {t.name: t.noise for t in self.trials},
-            "tie": self.tie,
+            "tie": None if self.chosen is None else TIE,
             "proposed_periodic_every": self.proposed_periodic_every,
             "accumulation_steps": self.accumulation_steps,
             "margin": self.margin,

@@ -514,6 +514,11 @@ class TopKHook(CompressionHook):
         return work.get_future().then(add_up)
 
 
+# A PowerSGD group whose collectives are under way: its buckets with the futures DDP waits on,
+# and the stages left to run (PowerSGDHook._reduce_group).
+_GroupInFlight = tuple[list[tuple[dist.GradBucket, torch.futures.Future]], Iterator[None]]
+
+
 class PowerSGDHook(CompressionHook):
     """PowerSGD (Vogels et al., 2019): each gradient matrix M is sent as two thin factors, P = MQ
     and Q = M^T P (rank `powersgd_rank`), with error feedback and warm start; plain all-reduce
@@ -555,8 +560,7 @@ class PowerSGDHook(CompressionHook):
         self.factors_qt: dict[str, torch.Tensor] = {}  # each matrix's Q, transposed
         self._pending: list[tuple[dist.GradBucket, torch.futures.Future]] = []  # buckets of the group being filled
         self._pending_bytes = 0
-        # Groups whose collectives are under way: their buckets, and the stages left (_reduce_group).
-        self._in_flight: list[tuple[list[tuple[dist.GradBucket, torch.futures.Future]], Iterator[None]]] = []
+        self._in_flight: list[_GroupInFlight] = []
         self._packed: dict[str, torch.Tensor] = {}
 
     def __call__(self, state, bucket):  # type: ignore[no-untyped-def]
@@ -590,7 +594,7 @@ class PowerSGDHook(CompressionHook):
                     self._advance(self._in_flight)
         return future
 
-    def _advance(self, groups: list[tuple[list[tuple[dist.GradBucket, torch.futures.Future]], Any]]) -> None:
+    def _advance(self, groups: list[_GroupInFlight]) -> None:
         """Run each group's next stage (up to its next collective); a finished group sets its buckets' futures."""
         for entry in list(groups):
             group, stages = entry
