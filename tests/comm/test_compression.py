@@ -387,3 +387,48 @@ def test_powersgd_reduces_groups_in_order_on_the_thread_running_backward_while_i
     for result in launch(powersgd_groups_on_the_backward_thread, 2):
         assert result == {"groups": [[0], [0], [1]], "on_backward_thread": True, "under_way": [True], "all_done": True,
                           "finite": True}
+
+
+def powersgd_with_a_group_of_vectors_only():
+    """A group holding only 1-D parameters (sent exact, no factors) between groups of matrices."""
+    import copy
+
+    from gradsync.comm.compression import PowerSGDHook
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512, bias=False), torch.nn.LayerNorm(512),
+                                torch.nn.Linear(512, 512, bias=False))
+
+    shapes = []
+
+    class EveryBucketAGroup(PowerSGDHook):
+        GROUP_BYTES = 1
+
+        def _reduce_group(self, buckets):
+            shapes.append([tuple(g.shape) for bucket in buckets for g in bucket.gradients()])
+            return super()._reduce_group(buckets)
+
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)  # a bucket (and group) per parameter
+    ddp.register_comm_hook(None, EveryBucketAGroup(CompressionConfig(name="powersgd", powersgd_start_step=0)))
+    for _ in range(3):
+        model.zero_grad()
+        torch.manual_seed(dist.get_rank())
+        ddp(torch.randn(8, 512)).pow(2).mean().backward()
+    norm = model[1]
+    local = [p.grad.clone() for p in norm.parameters()]
+    # The exact mean of the ranks' own LayerNorm gradients, computed the same way without the hook.
+    plain = copy.deepcopy(model)
+    plain.zero_grad()
+    torch.manual_seed(dist.get_rank())
+    plain(torch.randn(8, 512)).pow(2).mean().backward()
+    expected = [p.grad for p in plain[1].parameters()]
+    for grad in expected:
+        dist.all_reduce(grad)
+        grad.div_(dist.get_world_size())
+    return {"last_step": shapes[-4:], "exact": all(torch.allclose(a, b, atol=1e-6) for a, b in zip(local, expected))}
+
+
+def test_powersgd_stages_a_group_without_matrices_like_any_other():
+    for result in launch(powersgd_with_a_group_of_vectors_only, 2):
+        assert result == {"last_step": [[[512, 512]], [[512]], [[512]], [[512, 512]]], "exact": True}
