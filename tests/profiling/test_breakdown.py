@@ -51,7 +51,10 @@ def test_phase_is_a_free_no_op_unless_a_profiler_records():
 
 
 def _slow_collate(batch):
-    time.sleep(0.05)  # a loader that cannot keep up: decoding, a slow disk
+    # A loader that cannot keep up: decoding, a slow disk. Long against the scheduler's hiccups
+    # on a loaded 2-core machine: at 50 ms one rank waited 35 ms for its peer's late loader
+    # (exposed communication), and data was no longer twice every other part.
+    time.sleep(0.15)
     return default_collate(batch)
 
 
