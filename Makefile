@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-slow-links bench-side-by-side gpu-check clean
+.PHONY: demo test test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-slow-links bench-side-by-side gpu-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist loadfile -m "not alone" tests
 	$(BIN)/python -m pytest -m alone tests
+
+# The whole suite beside one spinning process per core (normal priority): CI runs on the
+# developer's own machine, which is not always idle, and no test may depend on a quiet one.
+test-under-load: $(STAMP)
+	$(BIN)/python tests/under_load.py -- $(MAKE) --no-print-directory test
 
 # Not part of `make test`: a checkpointed job broken every way benchmarks/chaos.py knows (SIGKILL at
 # 2-4 ranks and during sync/async saves, SIGSTOP, a simulated host cut off or killed, a full disk,
