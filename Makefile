@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-slow-links bench-side-by-side gpu-check clean
+.PHONY: demo test test-fast test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-slow-links bench-side-by-side gpu-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,11 +24,16 @@ demo: $(STAMP)
 # Three pytest workers, one test file each at a time, on 2 cores: many tests spend their time
 # waiting (stall timeouts, a rank that hangs on purpose, a shaped link), so with two the cores
 # were 42% idle (1039-1090 s; 996-1043 s with three). tests/conftest.py starts the longest files first.
-# Tests marked `alone` judge a decision made from timings (auto on a shaped link): beside the
-# others the link's collectives starve for CPU, so they run afterwards, one at a time.
+# No test needs the machine to itself: none judges a duration or a decision made from timings
+# measured here (those are tested on injected measurements), so nothing runs apart.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 3 --dist loadfile -m "not alone" tests
-	$(BIN)/python -m pytest -m alone tests
+	$(BIN)/python -m pytest -n 3 --dist loadfile tests
+
+# The inner loop (~40 s on 2 cores): the tests that stay inside pytest's own process, unit tests
+# and single-process tests of real objects. Tests that start processes (ranks, launchers, CLIs)
+# are marked `launches` and left to `make test`; --in-process fails one that is not marked.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest --in-process -m "not launches" tests
 
 # The whole suite beside one spinning process per core (normal priority): CI runs on the
 # developer's own machine, which is not always idle, and no test may depend on a quiet one.

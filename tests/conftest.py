@@ -1,8 +1,15 @@
+import contextlib
+import multiprocessing.forkserver
+import multiprocessing.process
+import multiprocessing.resource_tracker
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
+import psutil
 import pytest
 
 from tests.harness import WORLD_SIZES
@@ -29,6 +36,103 @@ STARTED_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order = {path: index for index, path in enumerate(STARTED_FIRST)}
     items.sort(key=lambda item: order.get(item.nodeid.split("::")[0], len(order)))  # stable: the rest keep their order
+
+
+# `make test-fast` runs the tests that stay inside pytest's own process: unit tests, and single-process
+# tests of real objects (a TCPStore, a world-size-1 process group). A test that starts processes (ranks,
+# launchers, CLIs, DataLoader workers) is marked `launches` and left to `make test`. Under
+# --in-process an unmarked test that starts one fails, naming the marker, so the fast tier cannot
+# silently grow slow tests; `make test` runs everything, guard off.
+IN_PROCESS_OPTION = "--in-process"
+_REFUSED = pytest.StashKey[bool]()
+
+
+class StartsAProcess(Exception):
+    """Raised where an unmarked test starts a process under --in-process."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(IN_PROCESS_OPTION, action="store_true",
+                     help="fail any test not marked `launches` that starts a process (make test-fast)")
+
+
+def _refusal(item: pytest.Item) -> str:
+    return (f"{item.nodeid} starts a process: mark it @pytest.mark.launches (it then runs in `make test`, "
+            "not in `make test-fast`)")
+
+
+@contextlib.contextmanager
+def _no_new_processes(item: pytest.Item) -> Iterator[None]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        item.stash[_REFUSED] = True  # code under test may catch the error; the test fails all the same
+        raise StartsAProcess(_refusal(item))
+
+    patches = [(subprocess.Popen, "_execute_child"), (multiprocessing.process.BaseProcess, "start"),
+               (os, "fork"), (os, "system"), (os, "posix_spawn"), (os, "posix_spawnp")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patches]
+    for owner, name, _ in saved:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under --in-process, the guard covers the test's setup (session fixtures included), call and
+    teardown. After every test, what it left running is ended (see _end_leftovers)."""
+    guarded = item.config.getoption(IN_PROCESS_OPTION) and item.get_closest_marker("launches") is None
+    with _no_new_processes(item) if guarded else contextlib.nullcontext():
+        yield
+    _end_leftovers(item.nodeid)
+
+
+# A test that gives up on a launcher (`subprocess.run(..., timeout=...)` kills it) leaves its
+# workers running: torchrun starts each in a session of its own, so they outlive it, blocked on a
+# store that is gone. Seen on a loaded machine: two ranks of a timed-out `gradsync run` still
+# waiting 40 minutes later, taking CPU from every test after them. Every process a pytest process
+# starts inherits its PID in this variable (which nothing under test reads), however far it
+# drifts from its parent; what a test left running is ended when the test is over. (Not as a
+# subreaper: orphans would then stay unreaped zombies of pytest for the rest of the test, which
+# changes what `psutil.wait_procs` and `os.kill(pid, 0)` tell the code under test.)
+STARTED_BY = "GRADSYNC_TESTS_STARTED_BY"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[STARTED_BY] = str(os.getpid())
+
+
+def _end_leftovers(nodeid: str) -> None:
+    """Kill every process this pytest process started that is still running, but the long-lived
+    helpers the next tests reuse: the harness's forkserver and multiprocessing's resource tracker."""
+    keep = {os.getpid(), multiprocessing.forkserver._forkserver._forkserver_pid,
+            multiprocessing.resource_tracker._resource_tracker._pid}
+    ours = str(os.getpid())
+    left: dict[psutil.Process, str] = {}
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):  # gone, a zombie, or not ours to read
+            if process.pid not in keep and process.environ().get(STARTED_BY) == ours:
+                left[process] = " ".join(process.cmdline())[:100]
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(list(left), timeout=10)
+    if left:
+        print(f"\n{nodeid} left {len(left)} process(es) running, ended: " + "; ".join(left.values()),
+              file=sys.__stderr__, flush=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if item.stash.get(_REFUSED, False) and not report.skipped:
+        item.stash[_REFUSED] = False  # the phase the refusal came in reports it, once
+        if report.passed:  # the code under test swallowed it
+            report.outcome = "failed"
+            report.longrepr = _refusal(item)
 
 
 @pytest.fixture(params=WORLD_SIZES, ids=lambda n: f"world{n}")
