@@ -97,6 +97,7 @@ CASES = [
 ]
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("name, max_first_error, max_sum_error, min_ratio", CASES)
 def test_compressor_is_close_to_the_mean_identical_on_every_rank_and_tracks_the_true_sum(
     name, max_first_error, max_sum_error, min_ratio
@@ -112,6 +113,7 @@ def test_compressor_is_close_to_the_mean_identical_on_every_rank_and_tracks_the_
         assert result["ratio"] > min_ratio, result
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("name", ["int8", "topk"])
 def test_without_error_feedback_the_gradient_sum_drifts_away(name):
     # The control for the test above: the same gradients with the residuals dropped every step.
@@ -138,6 +140,7 @@ def _baseline_against_ddp():
     return hook.stats.sent_bytes == hook.stats.raw_bytes == 3 * (64 * 64 + 64) * 4
 
 
+@pytest.mark.launches
 def test_auto_baseline_is_ddps_own_all_reduce_bitwise():
     assert launch(_baseline_against_ddp, 2) == [True, True]
 
@@ -183,6 +186,7 @@ def train_with_compression(name, run_dir, epochs=2):
     return {"row": row, "same_parameters": all(torch.equal(everyone[0], p) for p in everyone), "chosen": chosen, "buckets": buckets}
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(
     "name, min_ratio",
     [("none", 1.0), ("fp16", 1.9), ("bf16", 1.9), ("int8", 3.0), ("topk", 5.0), ("powersgd", 1.5)],
@@ -196,6 +200,7 @@ def test_trainer_compresses_and_reports_what_it_sent(name, min_ratio, tmp_path):
         assert ("encode_s" in row) == (name != "none")
 
 
+@pytest.mark.launches
 def test_trainer_with_auto_compression_settles_on_one_choice_that_every_rank_shares(tmp_path):
     results = launch(train_with_compression, 2, name="auto", run_dir=str(tmp_path), epochs=9)
     assert results[0]["chosen"] in ("none", "bf16", "powersgd", "int8")
@@ -203,102 +208,6 @@ def test_trainer_with_auto_compression_settles_on_one_choice_that_every_rank_sha
         assert result["chosen"] == results[0]["chosen"]
         assert result["same_parameters"]
         assert result["row"]["comm_bytes"] > 0
-
-
-def _tuner_with_timings(timings, margin=0.05, exposed=0.05, max_accumulation_steps=1, describe=False, jitter=0.0):
-    """An AutoTuner decided on given median step times; `jitter`: every trial's steps spread by that share."""
-    from gradsync.comm.auto import AutoTuner
-
-    dist.init_process_group("gloo")
-    config = CompressionConfig(name="auto", max_accumulation_steps=max_accumulation_steps)
-    said: list[str] = []
-    tuner = AutoTuner(config, margin=margin, candidates=tuple(timings), log=said.append)
-    exposed = exposed if isinstance(exposed, dict) else dict.fromkeys(timings, exposed)
-    for trial in tuner.trials:
-        median = timings[trial.name]
-        trial.step_times = [median * (1 - jitter), median, median, median * (1 + jitter), median * (1 + 3 * jitter)]
-        trial.exposed_times = [exposed[trial.name]] * 5
-    tuner._decide()
-    dist.destroy_process_group()
-    kept = [t.name for t in tuner.trials if t.hook is not None]
-    return {**tuner.describe(), "said": said, "kept": kept} if describe else tuner.describe()["compression"]
-
-
-def test_auto_keeps_exact_gradients_unless_a_compressor_wins_by_the_margin():
-    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "bf16": 0.097, "int8": 0.096})[0] == "none"
-    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "bf16": 0.090, "int8": 0.060})[0] == "int8"
-
-
-def test_between_compressors_the_fastest_wins_unless_a_less_lossy_one_is_within_two_percent():
-    # Compressors train alike, so speed decides; ties (2%) go to the less lossy.
-    timings = {"none": 0.100, "bf16": 0.060, "powersgd": 0.055, "int8": 0.0545}
-    assert launch(_tuner_with_timings, 1, timings=timings)[0] == "powersgd"  # int8 is 1% faster: a tie
-    assert launch(_tuner_with_timings, 1, timings={**timings, "powersgd": 0.058})[0] == "int8"  # 6% faster than powersgd
-    # Noisy trials do not widen the tie (both keep accuracy, and the measured faster one is the
-    # best guess for speed); the log says the call was close.
-    noisy = launch(_tuner_with_timings, 1, timings={**timings, "powersgd": 0.058}, jitter=0.06, describe=True)[0]
-    assert noisy["compression"] == "int8" and noisy["tie"] == 0.02 and noisy["noise"]["int8"] == pytest.approx(0.06)
-    assert "powersgd was within the trials' noise of it (+6.4%)" in noisy["said"][0]
-    quiet = launch(_tuner_with_timings, 1, timings={**timings, "powersgd": 0.058}, jitter=0.005, describe=True)[0]
-    assert quiet["compression"] == "int8" and "noise" not in quiet["said"][0]
-    # Only the chosen hook is kept: the others' residuals and errors are as large as the gradients.
-    assert quiet["kept"] == ["int8"]
-
-
-def test_auto_keeps_exact_gradients_when_fp32_leaves_little_communication_exposed():
-    # A compressor cannot save more than the communication backward waited for: a trial that
-    # looks 40% faster with 4 ms of 100 exposed is noise, not a gain.
-    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "int8": 0.060}, exposed=0.004)[0] == "none"
-    assert launch(_tuner_with_timings, 1, timings={"none": 0.100, "int8": 0.060}, exposed=0.030)[0] == "int8"
-
-
-def test_a_trial_costs_its_lower_quartile_so_slowed_steps_do_not_count_but_one_lucky_step_does_not_either():
-    from gradsync.comm.auto import typical_step_s
-
-    # A first step paying for buffers, or a neighbour's burst, only ever slows steps.
-    assert typical_step_s([1.56, 0.93, 0.95, 0.86, 0.84, 0.83]) == pytest.approx(0.845)
-    # One fast step among slow ones is not the candidate's cost: a quarter of them must be that fast.
-    assert typical_step_s([0.50, 1.00, 1.00, 1.00, 1.00]) == 1.00
-
-
-def test_auto_proposes_periodic_synchronisation_only_while_compression_leaves_the_step_waiting():
-    timings = {"none": 0.100, "bf16": 0.070}
-    # fp32 computes 40 ms and waits 60; one agreement (about fp32's 60 ms) per 14 steps leaves 9.7%, per 13 10.3%.
-    waiting = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.03}, margin=0.10, describe=True)[0]
-    assert (waiting["compression"], waiting["proposed_periodic_every"]) == ("bf16", 14)
-    hidden = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.005}, margin=0.10, describe=True)[0]
-    assert hidden["proposed_periodic_every"] is None
-
-
-def test_auto_accumulation_is_the_smallest_multiple_that_hides_the_communication():
-    from gradsync.comm.auto import choose_accumulation
-
-    # 45 ms of a 100 ms step exposed: 2 micro-batches leave 29%, 4 leave 17%, 8 leave 9.3%.
-    assert choose_accumulation(0.100, 0.045, 1, 8, 0.10) == (8, pytest.approx(8 * 0.055 + 0.045), pytest.approx(0.045 / (8 * 0.055 + 0.045)))
-    assert choose_accumulation(0.100, 0.045, 1, 4, 0.10)[::2] == (4, pytest.approx(0.045 / (4 * 0.055 + 0.045)))
-    assert choose_accumulation(0.100, 0.045, 1, 1, 0.10) == (1, pytest.approx(0.100), pytest.approx(0.45))  # not allowed
-    assert choose_accumulation(0.100, 0.008, 1, 8, 0.10)[::2] == (1, pytest.approx(0.08))  # under the margin
-    assert choose_accumulation(0.100, 0.020, 1, 8, 0.10)[0] == 3  # 2 would leave 11%
-    # The user's 2 micro-batches took 200 ms, 60 of them exposed: 4 leave 18%, 6 12.5%, 8 9.7%.
-    assert choose_accumulation(0.200, 0.060, 2, 8, 0.10)[::2] == (8, pytest.approx(0.06 / (4 * 0.14 + 0.06)))
-    assert choose_accumulation(0.200, 0.060, 2, 7, 0.10)[0] == 6  # multiples of 2 only, up to the cap
-
-
-def test_auto_raises_accumulation_from_what_the_chosen_compressor_left_exposed():
-    timings = {"none": 0.100, "bf16": 0.070}
-    # bf16 still leaves 30 of 70 ms exposed: 4 micro-batches bring it to 16%, 6 to 11%, 7 to 9.7%.
-    chosen = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.03},
-                    margin=0.10, max_accumulation_steps=8, describe=True)[0]
-    assert (chosen["compression"], chosen["accumulation_steps"]) == ("bf16", 7)
-    assert chosen["exposed_comm_s"] == {"none": pytest.approx(0.06), "bf16": pytest.approx(0.03)}
-    # bf16 leaves 5 of 70 ms (7%): worth compressing, not worth growing the batch.
-    chosen = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.005},
-                    margin=0.10, max_accumulation_steps=8, describe=True)[0]
-    assert (chosen["compression"], chosen["accumulation_steps"]) == ("bf16", 1)
-    # The same measurements without the user's permission: accumulation stays.
-    chosen = launch(_tuner_with_timings, 1, timings=timings, exposed={"none": 0.06, "bf16": 0.03}, margin=0.10,
-                    describe=True)[0]
-    assert (chosen["compression"], chosen["accumulation_steps"]) == ("bf16", 1)
 
 
 def test_auto_accumulation_needs_permission_and_room_above_the_users_count():
@@ -310,18 +219,7 @@ def test_auto_accumulation_needs_permission_and_room_above_the_users_count():
         TrainerConfig(accumulation_steps=3, ddp={"compression": {"name": "auto", "max_accumulation_steps": 4}})
 
 
-def test_auto_bucket_size_follows_the_gradient_bytes():
-    from gradsync.comm.auto import auto_bucket_cap_mb
-
-    assert auto_bucket_cap_mb(torch.nn.Linear(10, 10)) == 1.0
-    assert auto_bucket_cap_mb(torch.nn.Linear(2048, 2048)) == 1.0  # 16 MB of gradients: the floor
-    assert auto_bucket_cap_mb(torch.nn.Linear(8192, 8192)) == 8.53  # 256 MB / 30
-    assert auto_bucket_cap_mb(torch.nn.Embedding(250_000, 1024)) == 25.0
-    assert DDPConfig(bucket_cap_mb="auto").bucket_cap_mb == "auto"
-    with pytest.raises(ConfigError, match="or 'auto'"):
-        DDPConfig(bucket_cap_mb="big")
-
-
+@pytest.mark.launches
 @pytest.mark.parametrize("name", ["int8", "topk", "powersgd"])
 def test_what_is_sent_does_not_depend_on_how_ddp_buckets_the_parameters(tmp_path, name):
     # int8's chunks and top-k's selection are per parameter, and residuals and scales follow
@@ -378,6 +276,7 @@ def powersgd_groups_on_the_backward_thread():
             "all_done": all(future.done() for future in returned), "finite": bool(torch.isfinite(model[0].weight.grad).all())}
 
 
+@pytest.mark.launches
 def test_powersgd_reduces_groups_in_order_on_the_thread_running_backward_while_it_goes_on():
     # CPU backward runs on the caller's thread. A thread of PowerSGD's own let backward go on
     # during a group's collectives, but on a worker with one core it cost more than it hid
@@ -429,6 +328,7 @@ def powersgd_with_a_group_of_vectors_only():
     return {"last_step": shapes[-4:], "exact": all(torch.allclose(a, b, atol=1e-6) for a, b in zip(local, expected))}
 
 
+@pytest.mark.launches
 def test_powersgd_stages_a_group_without_matrices_like_any_other():
     for result in launch(powersgd_with_a_group_of_vectors_only, 2):
         assert result == {"last_step": [[[512, 512]], [[512]], [[512]], [[512, 512]]], "exact": True}

@@ -36,11 +36,21 @@ the baseline by chance. So a compressor also has to pass a bound that noise cann
 can save at most the communication that fp32 left exposed (backward waiting for the last
 all-reduce), measured on the rank that waited least, i.e. without waiting for a slower peer.
 When that exposed time is under the margin, auto keeps fp32 whatever the trials' step times.
+
+The decision is a pure function of what was measured: the tuner agrees on an `AutoMeasurements`
+(every candidate's step time, exposed communication and noise, the margin, the user's
+accumulation and its allowed maximum) and `decide` turns it into an `AutoDecision` (compressor,
+accumulation, proposed period, and the sentences logged to say why), with no timing or
+collective of its own. Both are kept in `AutoTuner.describe()`, i.e. `trainer.summary()["auto"]`
+and the benchmark's JSON ("chosen"), so a decision can be re-made from its record:
+`decide(AutoMeasurements.from_record(r)) == AutoDecision.from_record(r)`, reason text included.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -56,6 +66,7 @@ CANDIDATES = ("none", "bf16", "powersgd", "int8")
 WARMUP_STEPS = 5
 STEPS_PER_TRIAL = 3  # measured steps per segment of the palindrome, after one step that pays for the switch
 TIE = 0.02  # compressors closer than this count as equally fast: the less lossy wins
+PERIODIC_MOST = 1 << 20  # the longest period auto would propose (steps between agreements)
 
 
 def trial_schedule(candidates: int, steps_per_trial: int) -> list[tuple[int, int]]:
@@ -86,26 +97,35 @@ def choose_accumulation(step_s: float, exposed_s: float, current: int, most: int
     communication, computes for `step_s - exposed_s`; with k micro-batches it computes
     k / current times as long and still waits once. Accumulation grows the global batch, so
     it is raised only when the exposed share is at least `margin`, and only as far as it takes
-    to bring it under `margin`.
+    to bring it under `margin`. Timings from different ranks can put the exposed time above the
+    step time: then nothing is left to spread the wait over (no compute), and no k helps.
     """
+    compute_s = max(0.0, step_s - exposed_s)
 
     def step_with(k: int) -> float:
-        return k / current * (step_s - exposed_s) + exposed_s
+        return step_s + (k - current) / current * compute_s
 
     def share(k: int) -> float:
-        return exposed_s / step_with(k) if step_s > 0 else 0.0
+        return _ratio(exposed_s, step_with(k))
 
     chosen = current
-    if share(current) >= margin:
-        for k in range(2 * current, most + 1, current):
-            chosen = k
-            if share(k) < margin:
-                break
+    larger = range(2 * current, most + 1, current)
+    if share(current) >= margin and larger:
+        # The share falls as k grows: the first multiple under the margin, else the largest allowed.
+        # A search, not a walk: with little compute (or a margin of 0) no k gets there, and walking
+        # a proposed period's 2**20 multiples took half a second of the user's step.
+        first_under = bisect.bisect_left(larger, True, key=lambda k: share(k) < margin)
+        chosen = larger[min(first_under, len(larger) - 1)]
     return chosen, step_with(chosen), share(chosen)
 
 
-def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
-    """A bucket size from the model's gradient bytes: about 30 buckets, between 1 and 25 MB.
+def _ratio(part: float, whole: float) -> float:
+    """part / whole, 0 for a whole that is not positive: a degenerate timing decides nothing and raises nothing."""
+    return part / whole if whole > 0 else 0.0
+
+
+def bucket_cap_mb_for(gradient_bytes: int) -> float:
+    """A bucket size from the gradient bytes: about 30 buckets, between 1 and 25 MB.
 
     Backward ends with the last bucket (the model's first layers) still to reduce, so at least
     that bucket's transfer is exposed; smaller buckets also start communicating earlier. Each
@@ -115,8 +135,174 @@ def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
     bf16: 25 MB buckets (DDP's default) left 17% of the step exposed, 5.3 MB (6 buckets) 5%,
     1.4 MB (10 buckets, this rule) 3%. DDP's 25 MB suits models of 750 MB and more.
     """
-    total_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
-    return round(min(25.0, max(1.0, total_mb / 30)), 2)
+    return round(min(25.0, max(1.0, gradient_bytes / 2**20 / 30)), 2)
+
+
+def auto_bucket_cap_mb(model: torch.nn.Module) -> float:
+    """`bucket_cap_mb='auto'`: bucket_cap_mb_for the bytes of the model's trainable parameters' gradients."""
+    return bucket_cap_mb_for(sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad))
+
+
+@dataclass(frozen=True)
+class CandidateTiming:
+    """One candidate's trial, as every rank agreed on it."""
+
+    name: str
+    step_s: float  # its typical step (typical_step_s), slowest rank
+    # Its exposed communication per step: the median share of a step that waited (least-waiting
+    # rank) times step_s. A share of the same steps, not a median of waits beside a quartile of
+    # steps: when a trial's first steps were slow, that put fp32's wait at 130-312% of its step.
+    exposed_s: float
+    noise: float  # median absolute deviation of its steps / their median, noisiest rank
+
+
+@dataclass(frozen=True)
+class AutoMeasurements:
+    """Everything `decide` reads: the trials and the rules auto was given."""
+
+    candidates: tuple[CandidateTiming, ...]  # fp32 first, then least lossy first (a tie goes to the earlier)
+    margin: float  # the share of fp32's step a compressor must save, and the exposed share worth hiding
+    accumulation_steps: int  # the user's micro-batches per step, under which the trials ran
+    max_accumulation_steps: int  # the most auto may choose (the user's count: accumulation stays)
+
+    @property
+    def baseline(self) -> CandidateTiming:
+        return self.candidates[0]
+
+    def record(self) -> dict[str, Any]:
+        """The keys of `AutoTuner.describe()` that hold the measurements (JSON: floats round-trip exactly)."""
+        return {
+            "candidates": [c.name for c in self.candidates],
+            "step_time_s": {c.name: c.step_s for c in self.candidates},
+            "baseline_exposed_comm_s": self.baseline.exposed_s,
+            "exposed_comm_s": {c.name: c.exposed_s for c in self.candidates},
+            "noise": {c.name: c.noise for c in self.candidates},
+            "margin": self.margin,
+            "measured_accumulation_steps": self.accumulation_steps,
+            "max_accumulation_steps": self.max_accumulation_steps,
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> AutoMeasurements:
+        """The measurements in a record written by `record()` (e.g. `trainer.summary()["auto"]`)."""
+        return cls(
+            candidates=tuple(
+                CandidateTiming(name, record["step_time_s"][name], record["exposed_comm_s"][name], record["noise"][name])
+                for name in record["candidates"]
+            ),
+            margin=record["margin"],
+            accumulation_steps=record["measured_accumulation_steps"],
+            max_accumulation_steps=record["max_accumulation_steps"],
+        )
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """What auto chose from its measurements, and the sentences it logs to say why."""
+
+    compression: str
+    reason: str  # the compressor's log line
+    accumulation_steps: int  # micro-batches per step from now on (the user's unless allowed and worth it)
+    predicted_step_s: float  # the chosen compressor's step with that many micro-batches
+    predicted_exposed_share: float  # ... and the share of it still waiting for communication
+    accumulation_reason: str | None  # its log line; None when accumulation was not allowed to change
+    proposed_periodic_every: int | None  # ddp.periodic.every auto proposes (never applies)
+    periodic_reason: str | None  # its log line, with the proposal
+
+    def messages(self) -> list[str]:
+        """The log lines, in the order auto logs them."""
+        return [m for m in (self.reason, self.accumulation_reason, self.periodic_reason) if m is not None]
+
+    def record(self) -> dict[str, Any]:
+        """The keys of `AutoTuner.describe()` that hold the decision."""
+        return {
+            "compression": self.compression,
+            "reason": self.reason,
+            "accumulation_steps": self.accumulation_steps,
+            "predicted_step_s": self.predicted_step_s,
+            "predicted_exposed_share": self.predicted_exposed_share,
+            "accumulation_reason": self.accumulation_reason,
+            "proposed_periodic_every": self.proposed_periodic_every,
+            "periodic_reason": self.periodic_reason,
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> AutoDecision:
+        return cls(**{key: record[key] for key in cls.__dataclass_fields__})
+
+
+def decide(measured: AutoMeasurements) -> AutoDecision:
+    """auto's choice, from the measurements alone (see the module's docstring for the rules)."""
+    baseline, margin = measured.baseline, measured.margin
+    exposed_share = _ratio(baseline.exposed_s, baseline.step_s)
+    best, runner_up = baseline, None
+    if exposed_share >= margin:
+        winners = [c for c in measured.candidates[1:] if c.step_s < baseline.step_s * (1 - margin)]
+        if winners:
+            fastest = min(winners, key=lambda c: c.step_s)
+            # The least lossy compressor within the tie of the fastest (candidates are least lossy first).
+            best = next(c for c in winners if c.step_s <= fastest.step_s * (1 + TIE))
+            runner_up = min((c for c in winners if c is not best), key=lambda c: c.step_s, default=None)
+    timings = ", ".join(f"{c.name} {c.step_s * 1e3:.1f} ms" for c in measured.candidates)
+    exposed = f"fp32 left {baseline.exposed_s * 1e3:.1f} ms ({exposed_share:.0%}) of each step waiting for communication"
+    if exposed_share < margin:
+        why = (f"{exposed}, less than the {margin:.0%} a compressor must save, so gradients stay exact "
+               "(the network keeps up with the compute)")
+    elif best is baseline:
+        why = f"{exposed}, but no compressor was more than {margin:.0%} faster, so gradients stay exact"
+    else:
+        why = (f"{exposed}; {best.name} cut the step time by {1 - _ratio(best.step_s, baseline.step_s):.0%} "
+               f"(communication was the bottleneck; compressors within {TIE:.0%} of the fastest "
+               "count as tied and the least lossy of them wins)")
+        # A zero step time has no ratio to the runner-up's: no close call is claimed then.
+        if runner_up is not None and best.step_s > 0 and abs(runner_up.step_s / best.step_s - 1) < _noise_between(best, runner_up):
+            why += (f". {runner_up.name} was within the trials' noise of it ({runner_up.step_s / best.step_s - 1:+.1%}): "
+                    "a close call between two compressors that keep accuracy alike")
+    reason = f"auto compression chose {best.name}: {why}. Step times (lower quartile of each trial): {timings}."
+    current = measured.accumulation_steps
+    steps, predicted_step_s, predicted_share = choose_accumulation(
+        best.step_s, best.exposed_s, current, measured.max_accumulation_steps, margin
+    )
+    accumulation_reason = None
+    if measured.max_accumulation_steps > current:
+        waited = f"with {best.name}, {_ratio(best.exposed_s, best.step_s):.0%} of each step still waited for communication"
+        if steps == current:
+            accumulation_reason = (f"auto kept accumulation as it is ({current} per step): {waited}, under the "
+                                   f"{margin:.0%} worth growing the global batch for.")
+        else:
+            per_sample = _ratio(predicted_step_s, steps / current * best.step_s)
+            accumulation_reason = (
+                f"auto raises accumulation from {current} to {steps} micro-batches per step "
+                f"(allowed up to {measured.max_accumulation_steps}): {waited}; one all-reduce per {steps} "
+                f"micro-batches should leave {predicted_share:.0%} exposed and take {1 - per_sample:.0%} less time per sample."
+            )
+    every, periodic_reason = _propose_periodic(measured, best)
+    return AutoDecision(best.name, reason, steps, predicted_step_s, predicted_share, accumulation_reason, every, periodic_reason)
+
+
+def _noise_between(a: CandidateTiming, b: CandidateTiming) -> float:
+    """The difference two trials' step times can show by chance: twice their spreads combined."""
+    return 2 * (a.noise**2 + b.noise**2) ** 0.5
+
+
+def _propose_periodic(measured: AutoMeasurements, best: CandidateTiming) -> tuple[int | None, str | None]:
+    """How rarely the ranks would have to agree for communication to stop mattering, when the
+    chosen compressor still leaves `margin` of its step exposed; said, never applied.
+
+    An agreement all-reduces the parameters, as many bytes as fp32's gradients, after the
+    step: it costs about fp32's exposed time, once per `every` steps.
+    """
+    left = _ratio(best.exposed_s, best.step_s)
+    if best.step_s <= 0 or left < measured.margin:
+        return None, None
+    baseline = measured.baseline
+    every, _, predicted = choose_accumulation(baseline.step_s, baseline.exposed_s, 1, PERIODIC_MOST, measured.margin)
+    return every, (
+        f"with {best.name}, {left:.0%} of each step still waits for communication. "
+        f"Synchronising every {every} steps instead (ddp={{'periodic': {{'every': {every}}}}}, local SGD; "
+        f"compression 'none') should leave about {predicted:.0%}; it changes the optimisation, so auto does not "
+        "apply it: measure its accuracy first (docs/performance.md)."
+    )
 
 
 class PlainHook(CompressionHook):
@@ -134,15 +320,16 @@ class PlainHook(CompressionHook):
 class Trial:
     name: str
     hook: CompressionHook | None  # None once another candidate is chosen
-    step_times: list[float] = field(default_factory=list)
-    exposed_times: list[float] = field(default_factory=list)  # exposed communication per step
-    step_s: float | None = None  # its typical step (typical_step_s), slowest rank
-    exposed_s: float | None = None  # median exposed communication per step, least-waiting rank
-    noise: float | None = None  # median absolute deviation of its steps / its median, noisiest rank
+    step_times: list[float] = field(default_factory=list)  # this rank's
+    exposed_times: list[float] = field(default_factory=list)  # this rank's exposed communication, one per step
 
     def spread(self) -> float:
         median = statistics.median(self.step_times)
         return statistics.median(abs(t - median) for t in self.step_times) / median if median > 0 else 0.0
+
+    def exposed_share(self) -> float:
+        """The median share of its steps spent waiting for communication (each wait within its step)."""
+        return statistics.median(_ratio(e, t) for e, t in zip(self.exposed_times, self.step_times))
 
 
 class AutoTuner:
@@ -186,8 +373,8 @@ class AutoTuner:
         self.measured_accumulation = accumulation_steps
         self.max_accumulation = max(base.max_accumulation_steps, accumulation_steps)
         self.accumulation_steps = accumulation_steps  # auto's choice once decided (unchanged unless allowed)
-        self.baseline_exposed_s: float | None = None  # fp32's exposed communication per step, least-waiting rank
-        self.proposed_periodic_every: int | None = None  # ddp.periodic.every auto proposes (never applies)
+        self.measurements: AutoMeasurements | None = None  # what every rank agreed it measured, once decided
+        self.decision: AutoDecision | None = None  # decide(measurements)
         self.steps = 0
         self._schedule = trial_schedule(len(self.trials), steps_per_trial)
         self._position = -1  # warming up
@@ -243,56 +430,39 @@ class AutoTuner:
             self._decide()
 
     def _decide(self) -> None:
-        baseline = self.trials[0]
-        # One collective: MAX of the step times (the slowest rank sets the pace) and MAX of the
-        # negated exposed times, i.e. the least exposed rank's, whose wait was only communication.
-        # And MAX of each trial's spread: the noisiest rank's.
+        """Agree on the measurements, decide, keep the chosen hook and say why."""
+        self.measurements = self._agreed_measurements()
+        self.decision = decide(self.measurements)
+        self._settle_on(next(t for t in self.trials if t.name == self.decision.compression))
+        self.accumulation_steps = self.decision.accumulation_steps
+        for message in self.decision.messages():
+            self.log(message)
+
+    def _agreed_measurements(self) -> AutoMeasurements:
+        """Every rank's trials as one record, the same on every rank.
+
+        One collective: MAX of the step times (the slowest rank sets the pace) and MAX of the
+        negated exposed shares, i.e. the least exposed rank's, whose wait was only communication.
+        And MAX of each trial's spread: the noisiest rank's.
+        """
         n = len(self.trials)
         measured = [typical_step_s(t.step_times) for t in self.trials]
-        measured += [-statistics.median(t.exposed_times) for t in self.trials]
+        measured += [-t.exposed_share() for t in self.trials]
         measured += [t.spread() for t in self.trials]
         values = torch.tensor(measured, dtype=torch.float64,
                               device=collective_device(self.process_group) if dist.is_initialized() else "cpu")
         if dist.is_initialized():
             dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.process_group)
         agreed = values.tolist()
-        for trial, step_s, negated_exposed, noise in zip(self.trials, agreed, agreed[n : 2 * n], agreed[2 * n :]):
-            trial.step_s, trial.exposed_s, trial.noise = step_s, max(0.0, -negated_exposed), noise
-        self.baseline_exposed_s = baseline.exposed_s
-        exposed_share = self.baseline_exposed_s / baseline.step_s if baseline.step_s > 0 else 0.0
-        best = baseline
-        runner_up: Trial | None = None
-        if exposed_share >= self.margin:
-            winners = [t for t in self.trials[1:] if t.step_s < baseline.step_s * (1 - self.margin)]
-            if winners:
-                fastest = min(winners, key=lambda t: t.step_s)
-                # The least lossy compressor within the tie of the fastest (CANDIDATES is least lossy first).
-                best = next(t for t in winners if t.step_s <= fastest.step_s * (1 + TIE))
-                runner_up = min((t for t in winners if t is not best), key=lambda t: t.step_s, default=None)
-        self._settle_on(best)
-        timings = ", ".join(f"{t.name} {t.step_s * 1e3:.1f} ms" for t in self.trials)
-        exposed = f"fp32 left {self.baseline_exposed_s * 1e3:.1f} ms ({exposed_share:.0%}) of each step waiting for communication"
-        if exposed_share < self.margin:
-            why = (f"{exposed}, less than the {self.margin:.0%} a compressor must save, so gradients stay exact "
-                   "(the network keeps up with the compute)")
-        elif best is baseline:
-            why = f"{exposed}, but no compressor was more than {self.margin:.0%} faster, so gradients stay exact"
-        else:
-            why = (f"{exposed}; {best.name} cut the step time by {1 - best.step_s / baseline.step_s:.0%} "
-                   f"(communication was the bottleneck; compressors within {TIE:.0%} of the fastest "
-                   "count as tied and the least lossy of them wins)")
-            if runner_up is not None and abs(runner_up.step_s / best.step_s - 1) < self._close(best, runner_up):
-                why += (f". {runner_up.name} was within the trials' noise of it ({runner_up.step_s / best.step_s - 1:+.1%}): "
-                        "a close call between two compressors that keep accuracy alike")
-        self.log(f"auto compression chose {best.name}: {why}. Step times (lower quartile of each trial): {timings}.")
-        if self.max_accumulation > self.measured_accumulation:
-            self._decide_accumulation(best)
-        self._propose_periodic(best)
-
-    @staticmethod
-    def _close(a: Trial, b: Trial) -> float:
-        """The difference two trials' step times can show by chance: twice their spreads combined."""
-        return 2 * ((a.noise or 0.0) ** 2 + (b.noise or 0.0) ** 2) ** 0.5
+        return AutoMeasurements(
+            candidates=tuple(
+                CandidateTiming(trial.name, step_s, max(0.0, -negated_share) * step_s, noise)
+                for trial, step_s, negated_share, noise in zip(self.trials, agreed, agreed[n : 2 * n], agreed[2 * n :])
+            ),
+            margin=self.margin,
+            accumulation_steps=self.measured_accumulation,
+            max_accumulation_steps=self.max_accumulation,
+        )
 
     def _settle_on(self, trial: Trial) -> None:
         """Keep `trial`'s hook and let the others go: their residuals and PowerSGD's errors are
@@ -302,58 +472,21 @@ class AutoTuner:
             if other is not trial:
                 other.hook = None
 
-    def _propose_periodic(self, best: Trial) -> None:
-        """Say (never apply) how rarely the ranks would have to agree for communication to stop
-        mattering, when the chosen compressor still leaves `margin` of its step exposed.
-
-        An agreement all-reduces the parameters, as many bytes as fp32's gradients, after the
-        step: it costs about fp32's exposed time, once per `every` steps.
-        """
-        assert best.step_s is not None and best.exposed_s is not None and self.baseline_exposed_s is not None
-        baseline = self.trials[0]
-        assert baseline.step_s is not None
-        if best.step_s <= 0 or best.exposed_s / best.step_s < self.margin:
-            return
-        compute_s = max(baseline.step_s - self.baseline_exposed_s, 1e-9)
-        self.proposed_periodic_every, _, predicted = choose_accumulation(
-            compute_s + self.baseline_exposed_s, self.baseline_exposed_s, 1, 1 << 20, self.margin
-        )
-        every = self.proposed_periodic_every
-        self.log(f"with {best.name}, {best.exposed_s / best.step_s:.0%} of each step still waits for communication. "
-                 f"Synchronising every {every} steps instead (ddp={{'periodic': {{'every': {every}}}}}, local SGD; "
-                 f"compression 'none') should leave about {predicted:.0%}; it changes the optimisation, so auto does not "
-                 "apply it: measure its accuracy first (docs/performance.md).")
-
-    def _decide_accumulation(self, best: Trial) -> None:
-        assert best.step_s is not None and best.exposed_s is not None
-        share = best.exposed_s / best.step_s if best.step_s > 0 else 0.0
-        current = self.measured_accumulation
-        self.accumulation_steps, predicted_step_s, predicted = choose_accumulation(
-            best.step_s, best.exposed_s, current, self.max_accumulation, self.margin
-        )
-        exposed = f"with {best.name}, {share:.0%} of each step still waited for communication"
-        if self.accumulation_steps == current:
-            self.log(f"auto kept accumulation as it is ({current} per step): {exposed}, under the {self.margin:.0%} "
-                     "worth growing the global batch for.")
-            return
-        per_sample = predicted_step_s / (self.accumulation_steps / current * best.step_s)
-        self.log(f"auto raises accumulation from {current} to {self.accumulation_steps} micro-batches per step "
-                 f"(allowed up to {self.max_accumulation}): {exposed}; one all-reduce per {self.accumulation_steps} "
-                 f"micro-batches should leave {predicted:.0%} exposed and take {1 - per_sample:.0%} less time per sample.")
-
     def describe(self) -> dict[str, Any]:
-        """What auto measured and chose (for reports and the benchmark JSON)."""
-        return {
+        """What auto measured and chose (trainer.summary()["auto"], reports, the benchmark JSON).
+
+        Until it decides (and in a run resumed from a checkpoint, which keeps the choice but not
+        the trials) only the choice so far; once decided, also `AutoMeasurements.record()` and
+        `AutoDecision.record()`, from which `from_record` rebuilds both.
+        """
+        description: dict[str, Any] = {
             "compression": None if self.chosen is None else self.chosen.name,
-            "step_time_s": {t.name: t.step_s for t in self.trials},
-            "baseline_exposed_comm_s": self.baseline_exposed_s,
-            "exposed_comm_s": {t.name: t.exposed_s for t in self.trials},
-            "noise": {t.name: t.noise for t in self.trials},
-            "tie": None if self.chosen is None else TIE,
-            "proposed_periodic_every": self.proposed_periodic_every,
             "accumulation_steps": self.accumulation_steps,
             "margin": self.margin,
         }
+        if self.measurements is not None and self.decision is not None:
+            description.update(**self.measurements.record(), **self.decision.record(), tie=TIE)
+        return description
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {
