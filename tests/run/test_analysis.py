@@ -1,6 +1,8 @@
 """The diagnosis rules on hand-made rank states: each rule, and the order in which they apply."""
 
-from gradsync.run.analysis import RankView, StragglerTracker, diagnose, find_divergence, is_consequence
+import pytest
+
+from gradsync.run.analysis import RankView, StragglerTracker, diagnose, find_divergence, is_consequence, straggler_findings
 
 
 def record(seq, op="all_reduce", signature="float32[8] op=SUM", kind="", site="train.py:10", state="finished", entered=0.0, group="default", finished=None):
@@ -383,6 +385,67 @@ def test_a_rank_late_to_its_subgroups_collectives_is_a_straggler_too():
     tracker.observe(snapshots)
     (finding,) = tracker.findings()
     assert finding.ranks == [2], "late on the subgroup it shares with rank 1; rank 0 is not in it"
+
+
+def _measured(late: dict[int, float], collectives: int = 10, gap: float = 1.0) -> tuple[list[float], dict[int, list[float]]]:
+    """What a StragglerTracker measured: `collectives` collectives `gap` apart, each rank late to every one by `late[rank]`."""
+    return [i * gap for i in range(collectives)], {rank: [lateness] * collectives for rank, lateness in late.items()}
+
+
+def test_stragglers_are_judged_from_ten_collectives_on():
+    assert straggler_findings(*_measured({0: 0.0, 1: 0.5}, collectives=9), ratio=0.2, min_s=0.05) == []
+    (finding,) = straggler_findings(*_measured({0: 0.0, 1: 0.5}, collectives=10), ratio=0.2, min_s=0.05)
+    assert finding.ranks == [1] and "measured over 10 collectives" in finding.message
+    assert finding.details["typical_lateness_s"] == {"0": 0.0, "1": 0.5}
+
+
+# The limit is max(min_s, ratio * typical gap): 0.2 * 1 s = 0.2 s above min_s = 0.05 s; 0.2 * 0.125 s = 0.025 s below it.
+@pytest.mark.parametrize("gap, limit", [(1.0, 0.2), (0.125, 0.05)])
+@pytest.mark.parametrize("beyond, straggles", [(-1 / 64, False), (0.0, False), (1 / 64, True)])
+def test_a_straggler_is_late_by_more_than_the_larger_of_min_s_and_the_ratio_of_the_step(gap, limit, beyond, straggles):
+    findings = straggler_findings(*_measured({0: 0.0, 1: limit + beyond}, gap=gap), ratio=0.2, min_s=0.05)
+    assert [f.ranks for f in findings] == ([[1]] if straggles else [])
+
+
+def test_when_every_rank_is_late_none_is_the_straggler():
+    assert straggler_findings(*_measured({0: 0.5, 1: 0.5, 2: 0.6}), ratio=0.2, min_s=0.05) == []
+    (finding,) = straggler_findings(*_measured({0: 0.0, 1: 0.5, 2: 0.6}), ratio=0.2, min_s=0.05)
+    assert finding.ranks == [1, 2]
+
+
+def test_each_group_times_its_own_members():
+    """Ranks 0-1 and ranks 2-3 each have a group, their collectives half a step apart: only rank 1
+    is late (for rank 0); ranks 2 and 3 are not late for ranks 0 and 1, whose group they are not in."""
+    tracker = StragglerTracker(ratio=0.2, min_s=0.05)
+    groups = {"left": {"ranks": [0, 1]}, "right": {"ranks": [2, 3]}}
+    entered = {0: 0.0, 1: 0.3, 2: 0.5, 3: 0.5}
+    tracker.observe({
+        r: {"groups": groups, "records": [record(s, group="left" if r < 2 else "right", entered=s + entered[r]) for s in range(1, 31)]}
+        for r in range(4)
+    })
+    (finding,) = tracker.findings()
+    assert finding.ranks == [1]
+    assert finding.details["typical_lateness_s"] == {"0": 0.0, "1": 0.3, "2": 0.0, "3": 0.0}
+
+
+def test_a_group_of_one_rank_has_no_one_to_be_late_for_and_counts_no_collective():
+    """Rank 0 also runs 30 collectives on a group of its own: they measure nothing, so 9 collectives
+    on the default group are still too few, and a 10th makes rank 1's lateness a finding."""
+    groups = {"default": {"ranks": [0, 1]}, "own": {"ranks": [0]}}
+
+    def snapshots(collectives: int) -> dict:
+        return {
+            0: {"groups": groups, "records": [record(s, entered=float(s)) for s in range(1, collectives + 1)]
+                + [record(s, group="own", entered=s + 0.5) for s in range(1, 31)]},
+            1: {"groups": groups, "records": [record(s, entered=s + 0.4) for s in range(1, collectives + 1)]},
+        }
+
+    tracker = StragglerTracker(ratio=0.2, min_s=0.05)
+    tracker.observe(snapshots(9))
+    assert tracker.findings() == []
+    tracker.observe(snapshots(10))
+    (finding,) = tracker.findings()
+    assert finding.ranks == [1] and "measured over 10 collectives" in finding.message
 
 
 def test_a_rank_blocked_in_an_unrecorded_collective_is_not_said_to_be_outside_collectives():

@@ -6,26 +6,39 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
-import time
+from pathlib import Path
 
 import psutil
+import pytest
 
+from gradsync.run import launcher
 from gradsync.run.launcher import _another_node_writes
-from gradsync.run.monitor import Monitor
+from gradsync.run.monitor import Monitor, pid_alive
 from gradsync.run.options import RunOptions
 from gradsync.rundir import RunDir, write_json
+
+NOW = 1_000_000.0  # the time the monitor judges at (its clock), whatever the test's own pace
 
 
 def _not_our_descendant() -> psutil.Process:
     """A process of this machine that this test did not start as a child (re-parented to init),
-    standing in for the PID another node's snapshot names."""
-    launcher = subprocess.run(
-        [sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+    standing in for the PID another node's snapshot names. It blocks every signal it can, so a
+    signal sent to it stays pending where the test can see it (SIGKILL cannot be blocked, and
+    gradsync sends it only after a SIGTERM)."""
+    parent = subprocess.run(
+        [sys.executable, "-c", "import signal, subprocess, sys\n"
+         "signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})\n"
+         "print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
          "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"],
         capture_output=True, text=True, check=True,
     )
-    return psutil.Process(int(launcher.stdout))
+    return psutil.Process(int(parent.stdout))
+
+
+def _signals_sent_to(pid: int) -> int:
+    """The signals sent to `pid` and still pending (all of them, for a process that blocks them), as a bit mask."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
 
 
 def _snapshot(rank: int, pid: int, now: float) -> dict:
@@ -36,65 +49,87 @@ def _snapshot(rank: int, pid: int, now: float) -> dict:
     }
 
 
+@pytest.mark.launches
 def test_a_stall_seen_in_a_shared_folder_stops_no_process_of_another_node(tmp_path):
     stranger = _not_our_descendant()
     try:
         run = RunDir(tmp_path)
-        now = time.time()
         for rank in (0, 1):
-            write_json(run.snapshot(0, rank), _snapshot(rank, stranger.pid, now))
+            write_json(run.snapshot(0, rank), _snapshot(rank, stranger.pid, NOW))
         reports = []
-        monitor = Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), lambda diagnosis, _: reports.append(diagnosis))
+        monitor = Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), lambda diagnosis, _: reports.append(diagnosis),
+                          clock=lambda: NOW)
         monitor.poll()
         assert [d["trigger"] for d in reports] == ["stall"], "the other node's ranks are diagnosed"
         assert monitor.stopped_pids == set()
-        time.sleep(0.5)
-        assert stranger.is_running() and stranger.status() != psutil.STATUS_ZOMBIE, "and never signalled from here"
+        assert _signals_sent_to(stranger.pid) == 0, "and never signalled from here"
+        assert stranger.is_running() and stranger.status() != psutil.STATUS_ZOMBIE
     finally:
         stranger.kill()
 
 
-def test_a_relaunch_keeps_the_records_another_node_is_writing(tmp_path):
+def test_a_relaunch_keeps_the_records_another_node_is_writing(tmp_path, monkeypatch):
+    """Another node rewrites its snapshot while the launcher watches (its wait stands in for the
+    time the other node takes: no thread racing the clock). With a 10 s interval, records count
+    as quiet for long after 31 s: this test's steps are milliseconds apart (>= 5x within it)."""
     run = RunDir(tmp_path)
     snapshot = run.snapshot(0, 1)
     write_json(snapshot, {"rank": 1})
-    stop = threading.Event()
 
-    def other_node():
-        while not stop.wait(0.1):
-            write_json(snapshot, {"rank": 1, "time": time.time()})
+    def other_node_writes(seconds: float) -> None:
+        rewritten = snapshot.stat().st_mtime + 1  # newer than the launcher saw, whatever the file system's time granularity
+        write_json(snapshot, {"rank": 1, "time": rewritten})
+        os.utime(snapshot, (rewritten, rewritten))
 
-    writer = threading.Thread(target=other_node)
-    writer.start()
-    try:
-        assert _another_node_writes(run, interval_s=0.2)
-    finally:
-        stop.set()
-        writer.join()
-    assert not _another_node_writes(run, interval_s=0.2), "an earlier launch that stopped writing is not live"
-    old = time.time() - 600
+    monkeypatch.setattr(launcher.time, "sleep", other_node_writes)
+    assert _another_node_writes(run, interval_s=10)
+    monkeypatch.setattr(launcher.time, "sleep", lambda seconds: None)  # the other node no longer writes
+    assert not _another_node_writes(run, interval_s=10), "an earlier launch that stopped writing is not live"
+    old = snapshot.stat().st_mtime - 600
     os.utime(snapshot, (old, old))
-    assert not _another_node_writes(run, interval_s=0.2)
+    monkeypatch.setattr(launcher.time, "sleep", other_node_writes)
+    assert not _another_node_writes(run, interval_s=10), "records quiet for long are an earlier launch's: not even watched"
 
 
+@pytest.mark.launches
 def test_a_console_that_cannot_be_written_still_stops_the_stalled_workers(tmp_path):
     # `gradsync run ... | head` closes the console: printing the diagnosis fails, and the stuck
     # workers must be stopped all the same (else they wait for the backend's 30-minute timeout).
     workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
     try:
         run = RunDir(tmp_path)
-        now = time.time()
         for rank, worker in enumerate(workers):
-            write_json(run.snapshot(0, rank), _snapshot(rank, worker.pid, now))
+            write_json(run.snapshot(0, rank), _snapshot(rank, worker.pid, NOW))
 
         def report(diagnosis, _):
             raise BrokenPipeError(32, "Broken pipe")
 
-        Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), report).poll()
+        Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), report, clock=lambda: NOW).poll()
+        # poll() returns once the workers are gone: a sleeping process ends on SIGTERM within
+        # milliseconds, and gradsync waits GRACE_S (3 s, >= 5x) before it would SIGKILL them (-9).
+        # Their exit status is then there at once; the 10 s wait is a hang detector.
         assert [worker.wait(timeout=10) for worker in workers] == [-15, -15]
     finally:
         for worker in workers:
             worker.kill()
+
+
+@pytest.mark.launches
+def test_a_worker_that_ended_unreaped_is_not_running_and_stalls_nothing(tmp_path):
+    """A worker killed before it left an exit record, that its agent has not reaped yet (a
+    zombie), is no longer running: its snapshot, fresh but idle past the stall timeout, is no stall.
+    Counted as running (the PID exists), it would be one."""
+    worker = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)  # it has exited; not reaped
+        assert pid_alive(os.getpid()) and not pid_alive(worker.pid)
+        write_json(RunDir(tmp_path).snapshot(0, 0), {**_snapshot(0, worker.pid, NOW), "world_size": 1})
+        reports = []
+        Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5), lambda diagnosis, _: reports.append(diagnosis),
+                clock=lambda: NOW).poll()
+        assert reports == []
+    finally:
+        worker.wait()
 
 
 def test_workers_that_died_before_reporting_print_failed_not_ok():

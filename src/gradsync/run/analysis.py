@@ -1355,25 +1355,40 @@ class StragglerTracker:
         del self.starts[: max(0, len(self.starts) - self.max_samples)]
 
     def findings(self) -> list[Finding]:
-        if len(self.starts) < 10:
-            return []
-        gaps = [b - a for a, b in zip(self.starts, self.starts[1:]) if b > a]
-        typical_gap = statistics.median(gaps) if gaps else 0.0
-        typical = {rank: statistics.median(samples) for rank, samples in self.lateness.items() if samples}
-        limit = max(self.min_s, self.ratio * typical_gap)
-        slow = sorted(rank for rank, late in typical.items() if late > limit)
-        if not slow or len(slow) == len(typical):
-            return []
-        text = ", ".join(f"rank {r} by {typical[r] * 1000:.0f} ms" for r in slow)
-        return [
-            Finding(
-                "straggler",
-                "warning",
-                slow,
-                f"The other ranks typically wait for {text} at each collective (the typical interval "
-                f"between collectives is {typical_gap * 1000:.0f} ms, measured over {len(self.starts)} collectives).",
-                "Look at what only that rank does (extra logging or evaluation, slower data loading, a "
-                "shared or throttled device); the whole job runs at the slowest rank's pace.",
-                details={"typical_lateness_s": {str(r): round(typical[r], 4) for r in typical}},
-            )
-        ]
+        return straggler_findings(self.starts, self.lateness, self.ratio, self.min_s)
+
+
+# Fewer measured collectives than this say nothing about a rank's typical lateness.
+STRAGGLER_MIN_COLLECTIVES = 10
+
+
+def straggler_findings(starts: list[float], lateness: dict[int, list[float]], ratio: float, min_s: float) -> list[Finding]:
+    """The straggler finding, from what StragglerTracker measured: when each collective began
+    (its first rank entered), in order, and how late each rank entered each one.
+
+    A rank is a straggler when its typical (median) lateness exceeds `ratio` of the typical
+    interval between collectives and `min_s`. When every rank is that late, the first to arrive
+    changes from one collective to the next: no rank is the one the others wait for.
+    """
+    if len(starts) < STRAGGLER_MIN_COLLECTIVES:
+        return []
+    gaps = [b - a for a, b in zip(starts, starts[1:]) if b > a]
+    typical_gap = statistics.median(gaps) if gaps else 0.0
+    typical = {rank: statistics.median(samples) for rank, samples in lateness.items() if samples}
+    limit = max(min_s, ratio * typical_gap)
+    slow = sorted(rank for rank, late in typical.items() if late > limit)
+    if not slow or len(slow) == len(typical):
+        return []
+    text = ", ".join(f"rank {r} by {typical[r] * 1000:.0f} ms" for r in slow)
+    return [
+        Finding(
+            "straggler",
+            "warning",
+            slow,
+            f"The other ranks typically wait for {text} at each collective (the typical interval "
+            f"between collectives is {typical_gap * 1000:.0f} ms, measured over {len(starts)} collectives).",
+            "Look at what only that rank does (extra logging or evaluation, slower data loading, a "
+            "shared or throttled device); the whole job runs at the slowest rank's pace.",
+            details={"typical_lateness_s": {str(r): round(typical[r], 4) for r in typical}},
+        )
+    ]

@@ -2,8 +2,10 @@
 
 It reads the snapshots the workers leave in the run directory (never the process group, which
 may be the stuck thing), notices a stall long before the backend's timeout, diagnoses it, and
-stops the workers so torchrun's agent ends (or restarts) the job. It also follows the ranks'
-collective checkpoints while the job is healthy, to warn about drift as soon as it shows.
+stops the workers so torchrun's agent ends (or restarts) the job; whether it is a stall is
+gradsync.run.stall's to say, from what the monitor gathers (the states, the time, which of its
+workers still run). It also follows the ranks' collective checkpoints while the job is
+healthy, to warn about drift as soon as it shows.
 When the agent restarts the workers (--max-restarts), the failed attempt is diagnosed before the
 next one starts and its diagnosis stays in that attempt's folder; the final diagnosis tells
 what the earlier attempts went through. On several nodes without a shared run folder, each
@@ -20,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import psutil
 
@@ -35,6 +37,7 @@ from gradsync.run.analysis import (
 )
 from gradsync.run.jobwide import JobBoard, RoundKey, StoreAddress
 from gradsync.run.options import RunOptions
+from gradsync.run.stall import Observation, RemoteRead, StallRules, judge, progressing, remote_read
 from gradsync.doctor.script_findings import script_check_findings
 from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank
 
@@ -71,14 +74,18 @@ class Monitor(threading.Thread):
     when restarts remain; the next attempt's files are watched afresh.
     """
 
-    def __init__(self, options: RunOptions, report: Callable[[dict[str, Any], Path], None], store: StoreAddress | None = None):
-        """`store`: the rendezvous store of a multi-node job, for the job-wide view (None: this node's ranks only)."""
+    def __init__(self, options: RunOptions, report: Callable[[dict[str, Any], Path], None], store: StoreAddress | None = None,
+                 clock: Callable[[], float] = time.time):
+        """`store`: the rendezvous store of a multi-node job, for the job-wide view (None: this node's ranks only).
+        `clock`: the time (time.time()) the ranks' states are judged at; a test gives its own."""
         super().__init__(name="gradsync-monitor", daemon=True)
         self.options = options
         self.report = report
         self.run_dir = Path(options.run_dir)
         self.folder = RunDir(self.run_dir)
-        self.poll_s = min(0.5, options.snapshot_interval_s)
+        self.rules = StallRules.of(options)
+        self.poll_s = self.rules.poll_s
+        self.clock = clock
         self.stopped = threading.Event()
         self.attempt: int | None = None
         self.stall_diagnoses: dict[int, dict[str, Any]] = {}
@@ -129,44 +136,33 @@ class Monitor(threading.Thread):
             return  # still starting
         self.tracker(attempt).observe(snapshots)
         self._warn_on_drift(snapshots)
-        now = time.time()
-        idle, alive = self._activity(snapshots, exits, ours, now)
-        max_age_s = self._remote_age(attempt, idle, exits)
-        if max_age_s is not None:
+        now = self.clock()
+        verdict = judge(self._observe(snapshots, exits, ours, now), self.rules)
+        read = self._remote_read(attempt, verdict.idle_s, exits)
+        if read is not None:
             # Whether the job is stuck: a rank on another node that progresses says no, and one
             # is enough to know it.
-            until = (lambda s: self._progressing(s, now)) if idle >= self.options.stall_timeout_s else None
-            snapshots, exits = self._job_wide(attempt, snapshots, exits, max_age_s, until=until)
-            idle, alive = self._activity(snapshots, exits, ours, now)
-        if alive and idle >= self.options.stall_timeout_s:
-            self._on_stall(attempt, snapshots, exits, alive, now, ours)
+            until = (lambda s: progressing(s, now, self.rules)) if read.until_progress else None
+            snapshots, exits = self._job_wide(attempt, snapshots, exits, read.max_age_s, until=until)
+            verdict = judge(self._observe(snapshots, exits, ours, now), self.rules)
+        if verdict.stalled:
+            self._on_stall(attempt, snapshots, exits, verdict.alive, now, ours)
 
-    def _activity(self, snapshots, exits, ours: set[int], now: float) -> tuple[float, list[int]]:
-        """How long the most recently active rank has been idle, and the ranks still running."""
-        idle = min(now - self._last_active(snapshots[rank], exits.get(rank), ours, now) for rank in snapshots)
-        alive = [rank for rank in snapshots if rank not in exits and self._alive(snapshots[rank], ours, now)]
-        return idle, alive
+    def _observe(self, snapshots, exits, ours: set[int], now: float) -> Observation:
+        """What the stall rule judges: the states as read and, of the ranks this launcher runs
+        that left no exit record, whose process still runs."""
+        running = {s["pid"] for rank, s in snapshots.items()
+                   if rank not in exits and s["pid"] in ours and not s.get("remote") and pid_alive(s["pid"])}
+        return Observation(snapshots, exits, now, frozenset(ours), frozenset(running))
 
-    def _remote_age(self, attempt: int, idle: float, exits: dict[int, dict[str, Any]]) -> float | None:
-        """How fresh the other nodes' ranks must be for this poll; None: not needed now.
-
-        Once this node's ranks have been idle for the stall timeout, whether the job is stuck is
-        the other nodes' ranks' to say: fresh at every poll. From half the timeout, now and then,
-        so that something is known if the store goes. When one of this node's ranks just ended,
-        at once: the attempt may be ending, and node 0's store with it.
-        """
+    def _remote_read(self, attempt: int, idle: float, exits: dict[int, dict[str, Any]]) -> RemoteRead | None:
+        """How to read the other nodes' ranks at this poll (see stall.remote_read); None: not now,
+        or there are no other nodes to read. Counts this node's exit records as it goes."""
         if self.board is None:
             return None
         ended = len(exits) > self.exits_seen.get(attempt, 0)
         self.exits_seen[attempt] = len(exits)
-        timeout = self.options.stall_timeout_s
-        if ended or idle >= timeout:
-            return self.poll_s
-        return timeout / 4 if idle >= timeout / 2 else None
-
-    def _progressing(self, state: dict[str, Any], now: float) -> bool:
-        """Whether a rank's state alone rules a stall out: running, and progressing within the timeout."""
-        return "exit" not in state and now - state.get("last_progress", 0.0) < self.options.stall_timeout_s and self._alive(state, set(), now)
+        return remote_read(idle, ended, self.rules)
 
     def _publish(self, attempt: int, snapshots, exits, ours: set[int]) -> set[int]:
         """Put the state of the ranks this launcher runs on the job board, with how torchrun's
@@ -193,24 +189,6 @@ class Monitor(threading.Thread):
         remote = {rank: state for rank, state in remote.items() if rank not in snapshots and rank not in exits}
         return {**remote, **snapshots}, {**{r: s for r, s in remote.items() if "exit" in s}, **exits}
 
-    def _alive(self, snapshot: dict[str, Any], ours: set[int], now: float) -> bool:
-        """A rank this launcher started is alive while its process is; one of another node (its PID
-        means nothing here) while its snapshot keeps being rewritten: in a shared run folder, or
-        through the job board, which adds up to two intervals (publishing, reading)."""
-        if snapshot["pid"] in ours and not snapshot.get("remote"):
-            return pid_alive(snapshot["pid"])
-        if "agent_exit" in snapshot:  # its node's agent saw it end
-            return False
-        lag = 2 * self.options.snapshot_interval_s if snapshot.get("remote") else 0.0
-        return now - snapshot["time"] < 3 * self.options.snapshot_interval_s + 1 + lag
-
-    def _last_active(self, snapshot: dict[str, Any], exit_record: dict[str, Any] | None, ours: set[int], now: float) -> float:
-        if exit_record is not None:
-            return exit_record["exit"]["time"]
-        if not self._alive(snapshot, ours, now):
-            return snapshot["time"]
-        return snapshot["last_progress"]
-
     def _warn_on_drift(self, snapshots: dict[int, dict[str, Any]]) -> None:
         if self.drift_warned:
             return
@@ -229,7 +207,7 @@ class Monitor(threading.Thread):
                     )
                     return
 
-    def _on_stall(self, attempt: int, snapshots, exits, alive: list[int], now: float, ours: set[int]) -> None:
+    def _on_stall(self, attempt: int, snapshots, exits, alive: Sequence[int], now: float, ours: set[int]) -> None:
         views = build_views(snapshots, exits, failures={}, stopped=set(), fired=self._faults(attempt))
         for rank in alive:
             views[rank].alive = True
@@ -366,7 +344,7 @@ class Monitor(threading.Thread):
             # ranks as last read, if that read saw this attempt end here. An older one (say, from
             # start-up, while this node waited for the others) would show them where they no
             # longer were.
-            now = time.time()
+            now = self.clock()
             ended = min([(e.get("exit") or {}).get("time", now) for e in exits.values()]
                         + [s.get("time", now) for r, s in snapshots.items() if r not in exits])
             snapshots, exits = self._job_wide(attempt, snapshots, exits, 0.0, ended - self.options.snapshot_interval_s)
@@ -388,7 +366,7 @@ class Monitor(threading.Thread):
             diagnosis = diagnose(
                 views,
                 trigger="failure" if failures else "exit",
-                now=time.time(),
+                now=self.clock(),
                 world_size=_world_size({**snapshots, **exits}),
                 stragglers=tracker.findings(),
                 script_check=script_check_findings(self._script_checks(attempt)),

@@ -42,13 +42,9 @@ from gradsync.run.options import ATTEMPT_ENV, RunOptions
 from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.script_facts import ScriptCheck
+from gradsync.run.stall import CpuReading, made_progress, worked_elsewhere
 from gradsync.rundir import RingWriter, RunDir, inherit, write_json
 
-
-# Work elsewhere in a rank: its other Python threads, or its child processes, together using this
-# share of one core (a background save, mp.spawn's ranks, a subprocess). Idle helpers (a progress
-# bar's monitor, a logger's sender, idle DataLoader workers, a stuck one) stay far below it.
-BUSY_SHARE = 0.1
 
 
 class Activity:
@@ -64,15 +60,13 @@ class Activity:
 
     def __init__(self) -> None:
         self._process = psutil.Process()
-        self._cpu: dict[str, float] = {}
-        self._time = time.monotonic()
+        self._last: CpuReading | None = None
 
     def busy(self) -> bool:
-        now = time.monotonic()
-        elapsed, self._time = now - self._time, now
-        cpu = {"threads": self._threads_cpu(), "children": self._children_cpu()}
-        before, self._cpu = self._cpu, cpu
-        return any(key in before and cpu[key] - before[key] >= BUSY_SHARE * elapsed for key in cpu)
+        """Whether they worked since the last call (stall.worked_elsewhere)."""
+        reading = CpuReading(time.monotonic(), self._threads_cpu(), self._children_cpu())
+        before, self._last = self._last, reading
+        return worked_elsewhere(before, reading)
 
     def _threads_cpu(self) -> float:
         theirs = {
@@ -186,13 +180,9 @@ class SnapshotWriter(threading.Thread):
         stack = stack_summary(frame)
         now = time.time()
         # Even inside a collective call: a blocked backend wait leaves the Python stack still,
-        # while Python work around it (DDP's construction imports modules) moves it. The rank's
-        # other threads and children count only while the main thread is not blocked in a
-        # collective: what a collective waits for is the other ranks, never this rank's helpers
-        # (a busy prefetcher would otherwise hide the hang for as long as it runs).
+        # while Python work around it (DDP's construction imports modules) moves it.
         self._backend = _backend() or self._backend  # remembered past the script's destroy_process_group
-        busy = self._activity.busy()
-        if (busy and not self._blocked_in_collective(stack)) or stack != self._last_stack:
+        if made_progress(stack != self._last_stack, self._activity.busy(), self._blocked_in_collective(stack)):
             recorder.last_progress = now
         self._last_stack = stack
         return {

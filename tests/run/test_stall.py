@@ -1,0 +1,230 @@
+"""The stall rules of `gradsync run` (gradsync.run.stall), on given readings, states and a given `now`.
+
+No process, no clock, no sleep: every time is set relative to NOW, and every threshold is met
+just below, at and just above it (the rules' numbers are exact in binary, so "at" is exact).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gradsync.run.options import RunOptions
+from gradsync.run.stall import (
+    BUSY_SHARE,
+    CpuReading,
+    Observation,
+    RemoteRead,
+    StallRules,
+    judge,
+    last_active,
+    made_progress,
+    progressing,
+    rank_alive,
+    remote_read,
+    worked_elsewhere,
+)
+
+NOW = 1000.0
+TIMEOUT = 8.0
+RULES = StallRules(stall_timeout_s=TIMEOUT, snapshot_interval_s=0.5)
+LOCAL_MAX_AGE = 3 * 0.5 + 1  # 2.5 s: a snapshot in this node's (or a shared) run folder
+REMOTE_MAX_AGE = 3 * 0.5 + 1 + 2 * 0.5  # 3.5 s: one read through the job board
+EPS = 0.25
+OWN, STRANGER = 4242, 5151  # a PID this launcher started, and one it did not
+
+
+def snapshot(pid: int = OWN, seen: float = 0.0, progressed: float = 0.0, **extra) -> dict:
+    """A rank's snapshot written `seen` seconds before NOW, its last progress `progressed` seconds before."""
+    return {"pid": pid, "time": NOW - seen, "last_progress": NOW - progressed, **extra}
+
+
+def exit_record(ago: float, pid: int = OWN) -> dict:
+    return {**snapshot(pid, seen=ago, progressed=ago), "exit": {"status": "finished", "code": 0, "time": NOW - ago}}
+
+
+def observe(snapshots: dict, exits: dict | None = None, running: set[int] = frozenset({OWN})) -> Observation:
+    """The attempt at NOW, where this launcher started OWN and `running` of its processes still run."""
+    return Observation(snapshots, exits or {}, NOW, ours=frozenset({OWN}), running=frozenset(running))
+
+
+# -- the thresholds -------------------------------------------------------------------------------
+
+
+def test_the_rules_are_the_run_options_thresholds(tmp_path):
+    assert StallRules.of(RunOptions(run_dir=tmp_path, stall_timeout_s=120)) == StallRules(120.0, 1.0)
+    short = StallRules.of(RunOptions(run_dir=tmp_path, stall_timeout_s=2))
+    assert (short.stall_timeout_s, short.snapshot_interval_s, short.poll_s) == (2, 0.4, 0.4)
+    assert StallRules(120.0, 1.0).poll_s == 0.5
+    assert (RULES.snapshot_max_age_s(remote=False), RULES.snapshot_max_age_s(remote=True)) == (LOCAL_MAX_AGE, REMOTE_MAX_AGE)
+
+
+# -- idle time and the stall timeout --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("idle, stalled", [(TIMEOUT - EPS, False), (TIMEOUT, True), (TIMEOUT + EPS, True)])
+def test_a_running_rank_idle_for_the_stall_timeout_is_stalled(idle, stalled):
+    verdict = judge(observe({0: snapshot(progressed=idle)}), RULES)
+    assert (verdict.stalled, verdict.idle_s, verdict.alive) == (stalled, idle, (0,))
+    assert verdict.reason.startswith("no rank was active" if stalled else "a rank was active"), verdict.reason
+
+
+def test_the_most_recently_active_rank_sets_the_idle_time():
+    ranks = {0: snapshot(progressed=TIMEOUT + 30), 1: snapshot(progressed=TIMEOUT - EPS), 2: snapshot(progressed=TIMEOUT + 1)}
+    verdict = judge(observe(ranks), RULES)
+    assert (verdict.stalled, verdict.idle_s, verdict.alive) == (False, TIMEOUT - EPS, (0, 1, 2))
+    ranks[1] = snapshot(progressed=TIMEOUT)
+    verdict = judge(observe(ranks), RULES)
+    assert (verdict.stalled, verdict.idle_s) == (True, TIMEOUT)
+    assert "rank(s) 0, 1, 2 still run" in verdict.reason
+
+
+# -- whether a rank is alive ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("process_runs", [True, False])
+def test_a_rank_this_launcher_runs_is_alive_exactly_while_its_process_runs(process_runs):
+    """Whatever its snapshot's age: a process that froze (SIGSTOP) writes none, yet is stuck, not gone."""
+    old = snapshot(seen=100.0, progressed=100.0)
+    assert rank_alive(old, NOW, RULES, ours={OWN}, running={OWN} if process_runs else set()) is process_runs
+    fresh = snapshot(seen=0.0)
+    assert rank_alive(fresh, NOW, RULES, ours={OWN}, running={OWN} if process_runs else set()) is process_runs
+
+
+def test_a_rank_whose_process_ended_without_a_record_was_last_active_when_last_seen():
+    """A rank that just died (killed, no exit record) means the attempt is ending: its idle time
+    counts from its last snapshot, not from its last progress."""
+    gone = snapshot(seen=1.0, progressed=TIMEOUT + 30)
+    assert last_active(gone, None, NOW, RULES, ours={OWN}, running=set()) == NOW - 1.0
+    assert last_active(gone, None, NOW, RULES, ours={OWN}, running={OWN}) == NOW - (TIMEOUT + 30)
+    verdict = judge(observe({0: gone, 1: snapshot(pid=OWN + 1, seen=TIMEOUT + 30, progressed=TIMEOUT + 30)}, running=set()), RULES)
+    assert (verdict.stalled, verdict.idle_s, verdict.alive) == (False, 1.0, ())
+
+
+def test_no_running_rank_is_no_stall_however_long_the_idle_time():
+    verdict = judge(observe({0: snapshot(seen=TIMEOUT + 1, progressed=TIMEOUT + 30)}, running=set()), RULES)
+    assert (verdict.stalled, verdict.idle_s, verdict.alive) == (False, TIMEOUT + 1, ())
+    assert "none is running" in verdict.reason
+
+
+@pytest.mark.parametrize("remote, max_age", [(False, LOCAL_MAX_AGE), (True, REMOTE_MAX_AGE)])
+@pytest.mark.parametrize("below", [EPS, 0.0, -EPS])
+def test_a_rank_of_another_node_is_alive_while_its_snapshot_is_fresh(remote, max_age, below):
+    """Another node's rank: in a shared run folder (its PID is not this launcher's) or read from
+    the job board ("remote", which adds two intervals); alive while its snapshot is younger than
+    the limit, strictly."""
+    state = snapshot(pid=STRANGER, seen=max_age - below, progressed=TIMEOUT + 30, **({"remote": True} if remote else {}))
+    alive = below > 0
+    assert rank_alive(state, NOW, RULES, ours={OWN}, running={OWN}) is alive
+    verdict = judge(observe({1: state}), RULES)
+    assert verdict.alive == ((1,) if alive else ())
+    # Alive, it was last active at its last progress; gone, when it was last seen.
+    assert verdict.idle_s == (TIMEOUT + 30 if alive else max_age - below)
+    assert verdict.stalled is alive
+
+
+def test_the_pid_of_another_nodes_rank_means_nothing_here():
+    """Published through the board, a rank whose PID names one of this launcher's processes is
+    still judged by its snapshot's age."""
+    stale = snapshot(pid=OWN, seen=REMOTE_MAX_AGE, remote=True)
+    assert not rank_alive(stale, NOW, RULES, ours={OWN}, running={OWN})
+    fresh = snapshot(pid=OWN, seen=REMOTE_MAX_AGE - EPS, remote=True)
+    assert rank_alive(fresh, NOW, RULES, ours={OWN}, running=set())
+
+
+def test_a_rank_whose_agent_saw_it_end_is_not_alive():
+    ended = snapshot(pid=STRANGER, seen=0.0, progressed=TIMEOUT + 30, remote=True, agent_exit={"exitcode": -9, "signal": "SIGKILL"})
+    assert not rank_alive(ended, NOW, RULES)
+    verdict = judge(observe({1: ended, 0: snapshot(progressed=TIMEOUT + 30)}), RULES)
+    assert (verdict.stalled, verdict.idle_s, verdict.alive) == (False, 0.0, (0,))
+
+
+# -- exit records ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ended_ago, stalled", [(TIMEOUT - EPS, False), (TIMEOUT, True)])
+def test_a_rank_with_an_exit_record_counts_from_its_exit_and_is_not_alive(ended_ago, stalled):
+    """Rank 1 ended (its process may not be reaped yet: the record wins); rank 0 waits for it."""
+    ranks = {0: snapshot(progressed=TIMEOUT + 30), 1: snapshot(pid=OWN + 1, seen=ended_ago)}
+    exits = {1: exit_record(ended_ago, pid=OWN + 1)}
+    assert last_active(ranks[1], exits[1], NOW, RULES) == NOW - ended_ago
+    verdict = judge(observe(ranks, exits, running={OWN, OWN + 1}), RULES)
+    assert (verdict.stalled, verdict.idle_s, verdict.alive) == (stalled, ended_ago, (0,))
+
+
+def test_every_rank_ended_is_no_stall():
+    ranks = {0: snapshot(seen=TIMEOUT + 1), 1: snapshot(pid=OWN + 1, seen=TIMEOUT + 1)}
+    exits = {0: exit_record(TIMEOUT + 1), 1: exit_record(TIMEOUT + 1, pid=OWN + 1)}
+    verdict = judge(observe(ranks, exits, running={OWN, OWN + 1}), RULES)
+    assert (verdict.stalled, verdict.idle_s, verdict.alive) == (False, TIMEOUT + 1, ())
+
+
+# -- reading the other nodes' ranks ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("idle, rank_ended, read", [
+    (TIMEOUT / 2 - EPS, False, None),  # nothing to fear yet
+    (TIMEOUT / 2, False, RemoteRead(TIMEOUT / 4, until_progress=False)),  # now and then, in case the store goes
+    (TIMEOUT - EPS, False, RemoteRead(TIMEOUT / 4, until_progress=False)),
+    (TIMEOUT, False, RemoteRead(RULES.poll_s, until_progress=True)),  # the other nodes say whether it is stuck
+    (0.0, True, RemoteRead(RULES.poll_s, until_progress=False)),  # a rank here ended: the attempt may be ending
+    (TIMEOUT, True, RemoteRead(RULES.poll_s, until_progress=True)),
+])
+def test_how_fresh_the_other_nodes_ranks_must_be(idle, rank_ended, read):
+    assert remote_read(idle, rank_ended, RULES) == read
+
+
+@pytest.mark.parametrize("state, answer", [
+    (snapshot(pid=STRANGER, progressed=TIMEOUT - EPS, remote=True), True),
+    (snapshot(pid=STRANGER, progressed=TIMEOUT, remote=True), False),
+    (snapshot(pid=STRANGER, seen=REMOTE_MAX_AGE - EPS, progressed=REMOTE_MAX_AGE - EPS, remote=True), True),
+    (snapshot(pid=STRANGER, seen=REMOTE_MAX_AGE, progressed=REMOTE_MAX_AGE, remote=True), False),  # stale: may be gone
+    ({**snapshot(pid=STRANGER, remote=True), "exit": {"status": "finished", "time": NOW}}, False),
+    (snapshot(pid=STRANGER, remote=True, agent_exit={"exitcode": 1, "signal": None}), False),
+    ({"pid": STRANGER, "time": NOW, "remote": True}, False),  # never progressed
+])
+def test_one_progressing_rank_rules_a_stall_out(state, answer):
+    assert progressing(state, NOW, RULES) is answer
+
+
+# -- the rank's side: did it progress since its last look ---------------------------------------
+
+
+def test_busy_share_is_exact_in_binary_for_the_cases_below():
+    assert BUSY_SHARE * 8.0 == 0.8  # so "at" below is at the threshold, not a rounding away from it
+
+
+@pytest.mark.parametrize("used, busy", [(0.75, False), (0.8, True), (0.875, True)])
+@pytest.mark.parametrize("where", ["threads", "children"])
+def test_work_outside_the_main_thread_counts_from_a_tenth_of_a_core(where, used, busy):
+    # From zero CPU seconds, so that the differences are the exact values given.
+    before = CpuReading(time_s=100.0, threads_s=0.0, children_s=0.0)
+    after = CpuReading(time_s=108.0, threads_s=used if where == "threads" else 0.0,
+                       children_s=used if where == "children" else 0.0)
+    assert worked_elsewhere(before, after) is busy
+
+
+def test_threads_and_children_are_judged_apart_not_summed():
+    # 0.5 + 0.5 CPU-s in 8 s: together a tenth of a core, each only 6%: two idle helpers are not work.
+    before = CpuReading(100.0, 3.0, 5.0)
+    assert not worked_elsewhere(before, CpuReading(108.0, 3.5, 5.5))
+
+
+def test_the_first_reading_or_no_time_passed_judges_nothing():
+    reading = CpuReading(100.0, 3.0, 5.0)
+    assert not worked_elsewhere(None, reading)
+    assert not worked_elsewhere(reading, reading)
+
+
+@pytest.mark.parametrize(
+    "stack_changed, busy_elsewhere, blocked, progressed",
+    [
+        (True, False, False, True),  # Python work moved the stack
+        (True, False, True, True),  # ... even inside a collective call (DDP's construction imports modules)
+        (False, True, False, True),  # its helpers work while the main thread waits on them
+        (False, True, True, False),  # a collective waits for the other ranks, never for this rank's helpers
+        (False, False, False, False),  # a sleep, a deadlock
+    ],
+)
+def test_a_rank_progresses_when_its_stack_moves_or_its_helpers_work_outside_a_collective(
+        stack_changed, busy_elsewhere, blocked, progressed):
+    assert made_progress(stack_changed, busy_elsewhere, blocked) is progressed
