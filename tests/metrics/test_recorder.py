@@ -1,15 +1,19 @@
-"""Per-step metrics: averaged across ranks, slowest rank named, written as JSON lines and TensorBoard."""
+"""Per-step metrics: averaged across ranks, slowest rank named, written as JSON lines and TensorBoard.
+
+The slowest rank and the ranks' busy spread are decided from timings, so the decisions are judged on
+hand-built records; the real runs check that each decision was taken from the numbers they record."""
 
 import json
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import gradsync
-from gradsync.metrics.recorder import aggregate
+from gradsync.metrics.recorder import aggregate, interval_summary
 from tests.harness import launch
 
 REQUIRED = {
@@ -41,6 +45,52 @@ def test_the_slowest_rank_is_the_busiest_not_the_one_that_waited_longest():
     assert row["slowest_rank"] == 1 and abs(row["slowest_rank_busy_s"] - 0.39) < 1e-12
 
 
+def _record(step_time_s, exposed_comm_s, **fields):
+    return {"step": 1, "epoch": 0, "samples": 8, "reductions": 1, "skipped": None, "grad_norm": None, "lr": 0.1,
+            "values": {}, "step_time_s": step_time_s, "exposed_comm_s": exposed_comm_s, **fields}
+
+
+def test_one_rank_is_its_own_slowest_and_ranks_busy_alike_name_the_lowest():
+    alone = aggregate([_record(0.3, 0.0)])
+    assert (alone["slowest_rank"], alone["slowest_rank_busy_s"], alone["step_time_max_s"]) == (0, 0.3, 0.3)
+    # Busy 0.25 s each (binary fractions, so the differences are exact).
+    tied = aggregate([_record(0.5, 0.25), _record(0.375, 0.125), _record(0.25, 0.0)])
+    assert tied["slowest_rank"] == 0 and tied["slowest_rank_busy_s"] == 0.25
+
+
+def test_a_step_of_no_time_has_no_rate_and_no_share():
+    row = aggregate([_record(0.0, 0.0), _record(0.0, 0.0)])
+    assert row["samples_per_s"] == 0.0 and row["exposed_comm_share"] == 0.0 and row["slowest_rank"] == 0
+
+
+def test_the_interval_names_the_rank_busiest_on_average_and_the_spread():
+    """Per rank the mean of step time less exposed communication over the interval: rank 1 waited
+    longest in step 2 but was busiest over both steps."""
+    rank0 = [_record(0.5, 0.1), _record(0.5, 0.1)]  # busy 0.4
+    rank1 = [_record(0.5, 0.0), _record(0.5, 0.35)]  # busy 0.5 then 0.15: 0.325
+    rank2 = [_record(0.6, 0.0), _record(0.4, 0.0)]  # busy 0.5
+    summary = interval_summary([(rank0, {}), (rank1, {}), (rank2, {})])
+    assert summary["rank_busy_s"] == pytest.approx({"0": 0.4, "1": 0.325, "2": 0.5})
+    assert summary["interval_slowest_rank"] == 2
+    assert summary["busy_spread_s"] == pytest.approx(0.5 - 0.325)
+    assert "system" not in summary and "gpu_util_spread" not in summary
+
+
+def test_an_interval_of_one_rank_or_of_no_steps_has_no_spread():
+    alone = interval_summary([([_record(0.5, 0.2)], {"cpu_percent": 50.0})])
+    assert (alone["busy_spread_s"], alone["interval_slowest_rank"]) == (0.0, 0)
+    assert alone["system"] == {"0": {"cpu_percent": 50.0}}
+    empty = interval_summary([([], {}), ([], {})])
+    assert (empty["busy_spread_s"], empty["interval_slowest_rank"], empty["rank_busy_s"]) == (0.0, 0, {"0": 0.0, "1": 0.0})
+
+
+def test_gpu_utilisation_spread_only_from_ranks_that_read_a_gpu():
+    summary = interval_summary([([_record(0.5, 0.0)], {"gpu_util_percent": 90.0}), ([_record(0.5, 0.0)], {}),
+                                ([_record(0.5, 0.0)], {"gpu_util_percent": 60.0, "cpu_percent": 10.0})])
+    assert summary["gpu_util_spread"] == 30.0 and set(summary["system"]) == {"0", "2"}
+    assert "gpu_util_spread" not in interval_summary([([_record(0.5, 0.0)], {"cpu_percent": 10.0})])
+
+
 def _train_with_metrics(sleep_s):
     trainer = gradsync.setup(accumulation_steps=2, metrics={"log_every": 4, "system_every_s": 0.05})
     g = torch.Generator().manual_seed(0)
@@ -70,6 +120,7 @@ def _train_with_metrics(sleep_s):
     return result
 
 
+@pytest.mark.launches
 def test_metrics_rows_per_optimizer_step_across_ranks(world_size):
     sleep_s = 0.03
     results = launch(_train_with_metrics, world_size, sleep_s=sleep_s)
@@ -80,11 +131,13 @@ def test_metrics_rows_per_optimizer_step_across_ranks(world_size):
         assert row["loss"] == (world_size - 1) / 2, "loss is averaged across ranks"
         assert row["samples"] == 2 * 4 * world_size
         assert row["samples_per_s"] > 0 and row["skipped"] is None
+        # Lower bounds: the last rank sleeps twice per step outside communication, and a sleep never
+        # returns early (a busy machine only lengthens it). The slowest rank is the busiest, so it is
+        # at least that busy, whichever rank it is; which one is judged on hand-built records above.
         assert row["step_time_max_s"] >= 2 * sleep_s
         assert row["slowest_rank_busy_s"] >= 2 * sleep_s
+        assert row["slowest_rank"] in range(world_size)
     assert [row["eval/score"] for row in rows if "eval/score" in row] == [1.0 + (world_size - 1) / 2] * 2
-    slowest = [row["slowest_rank"] for row in rows]
-    assert slowest.count(world_size - 1) >= 0.8 * len(rows), slowest
     if world_size > 1:
         assert all(row["reductions"] == 1 for row in rows)
         assert sum(row["exposed_comm_s"] for row in rows) > 0, "gradient all-reduce is never fully hidden here"
@@ -106,10 +159,15 @@ def _assert_interval_summaries(rows, tags, world_size, sleep_s):
         for values in row["system"].values():
             assert values["rss_mb"] > 50 and values["cpu_percent"] >= 0
             assert values["net_sent_mbps"] >= 0 and values["net_recv_mbps"] >= 0
+    for row in closing:
+        busy = {int(rank): value for rank, value in row["rank_busy_s"].items()}
+        # The last rank sleeps 2 x sleep_s per step outside communication (a lower bound, which a busy
+        # machine only raises). Whether the others are less busy depends on what else the machine did,
+        # so the decision is re-taken on the numbers it was taken from, not expected of the run.
+        assert busy[world_size - 1] >= 2 * sleep_s, row
+        assert row["interval_slowest_rank"] == max(busy, key=busy.__getitem__), row
+        assert row["busy_spread_s"] == pytest.approx(max(busy.values()) - min(busy.values()), abs=1e-12), row
     if world_size > 1:
-        # The last rank sleeps 2 x sleep_s per step outside communication: the others wait for it.
-        assert [row["interval_slowest_rank"] for row in closing].count(world_size - 1) >= 2
-        assert max(row["busy_spread_s"] for row in closing) > sleep_s
         # Gloo talks over loopback here, the interface the master address is reached through.
         assert max(v["net_sent_mbps"] for row in closing for v in row["system"].values()) > 0
     assert {"system/busy_spread_s", "system/rank0/cpu_percent", f"system/rank{world_size - 1}/rss_mb"} <= set(tags)

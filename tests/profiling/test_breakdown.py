@@ -1,9 +1,14 @@
-"""Profile windows and step breakdowns: real 2-rank Gloo DDP traces, and a hand-built CUDA trace."""
+"""Profile windows and step breakdowns: real 2-rank Gloo DDP traces, and hand-built CPU/Gloo and CUDA traces.
+
+The real runs assert what holds however busy the machine is (the parts partition each step, every
+phase and the gradient communication were seen). What the timings decide (the largest part, hidden
+or exposed communication) is judged on hand-built traces, where the timings are chosen."""
 
 import contextlib
 import json
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -24,7 +29,7 @@ from gradsync.profiling import (
     phase,
 )
 from tests.harness import launch
-from tests.profiling.traces import cuda_step, event
+from tests.profiling.traces import chrome_trace, cuda_step, event, gloo_step
 
 PARTS = ("data_s", "forward_s", "backward_s", "exposed_comm_s", "optimizer_s", "other_s")
 
@@ -50,11 +55,12 @@ def test_phase_is_a_free_no_op_unless_a_profiler_records():
         ProfileWindow(0, 2, Path("unused"), rank=0)
 
 
+LOADER_SLEEP_S = 0.05
+
+
 def _slow_collate(batch):
-    # A loader that cannot keep up: decoding, a slow disk. Long against the scheduler's hiccups
-    # on a loaded 2-core machine: at 50 ms one rank waited 35 ms for its peer's late loader
-    # (exposed communication), and data was no longer twice every other part.
-    time.sleep(0.15)
+    # A loader that cannot keep up: decoding, a slow disk.
+    time.sleep(LOADER_SLEEP_S)
     return default_collate(batch)
 
 
@@ -137,6 +143,16 @@ def _assert_partitions(steps):
         assert 0 <= times["hidden_comm_s"] <= times["comm_s"] + 1e-12
 
 
+def _assert_waits_were_recognised(steps):
+    """The thread's waits in a real trace (a c10d call, the reducer's wait at the end of backward)
+    were recognised: some communication was exposed. How much of each step's is a matter of which
+    rank reached each collective first, so it is judged on hand-built traces
+    (test_where_a_collective_runs_decides_hidden_or_exposed); over the window it is a few ms per
+    step (1-23 ms seen), and a busy machine only desynchronises the ranks further."""
+    assert sum(times["exposed_comm_s"] for times in steps) > 0, steps
+
+
+@pytest.mark.launches
 def test_breakdown_of_an_annotated_ddp_run(tmp_path):
     assert (
         launch(train_in_profile_window, 2, out_dir=str(tmp_path), slow_data=False)
@@ -156,8 +172,7 @@ def test_breakdown_of_an_annotated_ddp_run(tmp_path):
         assert times["hidden_comm_s"] + times["exposed_comm_s"] == pytest.approx(times["comm_s"], abs=1e-9), (
             times
         )
-        # The last bucket is reduced after the last gradient is computed: some wait is left.
-        assert times["exposed_comm_s"] > 0, times
+    _assert_waits_were_recognised(steps)
     assert breakdown["annotated_phases"] == ["data", "forward", "backward", "optimizer"]
     assert breakdown["comm_source"] == "gloo"
     # The file is what analyze_trace finds in the trace, and what format_breakdown can show.
@@ -165,16 +180,25 @@ def test_breakdown_of_an_annotated_ddp_run(tmp_path):
     assert "mean" in format_breakdown(analyze_trace(trace))
 
 
-def test_slow_data_loading_is_the_largest_part(tmp_path):
+@pytest.mark.launches
+def test_a_slow_loaders_time_is_counted_as_data(tmp_path):
+    """Each step's data part holds the loader's sleep on every rank: a lower bound, which a busy
+    machine only makes longer. Whether data is then the largest part depends on what else the
+    machine did meanwhile (a rank waits for its peer's late loader inside the all-reduce, as
+    exposed communication), so that is judged on a hand-built trace:
+    test_the_largest_part_is_where_the_step_spent_its_time."""
     launch(train_in_profile_window, 2, out_dir=str(tmp_path), slow_data=True)
-    breakdown = json.loads(RunDir(tmp_path).profile_breakdown(0).read_text())
-    _assert_partitions(breakdown["steps"])
-    for times in breakdown["steps"]:
-        assert times["data_s"] >= 0.045, times
-        others = [times[name] for name in PARTS if name != "data_s"]
-        assert times["data_s"] > 2 * max(others), times
+    for rank in (0, 1):
+        breakdown = json.loads(RunDir(tmp_path).profile_breakdown(rank).read_text())
+        assert [s["step"] for s in breakdown["steps"]] == [3, 4, 5]
+        _assert_partitions(breakdown["steps"])
+        for times in breakdown["steps"]:
+            assert times["data_s"] >= LOADER_SLEEP_S, times
+            assert min(times["forward_s"], times["backward_s"], times["optimizer_s"]) > 0, times
+            assert times["comm_s"] > 0, times
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(
     "micro_batches, bucket_views", [(1, False), (2, True)], ids=["plain", "accumulation_bucket_views"]
 )
@@ -193,10 +217,11 @@ def test_breakdown_of_an_unannotated_ddp_script(tmp_path, micro_batches, bucket_
     assert [s.step for s in breakdown.steps] == [2, 3, 4]
     assert breakdown.annotated_phases == ()
     _assert_partitions(breakdown.to_dict()["steps"])
+    _assert_waits_were_recognised(breakdown.to_dict()["steps"])
     events = json.loads(RunDir(tmp_path).profile_trace(0).read_text())["traceEvents"]
     for times in breakdown.steps:
         assert min(times.data_s, times.forward_s, times.backward_s, times.optimizer_s) > 0, times
-        assert times.comm_s > 0 and times.exposed_comm_s > 0, times
+        assert times.comm_s > 0, times
         assert times.hidden_comm_s + times.exposed_comm_s == pytest.approx(times.comm_s, abs=1e-9), times
         # Every micro-batch's DDP forward counts as forward: the passes were told apart.
         (step,) = [e for e in events if e["name"] == f"ProfilerStep#{times.step}"]
@@ -253,3 +278,87 @@ def test_cuda_trace_counts_nccl_kernels_and_device_waits():
 def test_a_trace_without_step_ranges_is_refused():
     with pytest.raises(ConfigError, match="ProfileWindow"):
         analyze_trace({"traceEvents": [event("aten::mm", 0, 10, 1)]})
+
+
+# The hand-built CPU/Gloo step (traces.gloo_step): data [0, 100], forward [100, 200], backward
+# [200, 500] with autograd computing in [210, 400] and a c10d call issuing the collective in
+# [300, 310], optimizer [500, 560], the step ending at 600. Backward's compute is [210, 400] less
+# the call; the thread waits in the call and after the compute, [400, 500].
+@pytest.mark.parametrize(
+    "calls, gloo, comm, hidden",
+    [
+        (((300, 310),), ((320, 380),), 60, 60),  # inside the compute: all hidden
+        (((300, 310),), ((420, 480),), 60, 0),  # after it, while the reducer waits: all exposed
+        (((300, 310),), ((350, 450),), 100, 50),  # across its end: half and half
+        (((300, 310),), ((305, 330),), 25, 20),  # started during its own call: those 5 µs waited for
+        (((300, 310),), ((450, 560),), 50, 0),  # outlasting backward: cut where backward ended
+        (((300, 310), (520, 525)), ((522, 540),), 0, 0),  # issued by the optimizer: not gradient communication
+        ((), (), 0, 0),  # no DDP: the thread's wait after compute is backward time
+    ],
+    ids=["inside_compute", "after_compute", "across_its_end", "during_its_call", "outlasting_backward",
+         "outside_backward", "none"],
+)
+def test_where_a_collective_runs_decides_hidden_or_exposed(calls, gloo, comm, hidden):
+    (times,) = analyze_trace(chrome_trace(gloo_step(calls=calls, gloo=gloo))).steps
+    exposed = comm - hidden
+    assert times.comm_s == pytest.approx(comm * 1e-6, abs=1e-12)
+    assert times.hidden_comm_s == pytest.approx(hidden * 1e-6, abs=1e-12)
+    assert times.exposed_comm_s == pytest.approx(exposed * 1e-6, abs=1e-12)
+    assert times.overlap_ratio == (pytest.approx(hidden / comm) if comm else None)
+    expected = {"data_s": 100, "forward_s": 100, "backward_s": 300 - exposed, "exposed_comm_s": exposed,
+                "optimizer_s": 60, "other_s": 40}
+    assert {name: getattr(times, name) for name in PARTS} == pytest.approx({k: v * 1e-6 for k, v in expected.items()})
+    _assert_partitions([asdict(times)])
+
+
+@pytest.mark.parametrize(
+    "layout, largest",
+    [
+        # A loader that cannot keep up: 600 of the step's 1000 µs go to loading its batch.
+        (dict(data=(0, 600), forward=(600, 700), backward=(700, 900), autograd=((710, 850),), calls=((800, 810),),
+              gloo=((805, 880),), optimizer=(900, 950), end=1000), "data_s"),
+        # A slow link: backward's last collective runs 1100 µs past its compute.
+        (dict(backward=(200, 1500), gloo=((320, 1500),), optimizer=(1500, 1560), end=1600), "exposed_comm_s"),
+        # Neither: backward's compute is most of the step.
+        (dict(), "backward_s"),
+    ],
+    ids=["slow_loader", "slow_link", "compute"],
+)
+def test_the_largest_part_is_where_the_step_spent_its_time(layout, largest):
+    (times,) = analyze_trace(chrome_trace(gloo_step(**layout))).steps
+    parts = {name: getattr(times, name) for name in PARTS}
+    assert max(parts, key=parts.__getitem__) == largest, parts
+    _assert_partitions([asdict(times)])
+
+
+def test_the_slow_loaders_step_is_cut_exactly():
+    """The slow loader's step of test_the_largest_part_is_where_the_step_spent_its_time, part by part:
+    the call [800, 810] and the wait after compute [850, 900] hold 5 + 30 µs of the collective
+    [805, 880], the compute [810, 850] hides 40."""
+    step = gloo_step(data=(0, 600), forward=(600, 700), backward=(700, 900), autograd=((710, 850),),
+                     calls=((800, 810),), gloo=((805, 880),), optimizer=(900, 950), end=1000)
+    (times,) = analyze_trace(chrome_trace(step)).steps
+    expected = {"data_s": 600, "forward_s": 100, "backward_s": 165, "exposed_comm_s": 35, "optimizer_s": 50,
+                "other_s": 50}
+    assert {name: getattr(times, name) for name in PARTS} == pytest.approx({k: v * 1e-6 for k, v in expected.items()})
+    assert times.comm_s == pytest.approx(75e-6) and times.hidden_comm_s == pytest.approx(40e-6)
+    assert "data 60%" in format_breakdown(analyze_trace(chrome_trace(step)))
+
+
+def test_the_mean_overlap_weighs_each_step_by_its_communication():
+    """A step that hid all of its 60 µs and one that hid none of its 20: 75% of the communication
+    was hidden, not the 50% a mean of the two ratios would say."""
+    hidden = gloo_step(step=1, gloo=((320, 380),))
+    exposed = gloo_step(step=2, offset=1000, gloo=((420, 440),))
+    breakdown = analyze_trace(chrome_trace(hidden, exposed))
+    assert [s.overlap_ratio for s in breakdown.steps] == [1.0, 0.0]
+    assert breakdown.mean.overlap_ratio == pytest.approx(0.75)
+    assert breakdown.mean.comm_s == pytest.approx(40e-6) and breakdown.mean.step_s == pytest.approx(600e-6)
+
+
+def test_a_step_of_no_length_has_no_parts_and_no_shares():
+    breakdown = analyze_trace(chrome_trace([event("gradsync:step#1", 50, 50, 1, "user_annotation")]))
+    (times,) = breakdown.steps
+    assert times.step_s == 0 and set(times.parts().values()) == {0.0} and times.overlap_ratio is None
+    assert breakdown.mean.overlap_ratio is None
+    assert "share:" not in format_breakdown(breakdown), "no share of a zero-length step"

@@ -51,6 +51,7 @@ def _profiled_gloo_run(tmp_path):
     return RunDir(tmp_path).profile_trace(0)
 
 
+@pytest.mark.launches
 def test_on_a_cpu_gloo_trace_hta_has_no_kernels_to_measure_and_gradsync_measures_the_threads(tmp_path):
     """If an HTA release learns CPU traces, this fails: then compare its numbers here too."""
     trace = _profiled_gloo_run(tmp_path)

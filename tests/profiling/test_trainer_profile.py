@@ -11,6 +11,7 @@ import gradsync
 from gradsync.rundir import RunDir
 from gradsync.errors import ConfigError
 from tests.harness import launch
+from tests.profiling.test_breakdown import _assert_partitions
 
 
 def _train_profiled(profile_steps):
@@ -27,13 +28,13 @@ def _train_profiled(profile_steps):
     return json.loads(RunDir(trainer.run_dir).profile_breakdown(trainer.rank).read_text())
 
 
+@pytest.mark.launches
 def test_each_rank_profiles_the_window_with_the_trainers_phases():
     for breakdown in launch(_train_profiled, 2, profile_steps="3:5"):
         assert [s["step"] for s in breakdown["steps"]] == [3, 4, 5]
         assert set(breakdown["annotated_phases"]) == {"data", "forward", "backward", "optimizer"}
+        _assert_partitions(breakdown["steps"])
         for step in breakdown["steps"]:
-            parts = sum(step[k] for k in ("data_s", "forward_s", "backward_s", "exposed_comm_s", "optimizer_s", "other_s"))
-            assert abs(parts - step["step_s"]) <= 0.1 * step["step_s"], step
             assert step["forward_s"] > 0 and step["backward_s"] > 0 and step["optimizer_s"] > 0 and step["data_s"] > 0
             assert step["comm_s"] > 0, "one gradient all-reduce per optimizer step (2 micro-steps, no_sync on the first)"
 

@@ -1,4 +1,6 @@
-"""Hand-built traces in Kineto's layout, for rules no trace recorded here can show (CUDA's)."""
+"""Hand-built traces in Kineto's layout: for rules no trace recorded here can show (CUDA's), and for
+decisions a recorded trace makes from timings (which part is largest, hidden or exposed
+communication), which must be judged where the timings are chosen, not measured."""
 
 from __future__ import annotations
 
@@ -43,3 +45,42 @@ def cuda_step() -> dict[str, Any]:
               pid=gpu, correlation=4, stream=20),
     ]
     return {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1, "backend": "nccl"}, "traceEvents": events}
+
+
+def gloo_step(
+    *,
+    step=1,
+    offset=0,
+    data=(0, 100),
+    forward=(100, 200),
+    backward=(200, 500),
+    autograd=((210, 400),),
+    calls=((300, 310),),
+    gloo=((350, 450),),
+    optimizer=(500, 560),
+    end=600,
+) -> list[dict[str, Any]]:
+    """The events of one annotated DDP step on CPU/Gloo, as torch 2.13 records them (times in µs,
+    shifted by `offset`): the phases, autograd functions and the `c10d::allreduce_` calls that
+    issue collectives on the training thread, and the `gloo:all_reduce` ranges on Gloo's worker
+    thread. Each argument is a (start, end) or a tuple of them, so a test sets exactly where the
+    collectives run against the compute and the waits. By default one collective, issued by the
+    call at 300, runs across the end of backward's compute at 400: 50 µs hidden, 50 exposed."""
+    main, worker = 1, 3
+
+    def at(span):
+        return span[0] + offset, span[1] + offset
+
+    return [
+        event(f"gradsync:step#{step}", *at((0, end)), main, "user_annotation"),
+        *(event(f"gradsync:{name}", *at(span), main, "user_annotation")
+          for name, span in (("data", data), ("forward", forward), ("backward", backward), ("optimizer", optimizer))),
+        *(event("autograd::engine::evaluate_function: AddmmBackward0", *at(span), main) for span in autograd),
+        *(event("c10d::allreduce_", *at(span), main) for span in calls),
+        *(event("gloo:all_reduce", *at(span), worker, "user_annotation") for span in gloo),
+    ]
+
+
+def chrome_trace(*steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A parsed Chrome trace holding the given steps' events."""
+    return {"schemaVersion": 1, "traceEvents": [e for events in steps for e in events]}

@@ -1,12 +1,23 @@
 """The advice rules: each fires on a run whose numbers call for it, quotes the number, and stays
-quiet on a healthy run; the list is ranked by what is at stake and never longer than five."""
+quiet on a healthy run; the list is ranked by what is at stake and never longer than five.
+
+Every rule is a function of the run's records, so each is judged on hand-built ones: both sides of
+every threshold, and the runs with nothing to judge (no rows, zero step time, one rank)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from gradsync.report.advice import MOST_SHOWN, advise, data_loading, exposed_communication, failed_run, rank_imbalance, skipped_steps
+import pytest
+
+from gradsync.profiling import analyze_trace
+from gradsync.report.advice import (
+    BUSY_SPREAD_SHARE, DATA_SHARE, EXPOSED_SHARE, MOST_SHOWN, SKIPPED_SHARE, WARM_UP_STEPS, advice_lines, advise, data_loading,
+    exposed_communication, failed_run, rank_imbalance, skipped_steps,
+)
 from gradsync.report.collect import RunRecords
+from tests.profiling.traces import chrome_trace, gloo_step
 
 
 def _rows(steps=20, step=0.1, exposed=0.01, skipped=None, busy_spread=None, slowest=0, busbw=None, ratio=None):
@@ -110,3 +121,152 @@ def test_an_unmodified_script_is_advised_from_gradsync_runs_timeline():
     assert rank_imbalance(_records(system=_recorded({0: 0.45, 1: 0.4}))) is None
     # Healthy: little waiting anywhere.
     assert advise(_records(system=_recorded({0: 0.08, 1: 0.05}), diagnosis={"status": "ok", "findings": []})) == []
+
+
+# Just below, at and just above each threshold: a rule speaks only above it.
+AROUND = [(-0.01, False), (0.0, False), (0.01, True)]
+AROUND_IDS = ["below", "at", "above"]
+# gradsync run's readings are interpolated, which rounds: exactly at a threshold is judged on rows.
+BELOW_AND_ABOVE = [(-0.01, False), (0.01, True)]
+
+
+def _steady_rows(exposed_share=0.0, steps=1, **row):
+    """The warm-up's rows and `steps` more: a step of 1 s, so a share is exactly the seconds it
+    stands for (one steady row by default, so a threshold's own value is met exactly)."""
+    return [{"step": i, "step_time_s": 1.0, "exposed_comm_s": exposed_share, "samples_per_s": 100.0, "skipped": None, **row}
+            for i in range(1, WARM_UP_STEPS + steps + 1)]
+
+
+@pytest.mark.parametrize("delta, fires", AROUND, ids=AROUND_IDS)
+def test_exposed_communication_threshold_on_the_trainers_rows(delta, fires):
+    advice = exposed_communication(_records(rows=_steady_rows(EXPOSED_SHARE + delta)))
+    assert (advice is not None) == fires
+    if fires:
+        assert advice.at_stake == pytest.approx(EXPOSED_SHARE + delta)
+        assert "0.00 GB/s" not in advice.measured and "bus bandwidth" not in advice.measured, "no link measured: none quoted"
+
+
+@pytest.mark.parametrize("delta, fires", BELOW_AND_ABOVE, ids=["below", "above"])
+def test_exposed_communication_threshold_on_gradsync_runs_timeline(delta, fires):
+    # The rank that waits least waits EXPOSED_SHARE + delta of the time; the other 5 points more.
+    share = EXPOSED_SHARE + delta
+    advice = exposed_communication(_records(system=_recorded({0: share + 0.05, 1: share})))
+    assert (advice is not None) == fires
+    if fires:
+        assert advice.at_stake == pytest.approx(share)
+
+
+def test_the_warm_up_steps_are_left_out_unless_the_run_has_no_others():
+    warm_up = [{"step": i, "step_time_s": 1.0, "exposed_comm_s": 0.9, "samples_per_s": 1.0, "skipped": "overflow"}
+               for i in range(1, WARM_UP_STEPS + 1)]
+    steady = _steady_rows(0.1, steps=10)[WARM_UP_STEPS:]
+    assert exposed_communication(_records(rows=warm_up + steady)) is None
+    assert skipped_steps(_records(rows=warm_up + steady)) is None
+    # A run no longer than its warm-up is judged on what it has.
+    assert exposed_communication(_records(rows=warm_up)).at_stake == pytest.approx(0.9)
+    assert skipped_steps(_records(rows=warm_up)).at_stake == 1.0
+
+
+def test_no_rows_or_no_step_time_is_no_exposed_communication():
+    assert exposed_communication(_records()) is None
+    assert exposed_communication(_records(rows=[{**row, "step_time_s": 0.0} for row in _steady_rows(0.5)])) is None
+
+
+@pytest.mark.parametrize("delta, fires", AROUND, ids=AROUND_IDS)
+def test_rank_imbalance_threshold_on_the_trainers_intervals(delta, fires):
+    rows = _steady_rows()
+    rows[-1].update(rank_busy_s={"0": 1.0, "1": 1.0 - BUSY_SPREAD_SHARE - delta}, busy_spread_s=BUSY_SPREAD_SHARE + delta,
+                    interval_slowest_rank=0)
+    advice = rank_imbalance(_records(rows=rows))
+    assert (advice is not None) == fires
+    if fires:
+        assert advice.at_stake == pytest.approx(BUSY_SPREAD_SHARE + delta) and advice.measured.startswith("rank 0 ")
+
+
+@pytest.mark.parametrize("delta, fires", BELOW_AND_ABOVE, ids=["below", "above"])
+def test_rank_imbalance_threshold_on_gradsync_runs_timeline(delta, fires):
+    spread = BUSY_SPREAD_SHARE + delta
+    advice = rank_imbalance(_records(system=_recorded({0: 0.05 + spread, 1: 0.05})))
+    assert (advice is not None) == fires
+    if fires:
+        assert advice.at_stake == pytest.approx(spread) and advice.measured.startswith("rank 1 is the one the others wait for")
+
+
+def test_rank_imbalance_needs_two_ranks_intervals_and_a_step_time():
+    # One rank recorded: nobody to wait for, however long it waited.
+    assert rank_imbalance(_records(system=_recorded({0: 0.9}))) is None
+    # Rows without an interval summary (a single-process run's gathers carry none with a spread).
+    assert rank_imbalance(_records(rows=_steady_rows())) is None
+    none_spread = _steady_rows()
+    none_spread[-1].update(rank_busy_s={"0": 1.0}, busy_spread_s=None)
+    assert rank_imbalance(_records(rows=none_spread)) is None
+    # Zero step time: no share to speak of.
+    zero = [{**row, "step_time_s": 0.0} for row in _steady_rows()]
+    zero[-1].update(rank_busy_s={"0": 0.5, "1": 0.0}, busy_spread_s=0.5, interval_slowest_rank=0)
+    assert rank_imbalance(_records(rows=zero)) is None
+
+
+@pytest.mark.parametrize("delta, fires", AROUND, ids=AROUND_IDS)
+def test_data_loading_threshold(delta, fires):
+    advice = data_loading(_records(breakdowns={0: _breakdown(1.0, DATA_SHARE + delta)}))
+    assert (advice is not None) == fires
+
+
+def test_data_loading_needs_a_step_time_and_a_data_part():
+    assert data_loading(_records()) is None
+    assert data_loading(_records(breakdowns={0: _breakdown(0.0, 0.5)})) is None
+    assert data_loading(_records(breakdowns={0: {"mean": {"step_s": 1.0}}})) is None
+    # A rank without the numbers does not hide another rank's.
+    advice = data_loading(_records(breakdowns={0: _breakdown(0.0, 0.5), 1: _breakdown(1.0, 0.5)}))
+    assert advice is not None and "rank 1" in advice.measured
+
+
+def test_data_loading_from_a_breakdown_of_a_trace():
+    """From a trace to the advice: the breakdown's data share is what the rule judges."""
+    def breakdown(data_end):
+        step = gloo_step(data=(0, data_end), forward=(data_end, data_end + 100), backward=(data_end + 100, data_end + 400),
+                         autograd=((data_end + 110, data_end + 300),), calls=(), gloo=(),
+                         optimizer=(data_end + 400, data_end + 460), end=data_end + 500)
+        return analyze_trace(chrome_trace(step)).to_dict()
+
+    assert data_loading(_records(breakdowns={0: breakdown(600)})).measured.startswith("data loading takes 55% of the step")
+    assert data_loading(_records(breakdowns={0: breakdown(100)})) is None  # 100 of 600 µs: 17%
+
+
+def _skipped_rows(reason, skipped, steady):
+    rows = _steady_rows(steps=steady)
+    for row in rows[WARM_UP_STEPS:WARM_UP_STEPS + skipped]:
+        row["skipped"] = reason
+    return rows
+
+
+@pytest.mark.parametrize("reason", ["overflow", "nonfinite"])
+@pytest.mark.parametrize("skipped, steady, fires", [(1, 11, False), (2, 20, False), (2, 19, True)],
+                         ids=["below", "at", "above"])
+def test_skipped_steps_threshold(reason, skipped, steady, fires):
+    assert (skipped / steady > SKIPPED_SHARE) == fires
+    assert (skipped_steps(_records(rows=_skipped_rows(reason, skipped, steady))) is not None) == fires
+
+
+def test_overflow_is_advised_before_nonfinite_gradients_and_no_rows_is_nothing():
+    rows = _skipped_rows("overflow", 5, 20)
+    for row in rows[-5:]:
+        row["skipped"] = "nonfinite"
+    assert "overflowed on 25%" in skipped_steps(_records(rows=rows)).measured
+    assert skipped_steps(_records()) is None
+
+
+def test_the_straggler_warning_is_advised_when_no_measured_rule_says_it():
+    straggler = {"category": "straggler", "severity": "warning", "message": "The other ranks wait for rank 1. More.",
+                 "suggestion": "look at rank 1"}
+    balanced = _records(system=_recorded({0: 0.06, 1: 0.05}), diagnosis={"status": "ok", "findings": [straggler]})
+    assert [(a.rule, a.measured) for a in advise(balanced)] == [("straggler", "The other ranks wait for rank 1")]
+
+
+def test_advice_lines_name_the_report_and_are_left_out_for_a_failed_or_unreadable_run(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(row) for row in _steady_rows(0.45)))
+    (line,) = advice_lines(tmp_path)
+    assert line.startswith("advice: exposed communication is 45% of the step") and f"`gradsync report {tmp_path}`" in line
+    (tmp_path / "diagnosis.json").write_text(json.dumps({"status": "failed", "findings": []}))
+    assert advice_lines(tmp_path) == [], "a failed run's diagnosis is what to do"
+    assert advice_lines(tmp_path / "missing") == []
