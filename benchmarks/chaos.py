@@ -381,17 +381,21 @@ def _host_trial(trial: Trial, work: Path, outcome: Outcome) -> None:
             for launch in launches:
                 launch.kill()
             return
-        fault_step = _progress(progress)
         fault_at = time.time()
+        # The step the job had reached when the fault struck is read once it has struck: no step
+        # completes without both hosts, and the job may have gone on by a step or a checkpoint
+        # while the fault was being set up (how far depends on how busy the machine is).
         if trial.kind == "host-cut":
             host = cluster.hosts[1]
             subprocess.run(["ip", "-n", host.name, "link", "set", host.interface, "down"], check=True)
             time.sleep(STALL_TIMEOUT_S + 5)  # longer than the stall timeout: both sides must give up on the other
+            fault_step = _progress(progress)
             subprocess.run(["ip", "-n", host.name, "link", "set", host.interface, "up"], check=True)
             codes = [launch.wait(deadline) for launch in launches]
         else:
             cluster.kill_host(1)  # the host dies with its launcher and its worker
             launches[1].wait(deadline)
+            fault_step = _progress(progress)
             time.sleep(2)
             launches.append(start(1))  # the host comes back and its launcher is started again
             codes = [launches[0].wait(deadline), launches[2].wait(deadline)]

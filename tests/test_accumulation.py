@@ -130,6 +130,7 @@ def assert_params_close(actual, expected):
         assert torch.allclose(torch.tensor(a), torch.tensor(e), rtol=0, atol=1e-12), (a[:3], e[:3])
 
 
+@pytest.mark.launches
 def test_one_gradient_reduction_per_optimizer_step(world_size):
     results = launch(_train, world_size)
     boundaries = [[e, b] for e in range(EPOCHS) for b in (3, 7, 10)]
@@ -144,6 +145,7 @@ def test_one_gradient_reduction_per_optimizer_step(world_size):
             assert result["reductions_at"] == [], "a lone process has nothing to reduce"
 
 
+@pytest.mark.launches
 def test_accumulated_gradients_equal_one_big_batch_including_the_short_last_window(world_size):
     results = launch(_train, world_size)
     for result in results:
@@ -153,6 +155,7 @@ def test_accumulated_gradients_equal_one_big_batch_including_the_short_last_wind
     assert_params_close(results[0]["params"], reference_params(results))
 
 
+@pytest.mark.launches
 def test_an_agreed_skip_never_hangs_and_keeps_the_big_batch_gradient(world_size):
     # Batch 1 is inside a window, 7 ends one (its gradients were never reduced by DDP), 10 ends
     # the epoch; only rank 0 decides, every rank skips.
@@ -163,6 +166,7 @@ def test_an_agreed_skip_never_hangs_and_keeps_the_big_batch_gradient(world_size)
     assert_params_close(results[0]["params"], reference_params(results))
 
 
+@pytest.mark.launches
 def test_a_nan_loss_on_one_rank_is_skipped_by_all(world_size):
     # Sample 0 is corrupt on the last rank only: wherever it lands, that micro-step is skipped
     # everywhere, and the run goes on with finite parameters.
@@ -175,6 +179,7 @@ def test_a_nan_loss_on_one_rank_is_skipped_by_all(world_size):
     assert_params_close(results[0]["params"], reference_params(results))
 
 
+@pytest.mark.launches
 def test_gradients_as_bucket_views_give_the_same_result():
     # DDP then aliases .grad to its buckets; zero_grad(set_to_none) and gradsync's own
     # reduction of a skipped boundary must not break that.
@@ -242,6 +247,7 @@ def _train_with_auto_accumulation(run_dir, checkpoint_dir, epochs, save_after_ep
     return result
 
 
+@pytest.mark.launches
 def test_auto_raises_accumulation_when_allowed_and_a_resumed_run_keeps_it(tmp_path):
     from gradsync.comm.auto import DECISION_STEPS
 

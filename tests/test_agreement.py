@@ -1,11 +1,14 @@
 """Agreed control flow: one rank's decision becomes every rank's, with one small all-reduce."""
 
+import pytest
 import torch
 
 import gradsync
 from gradsync import PeerError
 from gradsync.agreement import raise_if_any_rank_failed
 from tests.harness import launch
+
+pytestmark = pytest.mark.launches  # every test here starts processes
 
 
 def _votes():

@@ -58,6 +58,7 @@ def replayed_order_becomes_the_layout(seed: int) -> dict:
     return {"followed": followed, "untouched": untouched, "silent": silent, "order": order, "buckets": buckets}
 
 
+@pytest.mark.launches
 def test_a_replayed_order_is_the_layout_of_the_next_backward():
     # Any order, not only the model's natural one: the buckets of the first real step are cut
     # from the replayed order (one dtype, so the concatenated buckets give the order back).
@@ -111,6 +112,7 @@ def layouts_around_a_resume(run_dir: str, checkpoint_dir: str, ddp: dict, save_a
     return {"first_step": first_step, "layouts": seen[:-1], "parameters": parameters}
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("ddp", [{}, {"static_graph": True}], ids=["default", "static_graph"])
 def test_the_first_step_after_a_resume_reduces_in_the_uninterrupted_runs_layout(tmp_path, ddp):
     # Three ranks, so that another layout would also give other bits. DDP's first layout is one

@@ -48,6 +48,7 @@ def _ddp_instance_lacks() -> list[str]:
     return lacking
 
 
+@pytest.mark.launches
 def test_every_listed_ddp_instance_attribute_exists_on_the_tested_torch():
     assert launch(_ddp_instance_lacks, 1) == [[]]
 
@@ -115,6 +116,7 @@ def _watch_a_ddp_model_lacking_private_attributes():
         dist.destroy_process_group()
 
 
+@pytest.mark.launches
 def test_the_recorder_degrades_on_a_ddp_model_lacking_private_attributes():
     (result,) = launch(_watch_a_ddp_model_lacking_private_attributes, 1)
     assert result["order"] == ["0.weight", "0.bias", "1.weight", "1.bias"], "the module's parameters stand in"

@@ -157,6 +157,7 @@ def test_eval_loader_sees_every_sample_exactly_once(world_size):
     assert sorted(seen) == list(range(23))
 
 
+@pytest.mark.launches
 def test_worker_processes_load_the_same_batches():
     in_process = loaders(30, 2, batch_size=4)[1]
     with_workers = loaders(30, 2, batch_size=4, num_workers=2)[1]

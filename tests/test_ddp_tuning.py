@@ -8,6 +8,8 @@ import torch
 import gradsync
 from tests.harness import launch
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 
 class WithSpareHead(torch.nn.Module):
     def __init__(self):

@@ -1,6 +1,7 @@
 """The process group: single process without a launcher, torchrun's environment, timeouts."""
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ def _describe_process():
     return info
 
 
+@pytest.mark.launches
 def test_plain_process_without_launcher_runs_alone_with_no_process_group():
     (info,) = launch(_describe_process, 1, launcher=False)
     assert info == {
@@ -36,6 +38,7 @@ def test_plain_process_without_launcher_runs_alone_with_no_process_group():
     }
 
 
+@pytest.mark.launches
 def test_launcher_environment_joins_a_gloo_group_on_cpu(world_size):
     infos = launch(_describe_process, world_size)
     assert [i["rank"] for i in infos] == list(range(world_size))
@@ -45,23 +48,39 @@ def test_launcher_environment_joins_a_gloo_group_on_cpu(world_size):
         assert info["destroyed"], "close() must leave the process group"
 
 
+# Also the bound on how far apart the ranks may reach setup's own collectives: under load they
+# arrived over 3 s apart, so 10 s (over 20x their quiet skew of well under half a second).
+USER_TIMEOUT_S = 10
+BARRIER_GAVE_UP = Path("rank0-barrier-gave-up")  # in the launch's folder, which every rank works in
+
+
 def _late_peer(timeout_s):
     trainer = gradsync.setup(timeout_s=timeout_s)
     if trainer.rank == 1:
-        time.sleep(timeout_s + 8)  # never joins the barrier in time
+        # Never joins the barrier, and stays alive until rank 0's gave up: a peer that left would
+        # end the barrier early with "Connection closed by peer".
+        while not BARRIER_GAVE_UP.exists():
+            time.sleep(0.05)
         return {"waited": None}
     started = time.monotonic()
     try:
         dist.barrier()
     except RuntimeError as exc:
-        return {"waited": time.monotonic() - started, "error": str(exc)[:200]}
+        waited = time.monotonic() - started
+        BARRIER_GAVE_UP.touch()
+        return {"waited": waited, "error": str(exc)[:200]}
+    BARRIER_GAVE_UP.touch()
     return {"waited": None, "error": "barrier returned without the peer"}
 
 
+@pytest.mark.launches
 def test_timeout_is_the_users_not_the_backends_thirty_minutes():
-    rank0, _ = launch(_late_peer, 2, timeout_s=3, timeout=60)
+    rank0, _ = launch(_late_peer, 2, timeout_s=USER_TIMEOUT_S)
     assert rank0["waited"] is not None, rank0
-    assert 2.5 < rank0["waited"] < 10
+    # Gloo names the timeout it applied; it cannot give up before it, and far more than 5x
+    # later would not be the user's timeout (Gloo's own is 30 minutes).
+    assert f"Timed out waiting {USER_TIMEOUT_S * 1000}ms" in rank0["error"], rank0
+    assert 0.8 * USER_TIMEOUT_S < rank0["waited"] < 5 * USER_TIMEOUT_S, rank0
 
 
 def test_incomplete_launcher_environment_is_a_clear_error():
@@ -119,6 +138,7 @@ def _adopt_cuda_only_group():
     return result
 
 
+@pytest.mark.launches
 def test_a_group_without_cpu_backend_gets_a_gloo_control_group_for_small_tensors():
     results = launch(_adopt_cuda_only_group, 2)
     for result in results:

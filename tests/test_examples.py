@@ -3,7 +3,11 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.harness import REPO_ROOT
+
+pytestmark = pytest.mark.launches  # every test here starts processes
 
 
 def test_the_readmes_complete_example_trains(tmp_path):

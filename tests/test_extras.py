@@ -61,6 +61,7 @@ def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.launches
 def test_report_without_matplotlib_says_which_extra_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -101,6 +102,7 @@ def test_a_package_that_is_installed_but_broken_is_not_called_missing(tmp_path, 
     )
 
 
+@pytest.mark.launches
 def test_training_without_tensorboard_warns_once_and_keeps_metrics_jsonl(tmp_path):
     run_dir = tmp_path / "run"
     done = _python(

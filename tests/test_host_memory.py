@@ -46,6 +46,7 @@ def faults_of_reallocating(setup: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.launches
 @needs_glibc
 def test_reuse_keeps_a_freed_block_for_the_next_allocation():
     released = faults_of_reallocating("")
@@ -82,6 +83,7 @@ print(resident() - settled, sum(sizes))
 """
 
 
+@pytest.mark.launches
 @needs_glibc
 def test_reused_memory_does_not_grow_from_step_to_step():
     # What a healthy job could lose to reuse: a heap that fragments and grows every step.
@@ -91,6 +93,7 @@ def test_reused_memory_does_not_grow_from_step_to_step():
     assert growth < step_bytes / 20
 
 
+@pytest.mark.launches
 @needs_glibc
 @pytest.mark.parametrize(("setting", "reuses"), [("auto", True), ("reuse", True), ("release", False)])
 def test_a_cpu_trainer_applies_its_setting_at_setup(setting, reuses, tmp_path):

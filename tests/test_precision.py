@@ -31,6 +31,7 @@ def _bf16_step():
     return seen
 
 
+@pytest.mark.launches
 def test_bf16_autocasts_the_forward_and_keeps_fp32_weights_and_grads(world_size):
     results = launch(_bf16_step, world_size)
     for seen in results:
@@ -45,6 +46,7 @@ def test_fp16_on_cpu_is_refused_with_the_alternative():
         gradsync.setup(precision="fp16", device="cpu")
 
 
+@pytest.mark.launches
 def test_fp16_scaling_unscales_before_clipping_and_counts_overflow_skips(monkeypatch, tmp_path, capfd):
     # fp16 training is a CUDA feature; its CPU refusal is tested above. The scaling logic is the
     # same on every device, so this test lifts the refusal to exercise it with CPU autocast.

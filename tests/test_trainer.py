@@ -9,6 +9,8 @@ import gradsync
 from gradsync import ConfigError, GradsyncError
 from tests.harness import launch
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 
 def data(n=16):
     return TensorDataset(torch.randn(n, 4), torch.randn(n, 1))

@@ -41,6 +41,7 @@ def _run_cli(*args):
     )
 
 
+@pytest.mark.launches
 def test_a_real_sweep_prints_the_documented_json(tmp_path):
     output = tmp_path / "sweep.json"
     done = _run_cli("--max-bytes", "64K", "--factor", "4", "--iters", "5", "--json", "--output", str(output))
@@ -56,6 +57,7 @@ def test_a_real_sweep_prints_the_documented_json(tmp_path):
     assert "busbw (GB/s)" in render(data)
 
 
+@pytest.mark.launches
 def test_bad_options_are_refused_before_any_worker_starts():
     done = _run_cli("--max-bytes", "lots")
     assert done.returncode == 2 and "size 'lots'" in done.stderr

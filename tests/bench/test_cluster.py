@@ -137,6 +137,7 @@ def _addresses(cluster: SimulatedCluster, index: int) -> set[tuple[str, str, str
 # --- a real cluster ----------------------------------------------------------------------------
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("hosts", [2, 3])
 def test_hosts_are_isolated_connected_and_removed(needs_cluster, hosts):
@@ -159,17 +160,23 @@ def test_hosts_are_isolated_connected_and_removed(needs_cluster, hosts):
     cluster.close()  # idempotent
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(60)
 def test_link_is_shaped(needs_cluster):
     size = 3_000_000
     with SimulatedCluster(ClusterSpec(hosts=2, link="50mbit")) as cluster:
+        shaping = [subprocess.run(["tc", "-n", host.name, "qdisc", "show", "dev", host.interface],
+                                  capture_output=True, text=True, check=True).stdout for host in cluster.hosts]
         server_out, _ = _serve_and_connect(cluster, "rate", size)
+    assert all("tbf" in qdisc and "rate 50Mbit" in qdisc for qdisc in shaping), shaping
     measured = json.loads(server_out.strip().splitlines()[-1])
     assert measured["bytes"] == size
     mbit_s = measured["bytes"] * 8 / measured["seconds"] / 1e6
     print(f"50mbit link: measured {mbit_s:.1f} Mbit/s")
-    # Unshaped veth moves several Gbit/s here; the band only proves the 50 Mbit/s limit applies.
-    assert 20 < mbit_s < 70, f"measured {mbit_s:.1f} Mbit/s on a 50mbit link"
+    # Unshaped veth moves several Gbit/s here: under the rate (plus its small burst) the limit
+    # applies. A busy machine only slows the transfer, so no lower bound: that the rate is 50
+    # Mbit/s and not less is what tc says it was given, above.
+    assert mbit_s < 70, f"measured {mbit_s:.1f} Mbit/s on a 50mbit link"
 
 
 TORCH_SCRIPT = """
@@ -193,6 +200,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(180)
 def test_torchrun_gloo_all_reduce_across_hosts(needs_cluster, tmp_path, monkeypatch, capsys):
     script = tmp_path / "allreduce.py"
@@ -214,6 +222,7 @@ def test_torchrun_gloo_all_reduce_across_hosts(needs_cluster, tmp_path, monkeypa
     assert list_namespaces() == []
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(60)
 def test_a_failing_host_fails_the_run_and_everything_is_removed(needs_cluster, capsys):
     started = time.monotonic()
@@ -236,6 +245,7 @@ def test_a_failing_host_fails_the_run_and_everything_is_removed(needs_cluster, c
     assert list_namespaces() == []
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(60)
 def test_a_half_built_cluster_is_removed(needs_cluster, monkeypatch):
     def broken_shape(self, namespace, interface):
@@ -262,6 +272,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.launches
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_removes_the_cluster(needs_cluster, signum):

@@ -13,6 +13,7 @@ from benchmarks.gpu_check import CheckFailed, CheckSkipped, Done, Result, Runner
 from tests.harness import REPO_ROOT
 
 
+@pytest.mark.launches
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the script would run its checks")
 def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
     output = tmp_path / "table.md"
@@ -70,6 +71,7 @@ def test_a_failing_command_is_reported_with_its_last_lines(tmp_path):
     assert Done(0, output, log).require_success("the sweep").returncode == 0
 
 
+@pytest.mark.launches
 def test_a_hanging_command_is_killed_at_its_timeout_and_the_budget_stops_the_rest(tmp_path):
     runner = Runner(tmp_path, budget_s=60)
     done = runner.run("sleeper", [sys.executable, "-c", "print('started', flush=True); import time; time.sleep(60)"],

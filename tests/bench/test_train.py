@@ -34,12 +34,19 @@ def test_over_twice_as_many_rounds_as_configs_each_config_runs_in_every_place_of
     assert {round_order(configs, r).index("plain") for r in range(4)} == {0, 1, 2, 3}
 
 
+# Eleven jobs (three lone references, four configurations twice), each starting its processes:
+# 117 s on an idle 2-core machine. The hang guard is over 5x that; pytest's own comes after it.
+BENCH_TIMEOUT_S = 600
+
+
+@pytest.mark.launches
+@pytest.mark.timeout(BENCH_TIMEOUT_S + 60)
 def test_a_small_benchmark_runs_peers_and_configs_in_interleaved_rounds_and_draws_it(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "gradsync", "bench", "train", "--workload", "mlp", "--configs", "plain,fp32,int8,diloco",
          "--steps", "6", "--warmup", "2", "--batch-size", "16", "--periodic-every", "3", "--json", "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=240,
+        capture_output=True, text=True, env=env, timeout=BENCH_TIMEOUT_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

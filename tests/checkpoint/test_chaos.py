@@ -13,10 +13,17 @@ import random
 
 import pytest
 
-from benchmarks.chaos import EVERY, KINDS, STALL_TIMEOUT_S, Outcome, Trial, damage, plan, reference, root_problem, run_trial, table
+from benchmarks.chaos import (
+    EVERY, KINDS, STALL_TIMEOUT_S, TRIAL_TIMEOUT_S, Outcome, Trial, damage, plan, reference, root_problem, run_trial, table,
+)
+
+# Two references and two trials, each its own hang guard (TRIAL_TIMEOUT_S, then 10 s to read its
+# output): the test's guard is what they add up to. It took 129 s on an idle 2-core machine.
+LAUNCHES = 4
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.launches
+@pytest.mark.timeout(LAUNCHES * (TRIAL_TIMEOUT_S + 10))
 def test_a_few_chaos_trials_end_bitwise_equal_and_are_detected_in_time(tmp_path):
     trials = [
         Trial("sigkill-sync-save", seed=1, world_size=3, step=2 * EVERY, rank=2),  # resumes from the save before

@@ -5,9 +5,13 @@ Real Gloo ranks writing to a real 1 MB tmpfs (needs root)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.checkpoint.conftest import fill
 from tests.checkpoint.train_script import train, train_expecting_error
 from tests.harness import launch
+
+pytestmark = pytest.mark.launches  # every test here starts processes
 
 
 def _committed(root) -> list[str]:

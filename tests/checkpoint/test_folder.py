@@ -32,6 +32,7 @@ def _copy(folder: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(folder, tmp_path / "ckpt"))
 
 
+@pytest.mark.launches
 def test_a_fresh_run_refuses_a_folder_with_another_runs_checkpoints(older_run, tmp_path):
     folder = _copy(older_run, tmp_path)
     outcomes = launch(train_expecting_error, 2, checkpoint_dir=str(folder), resume=None)
@@ -43,6 +44,7 @@ def test_a_fresh_run_refuses_a_folder_with_another_runs_checkpoints(older_run, t
     assert _steps(folder) == [24, 27, 30], "nothing was touched"
 
 
+@pytest.mark.launches
 def test_overwrite_removes_the_other_run_before_the_first_save(older_run, tmp_path):
     # Without the refusal, keep-newest counted the older run's 24, 27 and 30 and deleted this
     # run's 3 and 6 right after saving them; a crash then resume="auto" continued the old run.
@@ -53,6 +55,7 @@ def test_overwrite_removes_the_other_run_before_the_first_save(older_run, tmp_pa
     assert not (folder / "step-000000030").exists()
 
 
+@pytest.mark.launches
 def test_resuming_from_an_older_checkpoint_of_the_folder_refuses_its_newer_ones(older_run, tmp_path):
     folder = _copy(older_run, tmp_path)
     older = str(folder / "step-000000024")

@@ -14,6 +14,8 @@ from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
 from gradsync.distributed import free_port
 from tests.checkpoint.hosts import launch_on_host, wait_for
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 
 def _launcher(cluster: SimulatedCluster, host: int, port: int, tmp_path: Path, restarts: int):
     return launch_on_host(cluster, host, port, tmp_path, nnodes="2", restarts=restarts, rdzv_id="multihost-test",

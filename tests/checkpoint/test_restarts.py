@@ -21,6 +21,8 @@ import pytest
 
 from tests.harness import REPO_ROOT
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 SCRIPT = "tests/checkpoint/train_script.py"
 
 

@@ -12,6 +12,8 @@ import pytest
 from tests.checkpoint.train_script import SAMPLES, train, train_expecting_error
 from tests.harness import launch
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 
 def _steps(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir())

@@ -55,6 +55,7 @@ def _reference(method, lr, momentum, world=2):
     return offsets
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("method, lr, momentum", [("average", 0.7, 0.9), ("diloco", 0.7, 0.9), ("diloco", 1.0, 0.0)])
 def test_ranks_agree_every_period_on_the_average_or_on_diloco_s_outer_step(method, lr, momentum):
     results = launch(_agree_by_hand, 2, method=method, lr=lr, momentum=momentum)
@@ -112,6 +113,7 @@ def _train(run_dir, epochs, method="average", checkpoint_dir=None, save_after_ep
             "differs_mid_period": differs_mid_period}
 
 
+@pytest.mark.launches
 def test_the_trainer_steps_alone_and_agrees_every_period_and_at_each_epoch_s_end(tmp_path):
     results = launch(_train, 2, run_dir=str(tmp_path), epochs=2)
     for result in results:
@@ -123,6 +125,7 @@ def test_the_trainer_steps_alone_and_agrees_every_period_and_at_each_epoch_s_end
     assert reductions == {step: int(step in (3, 5, 8, 10)) for step in range(1, 11)}, reductions
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("method", ["average", "diloco"])
 def test_a_resumed_periodic_run_ends_bitwise_where_the_uninterrupted_one_did(tmp_path, method):
     checkpoints = str(tmp_path / "ckpt")

@@ -70,6 +70,7 @@ def sbatch_directives() -> dict[str, str | None]:
     return directives
 
 
+@pytest.mark.launches
 def test_sbatch_is_valid_bash():
     result = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -140,6 +141,7 @@ def run_sbatch(tmp_path: Path, gpus_env: str) -> tuple[dict[str, str | None], di
     return directives, recorded
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("gpu_type", ["", "h100:"], ids=["gpus", "typed-gpus"])
 def test_sbatch_launch_line(parser, tmp_path, gpu_type):
     gpus = int(sbatch_directives()["gpus-per-node"].rsplit(":", 1)[-1])

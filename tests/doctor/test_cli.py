@@ -95,6 +95,7 @@ def test_launcher_options_become_torchruns_rendezvous_options():
 # --- real runs -------------------------------------------------------------------------------------
 
 
+@pytest.mark.launches
 def test_doctor_alone_prints_a_table_and_exits_0(tmp_path):
     done, _ = doctor("--checkpoint-dir", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -109,6 +110,7 @@ def test_doctor_alone_prints_a_table_and_exits_0(tmp_path):
     assert "not measured (one process" in done.stdout and str(tmp_path) in unwrapped, done.stdout
 
 
+@pytest.mark.launches
 def test_doctor_alone_on_a_small_shm_and_a_small_disk_reports_both_and_exits_1(small_tmpfs):
     done, _ = doctor("--json", "--shm-path", str(small_tmpfs), "--checkpoint-dir", str(small_tmpfs / "ckpt"))
     assert done.returncode == 1, done.stdout + done.stderr
@@ -119,6 +121,7 @@ def test_doctor_alone_on_a_small_shm_and_a_small_disk_reports_both_and_exits_1(s
     assert checks["checkpoint disk"]["verdict"] == "problem" and checks["checkpoint disk"]["fix"]
 
 
+@pytest.mark.launches
 def test_doctor_with_two_processes_json_within_30_seconds(tmp_path):
     done, seconds = doctor("--nproc-per-node", "2", "--json", "--checkpoint-dir", str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -138,6 +141,7 @@ def test_doctor_with_two_processes_json_within_30_seconds(tmp_path):
     assert checks["same versions"]["value"].endswith("on all 2 ranks")
 
 
+@pytest.mark.launches
 def test_a_variable_that_hurts_is_a_warning_end_to_end(tmp_path):
     done, _ = doctor("--nproc-per-node", "2", "--checkpoint-dir", str(tmp_path), cwd=tmp_path,
                      env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL", "COLUMNS": "110"})
@@ -154,6 +158,7 @@ def test_a_variable_that_hurts_is_a_warning_end_to_end(tmp_path):
     assert "`gradsync run`" in following
 
 
+@pytest.mark.launches
 def test_a_problem_found_by_healthy_workers_is_exit_code_1(small_tmpfs):
     done, _ = doctor("--nproc-per-node", "2", "--checkpoint-dir", str(small_tmpfs), cwd=small_tmpfs)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -162,6 +167,7 @@ def test_a_problem_found_by_healthy_workers_is_exit_code_1(small_tmpfs):
     assert "failed" not in done.stderr, "the workers themselves succeeded: the exit code is the verdict's"
 
 
+@pytest.mark.launches
 def test_a_missing_gloo_interface_fails_every_rank_with_its_own_report(tmp_path):
     done, _ = doctor("--nproc-per-node", "2", "--json", cwd=tmp_path, env={"GLOO_SOCKET_IFNAME": "nosuch0"})
     assert done.returncode == 1, done.stdout + done.stderr
@@ -174,6 +180,7 @@ def test_a_missing_gloo_interface_fails_every_rank_with_its_own_report(tmp_path)
         assert checks["process group"]["verdict"] == "problem"
 
 
+@pytest.mark.launches
 def test_a_script_is_checked_under_gradsync_run_with_its_findings(tmp_path):
     script = Path(__file__).resolve().parents[1] / "run" / "doctor_zoo" / "no_sampler.py"
     done, _ = doctor("--nproc-per-node", "2", "--steps", "4", "--run-dir", str(tmp_path), str(script), cwd=tmp_path)

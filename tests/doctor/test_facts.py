@@ -5,6 +5,7 @@ import resource
 import socket
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from gradsync.doctor import checks as C
@@ -46,6 +47,7 @@ def test_a_checkpoint_folder_not_yet_there_is_judged_where_it_would_be_created(t
     assert host.checkpoint_dir == str(tmp_path / "a" / "b")
 
 
+@pytest.mark.launches
 def test_a_small_tmpfs_as_shared_memory_and_checkpoint_disk(small_tmpfs):
     host = F.host_facts(str(small_tmpfs), str(small_tmpfs), with_topology=False)
     assert host.shm is not None and host.shm.total == 64 << 20
@@ -90,12 +92,24 @@ def test_rank_facts_on_this_machine(tmp_path):
     assert facts.torch == torch.__version__ and facts.cuda == torch.version.cuda
 
 
-def test_store_probe_waits_for_a_store_that_comes_up_late():
-    import threading
+def test_store_probe_waits_for_a_store_that_comes_up_late(monkeypatch):
+    # The store comes up during the probe's first pause after a refused connection: ordered by the
+    # probe's own steps, not by a timer racing it (a probe started late would never be refused).
+    import time
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         port = server.getsockname()[1]
-        threading.Timer(0.5, server.listen).start()
+        pauses = []
+
+        def pause(seconds):
+            pauses.append(seconds)
+            if len(pauses) == 1:
+                server.listen()
+            time.sleep(seconds)
+
+        monkeypatch.setattr(F, "time", SimpleNamespace(monotonic=time.monotonic, sleep=pause))
         probe = F.probe_store(1, "h", "127.0.0.1", port, timeout_s=1.0, wait_s=10)
-    assert probe.reachable and 0.4 < probe.seconds < 5
+    assert probe.reachable and probe.error is None, probe
+    assert len(pauses) == 1, "refused once, then connected on the next try"
+    assert probe.seconds >= pauses[0], "the time it waited is in its report"

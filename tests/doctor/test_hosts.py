@@ -13,6 +13,8 @@ import pytest
 from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
 from gradsync.distributed import free_port
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 BIN = Path(sys.executable).parent
 
 
@@ -43,9 +45,11 @@ def test_a_host_with_a_slow_link_is_named_by_the_pairwise_test(needs_cluster, tm
     assert checks["gloo interface"]["value"].endswith("from GLOO_SOCKET_IFNAME"), "the cluster pins Gloo to its link"
     pairwise = checks["pairwise"]
     assert pairwise["verdict"] == "warning", pairwise
-    assert "3 slow pair(s) of 6" in pairwise["value"]
-    assert "rank 3 (" in pairwise["message"] and "in every slow pair" in pairwise["message"]
+    # Host 3's pairs run at a tenth of the others' rate; only a pair of the others slowed 5x by
+    # the machine's load could hide them. What else the load slowed may be named too: the exact
+    # count and "rank 3 in every slow pair" are checked on given timings (test_checks.py).
     named = set(re.findall(r"(\d)<->(\d)", pairwise["message"]))
-    assert named == {("0", "3"), ("1", "3"), ("2", "3")}, pairwise["message"]
+    assert named >= {("0", "3"), ("1", "3"), ("2", "3")}, pairwise["message"]
+    assert re.search(r"[3-6] slow pair\(s\) of 6", pairwise["value"]), pairwise
     busbw = float(re.search(r"busbw ([\d.]+) GB/s", checks["all-reduce"]["value"])[1])
     assert busbw * 8 < 0.2, "a ring all-reduce runs at its slowest link's speed (100 Mbit/s)"

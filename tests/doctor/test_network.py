@@ -35,6 +35,7 @@ def _measure_network():
             "pairs": [[p.a, p.b, p.bytes, p.gbps] for p in pairs]}
 
 
+@pytest.mark.launches
 def test_all_reduce_and_pairwise_tests_on_three_gloo_ranks():
     results = launch(_measure_network, 3, timeout=120)
     for result in results:

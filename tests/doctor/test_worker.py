@@ -124,6 +124,7 @@ def _doctor_rank(result_dir: str) -> dict:
     return {"code": code, "report": json.loads(printed) if printed else None}
 
 
+@pytest.mark.launches
 def test_the_worker_runs_under_a_launcher_that_is_not_torchrun_on_three_ranks(tmp_path):
     from tests.harness import launch
 

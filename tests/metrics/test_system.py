@@ -1,13 +1,16 @@
 """The background system sampler: what it reads, on which interface, and its means per interval."""
 
+import os
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from gradsync.metrics.config import MetricsConfig
 from gradsync.errors import ConfigError
+from gradsync.metrics import system
 from gradsync.metrics.system import SystemSampler
 from gradsync.netif import backend_interface
 
@@ -21,9 +24,10 @@ def test_the_backend_interface_is_the_configured_one_or_the_one_reaching_the_mas
     assert backend_interface({}) is None
 
 
-def _busy(seconds):
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+def _burn_cpu(seconds):
+    """Spend `seconds` of this process's CPU time, however long the machine takes to give it."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
         pass
 
 
@@ -46,23 +50,74 @@ def _send_over_loopback(megabytes):
     return sum(received)
 
 
-def test_means_per_interval_of_cpu_memory_and_loopback_traffic():
-    sampler = SystemSampler(0.02, interface="lo").start()
+# psutil reads a process's CPU time in clock ticks, user and system time each cut to a whole
+# tick, and rounds its percentage to 0.1: a reading is off by up to two ticks, three to be safe.
+TICKS_S = 3 / os.sysconf("SC_CLK_TCK")
+
+
+def test_one_reading_gives_the_cpu_and_traffic_of_its_interval():
+    # The interval is bracketed from inside and outside by this test's own clocks, so the bounds
+    # hold however busy the machine is: it only stretches the interval, never the work in it.
+    sampler = SystemSampler(60.0, interface="lo")  # not started: the readings are this test's
+    outer_wall, outer_cpu = time.monotonic(), time.process_time()
+    sampler.sample()  # starts the interval
+    inner_wall, inner_cpu = time.monotonic(), time.process_time()
+    _burn_cpu(0.2)
+    assert _send_over_loopback(64) == 64 << 20
+    inner_cpu, inner_wall = time.process_time() - inner_cpu, time.monotonic() - inner_wall
+    reading = sampler.sample()
+    outer_cpu, outer_wall = time.process_time() - outer_cpu, time.monotonic() - outer_wall
+    used_s = reading["cpu_percent"] / 100
+    assert (inner_cpu - TICKS_S) / outer_wall <= used_s <= (outer_cpu + TICKS_S) / inner_wall, (reading, inner_cpu, outer_wall)
+    # Loopback counts our 64 MiB each way, and whatever else used it meanwhile.
+    least_mbps = (64 << 20) * 8 / outer_wall / 1e6
+    assert reading["net_sent_mbps"] >= least_mbps and reading["net_recv_mbps"] >= least_mbps, (reading, least_mbps)
+    assert reading["rss_mb"] > 50
+    assert not any(key.startswith("gpu_") for key in reading), "no NVML here: GPU keys are absent"
+
+
+class _Readings:
+    """psutil.Process's two calls the sampler makes, answering from a script."""
+
+    def __init__(self, cpu_percent, rss_mb):
+        self._cpu, self._rss = iter(cpu_percent), iter(rss_mb)
+
+    def cpu_percent(self, interval):
+        return next(self._cpu)
+
+    def memory_info(self):
+        return type("Memory", (), {"rss": next(self._rss) * 2**20})()
+
+
+def test_take_gives_the_means_of_the_readings_since_the_last_take(monkeypatch):
+    sent = iter([1000, 3000, 5000, 6000, 6000])  # bytes, one count per reading (the first: at construction)
+    monkeypatch.setattr(system.psutil, "net_io_counters", lambda pernic: {"lo": _Nic(next(sent))})
+    clock = iter([0.0, 1.0, 2.0, 3.0, 5.0])
+    monkeypatch.setattr(system, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    sampler = SystemSampler(60.0, interface="lo")  # not started: each reading is taken below
+    sampler._process = _Readings(cpu_percent=[50.0, 70.0, 90.0, 20.0], rss_mb=[100.0, 200.0, 300.0, 400.0])
+    sampler._add_sample()
+    sampler._add_sample()
+    first = sampler.take()
+    assert first == {"cpu_percent": 60.0, "rss_mb": 150.0, "net_sent_mbps": 2000 * 8 / 1e6, "net_recv_mbps": 0.0}
+    sampler._add_sample()
+    assert sampler.take() == {"cpu_percent": 90.0, "rss_mb": 300.0, "net_sent_mbps": 1000 * 8 / 1e6, "net_recv_mbps": 0.0}
+    # Nothing sampled since: take() reads once itself, so every gather carries figures.
+    assert sampler.take() == {"cpu_percent": 20.0, "rss_mb": 400.0, "net_sent_mbps": 0.0, "net_recv_mbps": 0.0}
+
+
+class _Nic:
+    def __init__(self, bytes_sent):
+        self.bytes_sent, self.bytes_recv = bytes_sent, 0
+
+
+def test_the_sampler_thread_reads_until_stopped():
+    sampler = SystemSampler(0.01, interface="lo").start()
     try:
-        sampler.take()  # whatever came before this interval is discarded
-        wall, cpu = time.perf_counter(), time.process_time()
-        _busy(0.3)
-        share = (time.process_time() - cpu) / (time.perf_counter() - wall) * 100  # of one core, as the OS gave it
-        busy = sampler.take()
-        # The share a busy loop gets depends on the machine's other load (tests run two at a time):
-        # the sampler must see about what the process itself measured.
-        assert share > 5 and busy["cpu_percent"] > 0.5 * share, (busy, share)
-        assert busy["rss_mb"] > 50
-        assert _send_over_loopback(64) == 64 << 20
-        time.sleep(0.05)
-        sent = sampler.take()
-        assert sent["net_sent_mbps"] > 0 and sent["net_recv_mbps"] > 0, sent
-        assert not any(key.startswith("gpu_") for key in sent), "no NVML here: GPU keys are absent"
+        # Waits for the thread's readings (any count will do) instead of sleeping a guessed time.
+        while not sampler._samples:
+            time.sleep(0.01)
+        assert sampler.take()["rss_mb"] > 50
     finally:
         sampler.stop()
     assert not sampler._thread.is_alive()

@@ -9,6 +9,8 @@ import pytest
 from tests.checkpoint.train_script import SAMPLES, train, train_expecting_error
 from tests.harness import launch
 
+pytestmark = pytest.mark.launches  # every test here starts processes
+
 # (strategy, ranks): 2-D meshes are 2 x 2.
 CASES = [("fsdp", 2), ("hsdp", 4), ("tp", 2), ("fsdp+tp", 4)]
 

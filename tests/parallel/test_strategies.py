@@ -135,6 +135,7 @@ def assert_params_close(actual, expected):
         assert torch.allclose(torch.tensor(a), torch.tensor(e), rtol=0, atol=1e-12), (a[:3], e[:3])
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(("parallel", "ranks"), CASES, ids=IDS)
 def test_accumulation_reduces_once_and_skips_keep_the_big_batch_gradient(parallel, ranks):
     # Batch 1 is inside a window, 3 ends one (its gradients were never reduced), the epoch's
@@ -162,6 +163,7 @@ def test_accumulation_reduces_once_and_skips_keep_the_big_batch_gradient(paralle
     assert first["summary"]["parallel"]["strategy"] == parallel
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(("parallel", "ranks"), [("fsdp", 2), ("fsdp+tp", 4)], ids=["fsdp-2", "fsdp+tp-4"])
 def test_a_nan_loss_on_one_rank_is_skipped_by_all(parallel, ranks):
     results = launch(_train, ranks, parallel=parallel, nan_samples=list(range(0, SAMPLES, 7)), timeout=150)
@@ -191,6 +193,7 @@ def _metered(parallel):
     return rows
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(("parallel", "ranks"), [("fsdp", 2), ("hsdp", 4)], ids=["fsdp-2", "hsdp-4"])
 def test_fsdp_meters_the_bytes_of_every_gather_and_reduction(parallel, ranks):
     rows = launch(_metered, ranks, parallel=parallel, timeout=150)[0]
@@ -207,6 +210,7 @@ def test_fsdp_meters_the_bytes_of_every_gather_and_reduction(parallel, ranks):
         assert comm["all_reduce_bytes"] == (pytest.approx(parameters / shard_group) if parallel == "hsdp" else 0)
 
 
+@pytest.mark.launches
 def test_tensor_parallelism_meters_its_exchanges_on_a_sample_of_steps_and_carries_them_between():
     from gradsync.parallel.tp import METERED_EVERY, METERED_FIRST_STEPS
 
@@ -250,6 +254,7 @@ def test_options_that_cannot_work_with_a_strategy_are_refused_with_the_reason(op
     assert error is not None and says in error
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize(("parallel", "says"), [
     ({"strategy": "hsdp"}, "Give parallel.shard_size"),
     ({"strategy": "hsdp", "shard_size": 3}, "does not divide"),
@@ -284,6 +289,7 @@ def _mixed_precision(precision, compression):
             "gathered": comm["all_gather_bytes"], "reduced": comm["reduce_scatter_bytes"]}
 
 
+@pytest.mark.launches
 def test_fsdp_mixed_precision_gathers_and_computes_in_bf16_and_reduces_as_asked():
     fp32 = launch(_mixed_precision, 2, precision="fp32", compression="none")[0]
     bf16 = launch(_mixed_precision, 2, precision="bf16", compression="none")[0]
@@ -326,6 +332,7 @@ def _full_head_count():
     return None
 
 
+@pytest.mark.launches
 def test_attention_that_splits_heads_by_their_full_count_is_explained_under_tensor_parallelism():
     for error in launch(_full_head_count, 2, timeout=150):
         assert error is not None and "1/2 of what it asked for" in error and "view(batch, length, -1, head_dim)" in error
@@ -352,6 +359,7 @@ def _adamw_multi_tensor(steps):
             "foreach": [group["foreach"] for group in optimizer.param_groups]}
 
 
+@pytest.mark.launches
 def test_tensor_parallelism_steps_a_multi_tensor_optimizer_over_split_and_unsplit_layers_as_one_process_would():
     results = launch(_adamw_multi_tensor, 2, steps=4, timeout=150)
     assert results[0]["applied"] == results[1]["applied"]  # a tensor-parallel group shares its batches

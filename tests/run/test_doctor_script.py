@@ -24,6 +24,7 @@ from gradsync.run.check_primitives import (
 )
 from gradsync.doctor.script_findings import script_check_findings
 from tests.run.doctor_harness import DoctorRun, assert_failed, assert_warned, run_all
+from tests.timed_findings import untimed_warning_lines
 
 # Under `make test` another test file runs beside these runs: more than pytest's default 300 s.
 pytestmark = pytest.mark.timeout(900)
@@ -57,6 +58,7 @@ def doctor(tmp_path_factory) -> dict[str, DoctorRun]:
 # -- one script per mistake ---------------------------------------------------------------------
 
 
+@pytest.mark.launches
 def test_identical_batches_on_every_rank(doctor):
     run = doctor["no_sampler"]
     finding = run.only("no_distributed_sampler", "error")
@@ -67,6 +69,7 @@ def test_identical_batches_on_every_rank(doctor):
     assert_failed(run, "no_distributed_sampler")
 
 
+@pytest.mark.launches
 def test_sampler_iterated_again_without_set_epoch(doctor):
     run = doctor["epoch_not_set"]
     finding = run.only("sampler_epoch_not_set", "warning")
@@ -76,6 +79,7 @@ def test_sampler_iterated_again_without_set_epoch(doctor):
     assert_warned(run, "sampler_epoch_not_set")
 
 
+@pytest.mark.launches
 def test_uneven_batches_per_rank(doctor):
     run = doctor["uneven_shards"]
     finding = run.only("uneven_batches", "error")
@@ -87,6 +91,7 @@ def test_uneven_batches_per_rank(doctor):
     assert_failed(run, "uneven_batches")
 
 
+@pytest.mark.launches
 def test_accumulation_without_no_sync(doctor):
     run = doctor["accumulation_no_sync"]
     finding = run.only("accumulation_without_no_sync", "warning")
@@ -98,6 +103,7 @@ def test_accumulation_without_no_sync(doctor):
     assert_warned(run, "accumulation_without_no_sync")
 
 
+@pytest.mark.launches
 def test_rank_local_parameter_update(doctor):
     run = doctor["rank_local_update"]
     # Named at the first step it shows, on the rank that did it, after the step it followed.
@@ -109,6 +115,7 @@ def test_rank_local_parameter_update(doctor):
     assert run.returncode == 1 and "gradsync run: FAILED: update_differs (rank 1)" in run.output, run.explain()
 
 
+@pytest.mark.launches
 def test_batchnorm_buffers_without_buffer_sync(doctor):
     run = doctor["bn_buffers_unsynced"]
     finding = run.only("buffers_diverged", "error")  # the parameters themselves stay equal
@@ -118,6 +125,7 @@ def test_batchnorm_buffers_without_buffer_sync(doctor):
     assert_failed(run, "buffers_diverged")
 
 
+@pytest.mark.launches
 def test_find_unused_parameters_without_unused_parameters(doctor):
     run = doctor["find_unused_all_used"]
     finding = run.only("find_unused_parameters_unneeded", "warning")
@@ -127,6 +135,7 @@ def test_find_unused_parameters_without_unused_parameters(doctor):
     assert_warned(run, "find_unused_parameters_unneeded")
 
 
+@pytest.mark.launches
 def test_nonfinite_gradients_are_reported_in_doctor_mode(doctor):
     run = doctor["nan_on_rank1"]
     finding = run.only("nonfinite_gradients", "warning")  # the NaN spread to both replicas alike
@@ -134,12 +143,14 @@ def test_nonfinite_gradients_are_reported_in_doctor_mode(doctor):
     assert finding["locations"] == {"1": run.line("backward")}
 
 
+@pytest.mark.launches
 def test_unused_parameters_are_reported_in_doctor_mode(doctor):
     run = doctor["unused_parameter_find"]
     finding = run.only("unused_parameters", "warning")  # so find_unused_parameters is needed: no other warning
     assert finding["details"]["parameters"] == ["unused_head.weight", "unused_head.bias"], run.explain()
 
 
+@pytest.mark.launches
 def test_tensor_parallel_ranks_fed_different_batches(doctor):
     run = doctor["tp_data_by_global_rank"]
     finding = run.only("tensor_parallel_inputs_differ", "error")
@@ -150,6 +161,7 @@ def test_tensor_parallel_ranks_fed_different_batches(doctor):
     assert_failed(run, "tensor_parallel_inputs_differ")
 
 
+@pytest.mark.launches
 def test_fsdp_on_the_root_alone_is_a_warning(doctor):
     run = doctor["fsdp_root_only"]
     finding = run.only("fsdp_root_holds_most", "warning")
@@ -162,14 +174,16 @@ def test_fsdp_on_the_root_alone_is_a_warning(doctor):
 # -- healthy scripts and how ranks end ----------------------------------------------------------
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_scripts_get_no_findings(doctor, name):
     run = doctor[name]
     assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
     assert run.findings() == [], run.explain()
-    assert "gradsync run: ok: 2 ranks finished" in run.output and "warning:" not in run.output, run.explain()
+    assert "gradsync run: ok: 2 ranks finished" in run.output and untimed_warning_lines(run.output) == [], run.explain()
 
 
+@pytest.mark.launches
 def test_every_rank_stops_right_after_its_kth_optimizer_step(doctor):
     for name in ("healthy_ddp", "no_sampler", "uneven_shards"):
         run = doctor[name]
@@ -179,6 +193,7 @@ def test_every_rank_stops_right_after_its_kth_optimizer_step(doctor):
             assert run.diagnosis["ranks"][str(rank)].startswith(f"stopped after optimizer step {run.steps} (--doctor-steps)")
 
 
+@pytest.mark.launches
 def test_a_script_shorter_than_k_steps_is_checked_on_what_it_did(doctor):
     run = doctor["healthy_accumulation"]
     for rank in (0, 1):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
 from gradsync.run import flight
 from gradsync.run.analysis import RankView, diagnose
@@ -189,6 +190,7 @@ ALONE_IN_A_FUNCTIONAL_ALL_REDUCE = """
 """
 
 
+@pytest.mark.launches
 def test_a_hung_gloo_job_leaves_dumps_that_gradsync_and_torchs_analyser_both_read(tmp_path):
     (tmp_path / "train.py").write_text(textwrap.dedent(ALONE_IN_A_FUNCTIONAL_ALL_REDUCE))
     done = subprocess.run(
@@ -209,6 +211,7 @@ def test_a_hung_gloo_job_leaves_dumps_that_gradsync_and_torchs_analyser_both_rea
     assert "missing ranks: {1}" in analyser.stdout + analyser.stderr, analyser.stderr
 
 
+@pytest.mark.launches
 def test_turned_off_it_leaves_no_dump(tmp_path):
     (tmp_path / "train.py").write_text("import torch.distributed as dist, torch\ndist.init_process_group('gloo')\n"
                                        "dist.all_reduce(torch.ones(1))\ndist.destroy_process_group()\n")
@@ -221,6 +224,7 @@ def test_turned_off_it_leaves_no_dump(tmp_path):
     assert not list(attempt.glob("flight*")) and (attempt / "rank0.exit.json").exists()
 
 
+@pytest.mark.launches
 def test_a_rank_that_destroyed_its_group_before_exiting_leaves_a_dump_torchs_analyser_reads(tmp_path):
     (tmp_path / "train.py").write_text("import time, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
                                        "dist.all_reduce(torch.ones(1))\ntime.sleep(1.5)\ndist.destroy_process_group()\n")

@@ -83,6 +83,7 @@ NOISY = """
 """
 
 
+@pytest.mark.launches
 def test_backend_log_lines_go_to_the_ranks_log_and_the_script_output_to_the_console(tmp_path):
     done, run_dir = _launch(tmp_path, NOISY)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -95,6 +96,7 @@ def test_backend_log_lines_go_to_the_ranks_log_and_the_script_output_to_the_cons
     assert "Sending process" not in done.stderr  # torchrun's agent's own lines go to launcher.log
 
 
+@pytest.mark.launches
 @pytest.mark.parametrize("show_all", [False, True])
 def test_the_filter_sorts_native_output_and_drains_after_the_writer_is_gone(tmp_path, show_all):
     # What a worker's descriptors 1 and 2 carry, written by a process that then exits at once
@@ -126,6 +128,7 @@ def test_the_filter_sorts_native_output_and_drains_after_the_writer_is_gone(tmp_
     assert b"profiler_start" in log.read_bytes() and b"terminate called" in log.read_bytes()
 
 
+@pytest.mark.launches
 def test_a_script_failing_on_every_rank_is_told_once_with_its_traceback(tmp_path):
     done, run_dir = _launch(tmp_path, """
         import json

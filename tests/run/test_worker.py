@@ -9,8 +9,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from gradsync.rundir.records import Snapshot
 from tests.harness import REPO_ROOT
+
+pytestmark = pytest.mark.launches  # every test here starts processes
 
 GRADSYNC = Path(sys.executable).parent / "gradsync"
 

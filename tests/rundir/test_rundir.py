@@ -78,6 +78,7 @@ def test_one_rule_chooses_the_folder(tmp_path, monkeypatch, no_inherited_folder)
     assert chosen == tmp_path / "launched" and "run_dir='elsewhere' is not used: gradsync run chose" in note
 
 
+@pytest.mark.launches
 def test_a_trainer_under_gradsync_run_writes_into_the_launchers_folder(tmp_path, no_inherited_folder):
     import gradsync
 

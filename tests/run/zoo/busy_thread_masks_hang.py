@@ -1,9 +1,9 @@
-"""A known limitation of `gradsync run`'s progress rule. Each rank runs a background prefetcher
-thread that augments images for its first 20 s (its warm-up budget), using about a third of a
-core. At step 3 rank 0 saves a checkpoint and calls `dist.barrier()` inside `if rank == 0:`,
-while rank 1 goes on to the next step's gradient all-reduce: a hang. While the prefetchers work,
-their CPU counts as progress, so the job is not stopped at the stall timeout; once they stop,
-the hang is diagnosed. Plain torchrun hangs."""
+"""A hang that a busy helper thread must not hide. Each rank runs a background prefetcher thread
+that augments images for its first 60 s (its warm-up budget), using about a third of a core. At
+step 3 rank 0 saves a checkpoint and calls `dist.barrier()` inside `if rank == 0:`, while rank 1
+goes on to the next step's gradient all-reduce: a hang. The prefetchers' CPU is not progress while
+the main threads wait in collectives, so the hang is diagnosed at the stall timeout, long before
+the prefetchers stop. Plain torchrun hangs."""
 
 import argparse
 import os
@@ -39,7 +39,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--save-at", type=int, default=3)
-    parser.add_argument("--prefetch-seconds", type=float, default=20.0)
+    parser.add_argument("--prefetch-seconds", type=float, default=60.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
