@@ -32,6 +32,15 @@ PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel", "gradsync.traine
 _context: Any = None
 
 
+def fixture_timeout_s(runs: int, at_a_time: int, run_timeout_s: float) -> float:
+    """The hang guard of a test whose fixture makes `runs` guarded runs, `at_a_time` at a time.
+
+    It is what the runs' own guards add up to: a fixed bound below that sum fails a healthy fixture
+    on a loaded machine while every run is still inside its own guard (the zoo's 900 s did, at
+    load 15, with 32 of its 44 jobs done)."""
+    return run_timeout_s * -(-runs // at_a_time)
+
+
 def _forkserver() -> Any:
     global _context
     if _context is None:

@@ -17,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness import REPO_ROOT
+import pytest
+
+from tests.harness import REPO_ROOT, fixture_timeout_s
 from tests.timed_findings import untimed
 
 RUN_TESTS = Path(__file__).parent
@@ -60,6 +62,16 @@ class DoctorRun:
         return f"{self.name}: exit {self.returncode}\n{json.dumps(self.diagnosis, indent=1)}\n{self.output[-3000:]}"
 
 
+# Each run's hang guard; `run_all` runs them AT_A_TIME at a time.
+RUN_TIMEOUT_S = 150
+AT_A_TIME = 2
+
+
+def guard_of(scripts: dict[str, tuple[str, int]]) -> pytest.MarkDecorator:
+    """pytest's hang guard for a test file whose fixture runs `scripts` with `run_all`."""
+    return pytest.mark.timeout(fixture_timeout_s(len(scripts), AT_A_TIME, RUN_TIMEOUT_S))
+
+
 def run_one(name: str, script: str, steps: int, root: Path) -> DoctorRun:
     run_dir = root / name
     command = [
@@ -68,16 +80,16 @@ def run_one(name: str, script: str, steps: int, root: Path) -> DoctorRun:
     ]
     # A script stopped after K steps never reaches its own clean-up: its temporary files go to `root`.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(root)}
-    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=150, env=env)
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     path = run_dir / "diagnosis.json"
     diagnosis = json.loads(path.read_text()) if path.exists() else {"findings": [], "missing": True}
     return DoctorRun(name, script, steps, done.returncode, done.stdout + done.stderr, diagnosis, run_dir)
 
 
 def run_all(scripts: dict[str, tuple[str, int]], root: Path) -> dict[str, DoctorRun]:
-    """Every script of `scripts` (name -> (script under tests/run, K)), two at a time."""
+    """Every script of `scripts` (name -> (script under tests/run, K)), AT_A_TIME at a time."""
     start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=AT_A_TIME) as pool:
         runs = list(pool.map(lambda item: run_one(item[0], *item[1], root), scripts.items()))
     print(f"\n{len(runs)} --doctor-steps runs in {time.monotonic() - start:.0f} s", file=sys.stderr)
     return {run.name: run for run in runs}

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.run.doctor_harness import assert_failed, assert_warned, run_all
+from tests.run.doctor_harness import assert_failed, assert_warned, guard_of, run_all
 from tests.timed_findings import untimed_warning_lines
-
-# Under `make test` another test file runs beside these runs: more than pytest's default 300 s.
-pytestmark = [pytest.mark.launches, pytest.mark.timeout(900)]
 
 # name -> (script under tests/run, K)
 SCRIPTS = {
@@ -35,6 +32,10 @@ SCRIPTS = {
     "healthy_loss_scale": ("doctor_zoo/healthy_loss_scale.py", 4),
     "healthy_rank0_duties": ("doctor_zoo/healthy_rank0_duties.py", 20),  # 16 steps: finishes before K
 }
+
+# The session's fixture makes every run above; pytest's default 300 s is less than they may take.
+pytestmark = [pytest.mark.launches, guard_of(SCRIPTS)]
+
 HEALTHY = ["healthy_seeding", "healthy_data_split", "healthy_loss_scale", "healthy_rank0_duties"]
 
 

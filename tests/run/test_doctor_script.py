@@ -23,11 +23,8 @@ from gradsync.run.check_primitives import (
     tensor_hash,
 )
 from gradsync.doctor.script_findings import script_check_findings
-from tests.run.doctor_harness import DoctorRun, assert_failed, assert_warned, run_all
+from tests.run.doctor_harness import DoctorRun, assert_failed, assert_warned, guard_of, run_all
 from tests.timed_findings import untimed_warning_lines
-
-# Under `make test` another test file runs beside these runs: more than pytest's default 300 s.
-pytestmark = pytest.mark.timeout(900)
 
 # name -> (script under tests/run, K)
 SCRIPTS = {
@@ -47,6 +44,10 @@ SCRIPTS = {
     "healthy_accumulation": ("zoo/healthy_accumulation.py", 20),  # 10 steps: finishes before K
     "healthy_gradsync": ("zoo/healthy_gradsync.py", 20),  # 16 steps: finishes before K
 }
+
+# The session's fixture makes every run above; pytest's default 300 s is less than they may take.
+pytestmark = guard_of(SCRIPTS)
+
 HEALTHY = ["healthy_ddp", "healthy_accumulation", "healthy_gradsync", "healthy_fsdp2_tp"]
 
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import torch
 
-from tests.harness import REPO_ROOT
+from tests.harness import REPO_ROOT, fixture_timeout_s
 from tests.timed_findings import untimed, untimed_warning_lines
 
 ZOO = Path(__file__).parent / "zoo"
@@ -83,7 +83,7 @@ AT_A_TIME = 3
 # The fixture runs inside whichever test asks for it first, so that test's guard is the one its
 # runs' own guards add up to: ~300 s quiet, ~1,230 s on a 2-core machine at load 15, where the
 # former 900 s ran out (its runs took 22-63 s each, under their 150 s).
-pytestmark = [pytest.mark.launches, pytest.mark.timeout(RUN_TIMEOUT_S * -(-len(BROKEN + HEALTHY) // AT_A_TIME))]
+pytestmark = [pytest.mark.launches, pytest.mark.timeout(fixture_timeout_s(len(BROKEN + HEALTHY), AT_A_TIME, RUN_TIMEOUT_S))]
 # Scripts that write files into the folder given as `--out DIR`: a folder of their own under
 # `gradsync run` and under plain torchrun, so the two can be compared.
 WRITES_FILES = ["healthy_checkpoint_files"]
