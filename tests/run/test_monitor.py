@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -138,3 +139,42 @@ def test_workers_that_died_before_reporting_print_failed_not_ok():
     text = render({"status": "failed", "trigger": "failure", "findings": [], "ranks": {},
                    "note": "no worker reported: they failed before the recorder started (see their output above)"})
     assert text.startswith("gradsync run: FAILED: no worker reported"), text
+
+
+
+def _main_thread_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("spins", [True, False])
+def test_a_rank_whose_snapshots_stopped_is_not_stalled_while_its_main_thread_works(tmp_path, spins):
+    """A rank's snapshot writer can be held up while the rank works (seen under load: both ranks of
+    a healthy job silent for 8 s while DDP's construction imported modules); the monitor then
+    reads the rank's main thread from /proc. Its clock moves 3 s between two polls (a 2 s stall
+    timeout: snapshots count as stale after 2.2 s), and between them the test lets the spinning
+    worker use 0.9 s of CPU, whatever the machine's load: 30% of a core by that clock, 3x the
+    threshold. The sleeping one uses none and is stalled."""
+    code = "while True: pass" if spins else "import time; time.sleep(60)"
+    worker = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        written = {**_snapshot(0, worker.pid, NOW), "world_size": 1, "last_progress": NOW}
+        write_json(RunDir(tmp_path).snapshot(0, 0), written)  # then never again
+        clock = [NOW]
+        reports = []
+        monitor = Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=2), lambda diagnosis, _: reports.append(diagnosis),
+                          clock=lambda: clock[0])
+        monitor.poll()  # fresh: no stall; the main thread's first reading
+        assert reports == []
+        if spins:
+            started, deadline = _main_thread_cpu_s(worker.pid), time.monotonic() + 120  # a hang guard only
+            while _main_thread_cpu_s(worker.pid) - started < 0.9:
+                assert time.monotonic() < deadline, "the spinning worker got no CPU in 120 s"
+                time.sleep(0.05)
+        clock[0] += 3.0
+        monitor.poll()
+        assert [d["trigger"] for d in reports] == ([] if spins else ["stall"])
+    finally:
+        worker.kill()
+        worker.wait()

@@ -15,9 +15,11 @@ from gradsync.run.stall import (
     Observation,
     RemoteRead,
     StallRules,
+    ThreadCpu,
     judge,
     last_active,
     made_progress,
+    main_thread_worked,
     progressing,
     rank_alive,
     remote_read,
@@ -42,9 +44,12 @@ def exit_record(ago: float, pid: int = OWN) -> dict:
     return {**snapshot(pid, seen=ago, progressed=ago), "exit": {"status": "finished", "code": 0, "time": NOW - ago}}
 
 
-def observe(snapshots: dict, exits: dict | None = None, running: set[int] = frozenset({OWN})) -> Observation:
-    """The attempt at NOW, where this launcher started OWN and `running` of its processes still run."""
-    return Observation(snapshots, exits or {}, NOW, ours=frozenset({OWN}), running=frozenset(running))
+def observe(snapshots: dict, exits: dict | None = None, running: set[int] = frozenset({OWN}),
+            working: set[int] = frozenset()) -> Observation:
+    """The attempt at NOW, where this launcher started OWN, `running` of its processes still run
+    and `working` of them have a main thread that used CPU since the monitor's last look."""
+    return Observation(snapshots, exits or {}, NOW, ours=frozenset({OWN}), running=frozenset(running),
+                       working=frozenset(working))
 
 
 # -- the thresholds -------------------------------------------------------------------------------
@@ -136,6 +141,41 @@ def test_a_rank_whose_agent_saw_it_end_is_not_alive():
     assert not rank_alive(ended, NOW, RULES)
     verdict = judge(observe({1: ended, 0: snapshot(progressed=TIMEOUT + 30)}), RULES)
     assert (verdict.stalled, verdict.idle_s, verdict.alive) == (False, 0.0, (0,))
+
+
+# -- a rank whose snapshots stopped coming -------------------------------------------------------
+
+
+@pytest.mark.parametrize("silent_for, working, active_now", [
+    (LOCAL_MAX_AGE + EPS, True, True),  # its writer is held up while its main thread works
+    (LOCAL_MAX_AGE, True, False),  # at the limit the snapshot still speaks for the rank
+    (LOCAL_MAX_AGE - EPS, True, False),  # fresh: its own judgement (a spin-wait in a collective is no progress)
+    (LOCAL_MAX_AGE + EPS, False, False),  # neither writes nor works: judged on its last progress
+])
+def test_a_rank_whose_snapshots_stopped_is_active_while_its_main_thread_works(silent_for, working, active_now):
+    state = snapshot(seen=silent_for, progressed=TIMEOUT + 30)
+    assert last_active(state, None, NOW, RULES, ours={OWN}, running={OWN},
+                       working={OWN} if working else set()) == (NOW if active_now else NOW - (TIMEOUT + 30))
+    verdict = judge(observe({0: state}, working={OWN} if working else set()), RULES)
+    assert verdict.stalled is not active_now
+
+
+def test_the_main_thread_of_another_nodes_rank_is_not_read_here():
+    """Its PID may name one of this launcher's processes, whose work says nothing of that rank."""
+    state = snapshot(pid=OWN, seen=LOCAL_MAX_AGE + EPS, progressed=TIMEOUT + 30, remote=True)
+    assert last_active(state, None, NOW, RULES, ours={OWN}, running={OWN}, working={OWN}) == NOW - (TIMEOUT + 30)
+
+
+@pytest.mark.parametrize("used, worked", [(0.75, False), (0.8, True), (0.875, True)])
+def test_a_main_thread_works_from_a_tenth_of_a_core(used, worked):
+    # From zero CPU seconds, so that the difference is the exact value given.
+    assert main_thread_worked(ThreadCpu(100.0, 0.0), ThreadCpu(108.0, used)) is worked
+
+
+def test_a_main_threads_first_reading_or_no_time_passed_judges_nothing():
+    reading = ThreadCpu(100.0, 3.0)
+    assert not main_thread_worked(None, reading)
+    assert not main_thread_worked(reading, ThreadCpu(100.0, 4.0))
 
 
 # -- exit records ---------------------------------------------------------------------------------

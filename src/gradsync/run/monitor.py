@@ -37,7 +37,7 @@ from gradsync.run.analysis import (
 )
 from gradsync.run.jobwide import JobBoard, RoundKey, StoreAddress
 from gradsync.run.options import RunOptions
-from gradsync.run.stall import Observation, RemoteRead, StallRules, judge, progressing, remote_read
+from gradsync.run.stall import Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
 from gradsync.doctor.script_findings import script_check_findings
 from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank
 
@@ -100,6 +100,7 @@ class Monitor(threading.Thread):
         self.exits_seen: dict[int, int] = {}  # attempt -> this node's exit records at the last poll
         self.agent_exits: dict[int, dict[int, dict[str, Any]]] = {}  # attempt -> rank -> how the agent saw it end
         self.silent: dict[int, set[int]] = {}  # attempt -> other nodes' ranks whose end never reached this node
+        self.main_thread_cpu: dict[int, ThreadCpu] = {}  # worker PID -> its main thread's CPU at the last poll
 
     def run(self) -> None:
         while not self.stopped.wait(self.poll_s):
@@ -137,23 +138,39 @@ class Monitor(threading.Thread):
         self.tracker(attempt).observe(snapshots)
         self._warn_on_drift(snapshots)
         now = self.clock()
-        verdict = judge(self._observe(snapshots, exits, ours, now), self.rules)
+        working = self._main_threads_working(snapshots, ours, now)
+        verdict = judge(self._observe(snapshots, exits, ours, now, working), self.rules)
         read = self._remote_read(attempt, verdict.idle_s, exits)
         if read is not None:
             # Whether the job is stuck: a rank on another node that progresses says no, and one
             # is enough to know it.
             until = (lambda s: progressing(s, now, self.rules)) if read.until_progress else None
             snapshots, exits = self._job_wide(attempt, snapshots, exits, read.max_age_s, until=until)
-            verdict = judge(self._observe(snapshots, exits, ours, now), self.rules)
+            verdict = judge(self._observe(snapshots, exits, ours, now, working), self.rules)
         if verdict.stalled:
             self._on_stall(attempt, snapshots, exits, verdict.alive, now, ours)
 
-    def _observe(self, snapshots, exits, ours: set[int], now: float) -> Observation:
+    def _observe(self, snapshots, exits, ours: set[int], now: float, working: set[int]) -> Observation:
         """What the stall rule judges: the states as read and, of the ranks this launcher runs
         that left no exit record, whose process still runs."""
         running = {s["pid"] for rank, s in snapshots.items()
                    if rank not in exits and s["pid"] in ours and not s.get("remote") and pid_alive(s["pid"])}
-        return Observation(snapshots, exits, now, frozenset(ours), frozenset(running))
+        return Observation(snapshots, exits, now, frozenset(ours), frozenset(running), frozenset(working))
+
+    def _main_threads_working(self, snapshots, ours: set[int], now: float) -> set[int]:
+        """This node's ranks whose main thread used CPU since the last poll, read from /proc: what
+        the stall rule asks of a rank whose snapshots stopped coming."""
+        working = set()
+        readings = {}
+        for pid in {s["pid"] for s in snapshots.values() if s["pid"] in ours and not s.get("remote")}:
+            cpu_s = _main_thread_cpu_s(pid)
+            if cpu_s is None:
+                continue
+            readings[pid] = ThreadCpu(now, cpu_s)
+            if main_thread_worked(self.main_thread_cpu.get(pid), readings[pid]):
+                working.add(pid)
+        self.main_thread_cpu = readings
+        return working
 
     def _remote_read(self, attempt: int, idle: float, exits: dict[int, dict[str, Any]]) -> RemoteRead | None:
         """How to read the other nodes' ranks at this poll (see stall.remote_read); None: not now,
@@ -472,6 +489,17 @@ def _stop(pids: list[int]) -> None:
             process.kill()  # psutil checks the pid still names the same process
         except psutil.Error:
             pass
+
+
+def _main_thread_cpu_s(pid: int) -> float | None:
+    """The CPU seconds process `pid`'s main thread (the thread whose id is the PID) has used; None
+    where /proc cannot tell (the process is gone, or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, in clock ticks
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _worker_pids() -> set[int]:

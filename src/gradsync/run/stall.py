@@ -2,7 +2,8 @@
 
 Two sides judge. Each rank's snapshot thread says whether the rank progressed since its last
 look (`made_progress`: its stack moved, or its other threads or children worked); the launcher's
-monitor says, from every rank's last progress, whether the job is stalled (`judge`).
+monitor says, from every rank's last progress, whether the job is stalled (`judge`), and
+whether a rank whose snapshots stopped coming still works (`main_thread_worked`).
 
 Why apart from the worker and the monitor: these decisions are made from times (CPU seconds
 over an interval, when each rank last progressed, how old its snapshot is) and from which of
@@ -42,6 +43,24 @@ def worked_elsewhere(before: CpuReading | None, after: CpuReading, share: float 
     elapsed = after.time_s - before.time_s
     return elapsed > 0 and (after.threads_s - before.threads_s >= share * elapsed
                             or after.children_s - before.children_s >= share * elapsed)
+
+
+@dataclass(frozen=True)
+class ThreadCpu:
+    """The CPU seconds a rank's main thread had used at `time_s` (the monitor's clock), read by the
+    monitor from outside the rank: it needs nothing of the rank's own threads."""
+
+    time_s: float
+    cpu_s: float
+
+
+def main_thread_worked(before: ThreadCpu | None, after: ThreadCpu, share: float = BUSY_SHARE) -> bool:
+    """Whether a rank's main thread used at least `share` of a core between the monitor's two
+    readings. Nothing to compare on the first reading, nor when no time passed."""
+    if before is None:
+        return False
+    elapsed = after.time_s - before.time_s
+    return elapsed > 0 and after.cpu_s - before.cpu_s >= share * elapsed
 
 
 def made_progress(stack_changed: bool, busy_elsewhere: bool, blocked_in_collective: bool) -> bool:
@@ -84,7 +103,8 @@ class Observation:
     `snapshots` and `exits`: rank -> its latest snapshot and its exit record, as read from the run
     folder and, on several nodes, the job board (another node's ranks marked "remote"). `ours`:
     the PIDs this launcher started; `running`: those of them still running (neither exited nor a
-    zombie), as far as the monitor checked them.
+    zombie), as far as the monitor checked them; `working`: those of them whose main thread used
+    CPU since the monitor's previous look (`main_thread_worked`).
     """
 
     snapshots: Mapping[int, Mapping[str, Any]]
@@ -92,6 +112,7 @@ class Observation:
     now: float
     ours: AbstractSet[int] = frozenset()
     running: AbstractSet[int] = frozenset()
+    working: AbstractSet[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -131,14 +152,23 @@ def rank_alive(snapshot: Mapping[str, Any], now: float, rules: StallRules,
 
 
 def last_active(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] | None, now: float, rules: StallRules,
-                ours: AbstractSet[int] = frozenset(), running: AbstractSet[int] = frozenset()) -> float:
+                ours: AbstractSet[int] = frozenset(), running: AbstractSet[int] = frozenset(),
+                working: AbstractSet[int] = frozenset()) -> float:
     """When the rank was last active: when it exited; when it was last seen, if it is gone
-    without an exit record (a rank that just died means the attempt is ending, not stuck); else
-    when it last made progress."""
+    without an exit record (a rank that just died means the attempt is ending, not stuck); now,
+    if its snapshots stopped coming while its main thread works; else when it last made progress.
+
+    A snapshot older than its writer's rhythm tells nothing of the rank since: its writer thread
+    was held up (seen on a loaded machine: both ranks of a healthy job silent for 8 s while DDP's
+    construction imported torch._dynamo). Its main thread's CPU, read from outside, still tells
+    whether the rank works; one that neither writes nor works is judged on its last progress."""
     if exit_record is not None:
         return exit_record["exit"]["time"]
     if not rank_alive(snapshot, now, rules, ours, running):
         return snapshot["time"]
+    writer_silent = now - snapshot["time"] > rules.snapshot_max_age_s(remote=False)
+    if writer_silent and snapshot["pid"] in working and not snapshot.get("remote"):
+        return now
     return snapshot["last_progress"]
 
 
@@ -146,7 +176,7 @@ def judge(seen: Observation, rules: StallRules) -> StallVerdict:
     """The stall rule: stalled when some rank still runs and none has been active for the stall
     timeout. `seen` must hold at least one snapshot."""
     now, timeout = seen.now, rules.stall_timeout_s
-    idle = min(now - last_active(state, seen.exits.get(rank), now, rules, seen.ours, seen.running)
+    idle = min(now - last_active(state, seen.exits.get(rank), now, rules, seen.ours, seen.running, seen.working)
                for rank, state in seen.snapshots.items())
     alive = tuple(rank for rank, state in seen.snapshots.items()
                   if rank not in seen.exits and rank_alive(state, now, rules, seen.ours, seen.running))
