@@ -45,11 +45,11 @@ def exit_record(ago: float, pid: int = OWN) -> dict:
 
 
 def observe(snapshots: dict, exits: dict | None = None, running: set[int] = frozenset({OWN}),
-            working: set[int] = frozenset()) -> Observation:
-    """The attempt at NOW, where this launcher started OWN, `running` of its processes still run
-    and `working` of them have a main thread that used CPU since the monitor's last look."""
+            worked_at: dict[int, float] | None = None) -> Observation:
+    """The attempt at NOW, where this launcher started OWN, `running` of its processes still run,
+    and `worked_at` says when the monitor last saw their main threads use CPU."""
     return Observation(snapshots, exits or {}, NOW, ours=frozenset({OWN}), running=frozenset(running),
-                       working=frozenset(working))
+                       worked_at=worked_at or {})
 
 
 # -- the thresholds -------------------------------------------------------------------------------
@@ -146,24 +146,29 @@ def test_a_rank_whose_agent_saw_it_end_is_not_alive():
 # -- a rank whose snapshots stopped coming -------------------------------------------------------
 
 
-@pytest.mark.parametrize("silent_for, working, active_now", [
-    (LOCAL_MAX_AGE + EPS, True, True),  # its writer is held up while its main thread works
-    (LOCAL_MAX_AGE, True, False),  # at the limit the snapshot still speaks for the rank
-    (LOCAL_MAX_AGE - EPS, True, False),  # fresh: its own judgement (a spin-wait in a collective is no progress)
-    (LOCAL_MAX_AGE + EPS, False, False),  # neither writes nor works: judged on its last progress
+@pytest.mark.parametrize("silent_for, worked_ago, last_active_ago", [
+    (LOCAL_MAX_AGE + EPS, 1.0, 1.0),  # its writer is held up while its main thread works
+    (LOCAL_MAX_AGE + EPS, TIMEOUT + 40, TIMEOUT + 30),  # worked before its last progress: that counts
+    (LOCAL_MAX_AGE + EPS, None, TIMEOUT + 30),  # neither writes nor was seen working: its last progress
+    (LOCAL_MAX_AGE, 1.0, TIMEOUT + 30),  # at the limit the snapshot still speaks for the rank
+    (LOCAL_MAX_AGE - EPS, 1.0, TIMEOUT + 30),  # fresh: its own judgement (a spin-wait in a collective is no progress)
 ])
-def test_a_rank_whose_snapshots_stopped_is_active_while_its_main_thread_works(silent_for, working, active_now):
+def test_a_rank_whose_snapshots_stopped_was_last_active_when_its_main_thread_last_worked(silent_for, worked_ago, last_active_ago):
     state = snapshot(seen=silent_for, progressed=TIMEOUT + 30)
-    assert last_active(state, None, NOW, RULES, ours={OWN}, running={OWN},
-                       working={OWN} if working else set()) == (NOW if active_now else NOW - (TIMEOUT + 30))
-    verdict = judge(observe({0: state}, working={OWN} if working else set()), RULES)
-    assert verdict.stalled is not active_now
+    worked_at = {} if worked_ago is None else {OWN: NOW - worked_ago}
+    assert last_active(state, None, NOW, RULES, ours={OWN}, running={OWN}, worked_at=worked_at) == NOW - last_active_ago
+
+
+@pytest.mark.parametrize("worked_ago, stalled", [(TIMEOUT - EPS, False), (TIMEOUT, True)])
+def test_a_silent_rank_whose_main_thread_worked_within_the_stall_timeout_is_no_stall(worked_ago, stalled):
+    verdict = judge(observe({0: snapshot(seen=TIMEOUT + 30, progressed=TIMEOUT + 30)}, worked_at={OWN: NOW - worked_ago}), RULES)
+    assert (verdict.stalled, verdict.idle_s) == (stalled, worked_ago)
 
 
 def test_the_main_thread_of_another_nodes_rank_is_not_read_here():
     """Its PID may name one of this launcher's processes, whose work says nothing of that rank."""
     state = snapshot(pid=OWN, seen=LOCAL_MAX_AGE + EPS, progressed=TIMEOUT + 30, remote=True)
-    assert last_active(state, None, NOW, RULES, ours={OWN}, running={OWN}, working={OWN}) == NOW - (TIMEOUT + 30)
+    assert last_active(state, None, NOW, RULES, ours={OWN}, running={OWN}, worked_at={OWN: NOW}) == NOW - (TIMEOUT + 30)
 
 
 @pytest.mark.parametrize("used, worked", [(0.75, False), (0.8, True), (0.875, True)])

@@ -100,7 +100,8 @@ class Monitor(threading.Thread):
         self.exits_seen: dict[int, int] = {}  # attempt -> this node's exit records at the last poll
         self.agent_exits: dict[int, dict[int, dict[str, Any]]] = {}  # attempt -> rank -> how the agent saw it end
         self.silent: dict[int, set[int]] = {}  # attempt -> other nodes' ranks whose end never reached this node
-        self.main_thread_cpu: dict[int, ThreadCpu] = {}  # worker PID -> its main thread's CPU at the last poll
+        self.main_thread_cpu: dict[int, ThreadCpu] = {}  # rank's PID -> its main thread's CPU at the last poll
+        self.worked_at: dict[int, float] = {}  # rank's PID -> when its main thread was last seen using CPU
 
     def run(self) -> None:
         while not self.stopped.wait(self.poll_s):
@@ -138,29 +139,29 @@ class Monitor(threading.Thread):
         self.tracker(attempt).observe(snapshots)
         self._warn_on_drift(snapshots)
         now = self.clock()
-        working = self._main_threads_working(snapshots, ours, now)
-        verdict = judge(self._observe(snapshots, exits, ours, now, working), self.rules)
+        self._read_main_threads(snapshots, ours, now)
+        verdict = judge(self._observe(snapshots, exits, ours, now), self.rules)
         read = self._remote_read(attempt, verdict.idle_s, exits)
         if read is not None:
             # Whether the job is stuck: a rank on another node that progresses says no, and one
             # is enough to know it.
             until = (lambda s: progressing(s, now, self.rules)) if read.until_progress else None
             snapshots, exits = self._job_wide(attempt, snapshots, exits, read.max_age_s, until=until)
-            verdict = judge(self._observe(snapshots, exits, ours, now, working), self.rules)
+            verdict = judge(self._observe(snapshots, exits, ours, now), self.rules)
         if verdict.stalled:
             self._on_stall(attempt, snapshots, exits, verdict.alive, now, ours)
 
-    def _observe(self, snapshots, exits, ours: set[int], now: float, working: set[int]) -> Observation:
+    def _observe(self, snapshots, exits, ours: set[int], now: float) -> Observation:
         """What the stall rule judges: the states as read and, of the ranks this launcher runs
-        that left no exit record, whose process still runs."""
+        that left no exit record, whose process still runs and when its main thread last worked."""
         running = {s["pid"] for rank, s in snapshots.items()
                    if rank not in exits and s["pid"] in ours and not s.get("remote") and pid_alive(s["pid"])}
-        return Observation(snapshots, exits, now, frozenset(ours), frozenset(running), frozenset(working))
+        worked_at = {pid: at for pid, at in self.worked_at.items() if pid in running}
+        return Observation(snapshots, exits, now, frozenset(ours), frozenset(running), worked_at)
 
-    def _main_threads_working(self, snapshots, ours: set[int], now: float) -> set[int]:
-        """This node's ranks whose main thread used CPU since the last poll, read from /proc: what
-        the stall rule asks of a rank whose snapshots stopped coming."""
-        working = set()
+    def _read_main_threads(self, snapshots, ours: set[int], now: float) -> None:
+        """Read this node's ranks' main threads from /proc, noting when each was last seen using
+        CPU: what the stall rule asks of a rank whose snapshots stopped coming."""
         readings = {}
         for pid in {s["pid"] for s in snapshots.values() if s["pid"] in ours and not s.get("remote")}:
             cpu_s = _main_thread_cpu_s(pid)
@@ -168,9 +169,9 @@ class Monitor(threading.Thread):
                 continue
             readings[pid] = ThreadCpu(now, cpu_s)
             if main_thread_worked(self.main_thread_cpu.get(pid), readings[pid]):
-                working.add(pid)
+                self.worked_at[pid] = now
         self.main_thread_cpu = readings
-        return working
+        self.worked_at = {pid: at for pid, at in self.worked_at.items() if pid in readings}  # gone PIDs may be reused
 
     def _remote_read(self, attempt: int, idle: float, exits: dict[int, dict[str, Any]]) -> RemoteRead | None:
         """How to read the other nodes' ranks at this poll (see stall.remote_read); None: not now,

@@ -15,7 +15,7 @@ given readings and a given `now`, never on a loaded machine's clock or processes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Mapping
 
 from gradsync.run.options import RunOptions
@@ -103,8 +103,8 @@ class Observation:
     `snapshots` and `exits`: rank -> its latest snapshot and its exit record, as read from the run
     folder and, on several nodes, the job board (another node's ranks marked "remote"). `ours`:
     the PIDs this launcher started; `running`: those of them still running (neither exited nor a
-    zombie), as far as the monitor checked them; `working`: those of them whose main thread used
-    CPU since the monitor's previous look (`main_thread_worked`).
+    zombie), as far as the monitor checked them; `worked_at`: of those, when the monitor last saw
+    each one's main thread use CPU (`main_thread_worked`).
     """
 
     snapshots: Mapping[int, Mapping[str, Any]]
@@ -112,7 +112,7 @@ class Observation:
     now: float
     ours: AbstractSet[int] = frozenset()
     running: AbstractSet[int] = frozenset()
-    working: AbstractSet[int] = frozenset()
+    worked_at: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,10 +153,11 @@ def rank_alive(snapshot: Mapping[str, Any], now: float, rules: StallRules,
 
 def last_active(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] | None, now: float, rules: StallRules,
                 ours: AbstractSet[int] = frozenset(), running: AbstractSet[int] = frozenset(),
-                working: AbstractSet[int] = frozenset()) -> float:
+                worked_at: Mapping[int, float] | None = None) -> float:
     """When the rank was last active: when it exited; when it was last seen, if it is gone
-    without an exit record (a rank that just died means the attempt is ending, not stuck); now,
-    if its snapshots stopped coming while its main thread works; else when it last made progress.
+    without an exit record (a rank that just died means the attempt is ending, not stuck); else
+    when it last made progress or, if its snapshots stopped coming, when its main thread was
+    last seen working (`worked_at`: PID -> time), whichever is later.
 
     A snapshot older than its writer's rhythm tells nothing of the rank since: its writer thread
     was held up (seen on a loaded machine: both ranks of a healthy job silent for 8 s while DDP's
@@ -167,8 +168,8 @@ def last_active(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] | No
     if not rank_alive(snapshot, now, rules, ours, running):
         return snapshot["time"]
     writer_silent = now - snapshot["time"] > rules.snapshot_max_age_s(remote=False)
-    if writer_silent and snapshot["pid"] in working and not snapshot.get("remote"):
-        return now
+    if writer_silent and not snapshot.get("remote") and worked_at and snapshot["pid"] in worked_at:
+        return max(snapshot["last_progress"], worked_at[snapshot["pid"]])
     return snapshot["last_progress"]
 
 
@@ -176,7 +177,7 @@ def judge(seen: Observation, rules: StallRules) -> StallVerdict:
     """The stall rule: stalled when some rank still runs and none has been active for the stall
     timeout. `seen` must hold at least one snapshot."""
     now, timeout = seen.now, rules.stall_timeout_s
-    idle = min(now - last_active(state, seen.exits.get(rank), now, rules, seen.ours, seen.running, seen.working)
+    idle = min(now - last_active(state, seen.exits.get(rank), now, rules, seen.ours, seen.running, seen.worked_at)
                for rank, state in seen.snapshots.items())
     alive = tuple(rank for rank, state in seen.snapshots.items()
                   if rank not in seen.exits and rank_alive(state, now, rules, seen.ours, seen.running))
