@@ -14,7 +14,7 @@ import pytest
 
 from gradsync.run import launcher
 from gradsync.run.launcher import _another_node_writes
-from gradsync.run.monitor import Monitor, pid_alive
+from gradsync.run.monitor import Monitor, _main_thread_cpu_s, pid_alive
 from gradsync.run.options import RunOptions
 from gradsync.rundir import RunDir, write_json
 
@@ -140,11 +140,6 @@ def test_workers_that_died_before_reporting_print_failed_not_ok():
                    "note": "no worker reported: they failed before the recorder started (see their output above)"})
     assert text.startswith("gradsync run: FAILED: no worker reported"), text
 
-
-
-def _main_thread_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.mark.launches

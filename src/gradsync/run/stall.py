@@ -41,8 +41,13 @@ def worked_elsewhere(before: CpuReading | None, after: CpuReading, share: float 
     if before is None:
         return False
     elapsed = after.time_s - before.time_s
-    return elapsed > 0 and (after.threads_s - before.threads_s >= share * elapsed
-                            or after.children_s - before.children_s >= share * elapsed)
+    return (_used_share(after.threads_s - before.threads_s, elapsed, share)
+            or _used_share(after.children_s - before.children_s, elapsed, share))
+
+
+def _used_share(cpu_s: float, elapsed_s: float, share: float) -> bool:
+    """Whether `cpu_s` CPU seconds over `elapsed_s` are at least `share` of a core (never when no time passed)."""
+    return elapsed_s > 0 and cpu_s >= share * elapsed_s
 
 
 @dataclass(frozen=True)
@@ -57,10 +62,7 @@ class ThreadCpu:
 def main_thread_worked(before: ThreadCpu | None, after: ThreadCpu, share: float = BUSY_SHARE) -> bool:
     """Whether a rank's main thread used at least `share` of a core between the monitor's two
     readings. Nothing to compare on the first reading, nor when no time passed."""
-    if before is None:
-        return False
-    elapsed = after.time_s - before.time_s
-    return elapsed > 0 and after.cpu_s - before.cpu_s >= share * elapsed
+    return before is not None and _used_share(after.cpu_s - before.cpu_s, after.time_s - before.time_s, share)
 
 
 def made_progress(stack_changed: bool, busy_elsewhere: bool, blocked_in_collective: bool) -> bool:
