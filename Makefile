@@ -26,8 +26,10 @@ demo: $(STAMP)
 # were 42% idle (1039-1090 s; 996-1043 s with three). tests/conftest.py starts the longest files first.
 # No test needs the machine to itself: none judges a duration or a decision made from timings
 # measured here (those are tested on injected measurements), so nothing runs apart.
+# --no-loadscope-reorder: xdist would otherwise hand out files by their number of tests, which
+# left the longest few-test files (chaos, the bench, the demos) to run alone at the end.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 3 --dist loadfile tests
+	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder tests
 
 # The inner loop (~40 s on 2 cores): the tests that stay inside pytest's own process, unit tests
 # and single-process tests of real objects. Tests that start processes (ranks, launchers, CLIs)

@@ -15,8 +15,8 @@ import pytest
 from tests.harness import WORLD_SIZES
 
 
-# `make test` hands whole files to its workers in collection order, the next file to whichever
-# worker is free. The longest files go first (longest-first is the classic greedy for balancing
+# `make test` hands whole files to its workers in collection order (--no-loadscope-reorder), the
+# next file to whichever worker is free; each worker holds one file queued behind the one it runs. The longest files go first (longest-first is the classic greedy for balancing
 # jobs across machines): the zoo's session fixture launches ~45 jobs (over 300 s), the script
 # checks' ~20 each; collected late, as their paths sort, they ran while the other workers had
 # little or nothing left. Measured with --durations on 2 cores, 2026-12-04.
