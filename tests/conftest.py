@@ -16,20 +16,27 @@ from tests.harness import WORLD_SIZES
 
 
 # `make test` hands whole files to its workers in collection order (--no-loadscope-reorder), the
-# next file to whichever worker is free; each worker holds one file queued behind the one it runs. The longest files go first (longest-first is the classic greedy for balancing
-# jobs across machines): the zoo's session fixture launches ~45 jobs (over 300 s), the script
-# checks' ~20 each; collected late, as their paths sort, they ran while the other workers had
-# little or nothing left. Measured with --durations on 2 cores, 2026-12-04.
+# next file to whichever worker is free; each worker holds one file queued behind the one it runs.
+# The longest files go first (longest-first is the classic greedy for balancing jobs across
+# machines); collected late, as their paths sort, they ran while the other workers had little or
+# nothing left. The three session fixtures (the zoo's ~50 jobs, the script checks' ~20 each) lead,
+# then the rest by their wall time in a 3-worker run on 2 cores, 2026-12-05.
 STARTED_FIRST = (
     "tests/run/test_zoo.py",
     "tests/run/test_doctor_script.py",
     "tests/run/test_doctor_consistency.py",
-    "tests/checkpoint/test_chaos.py",
-    "tests/run/test_faults.py",
     "tests/parallel/test_checkpoints.py",
-    "tests/bench/test_train.py",
-    "tests/cli/test_demo.py",
+    "tests/checkpoint/test_chaos.py",
     "tests/checkpoint/test_resume.py",
+    "tests/cli/test_demo.py",
+    "tests/comm/test_compression.py",
+    "tests/bench/test_train.py",
+    "tests/report/test_report.py",
+    "tests/doctor/test_cli.py",
+    "tests/parallel/test_strategies.py",
+    "tests/run/test_faults.py",
+    "tests/comm/test_periodic.py",
+    "tests/bench/test_allreduce.py",
 )
 
 
