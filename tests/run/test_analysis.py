@@ -2,7 +2,11 @@
 
 import pytest
 
-from gradsync.run.analysis import RankView, StragglerTracker, diagnose, find_divergence, is_consequence, straggler_findings
+from gradsync.run.analysis.alignment import find_divergence
+from gradsync.run.analysis.crashes import is_consequence
+from gradsync.run.analysis.rules import diagnose
+from gradsync.run.analysis.stragglers import StragglerTracker, straggler_findings
+from gradsync.run.analysis.views import RankView
 
 
 def record(seq, op="all_reduce", signature="float32[8] op=SUM", kind="", site="train.py:10", state="finished", entered=0.0, group="default", finished=None):

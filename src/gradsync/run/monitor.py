@@ -27,14 +27,10 @@ from typing import Any, Callable, Sequence
 import psutil
 
 from gradsync.run import faults
-from gradsync.run.analysis import (
-    RankView,
-    StragglerTracker,
-    diagnose,
-    earlier_attempts_finding,
-    regrouped_finding,
-    unfired_fault_findings,
-)
+from gradsync.run.analysis.attempts import earlier_attempts_finding, regrouped_finding, unfired_fault_findings
+from gradsync.run.analysis.rules import diagnose
+from gradsync.run.analysis.stragglers import StragglerTracker
+from gradsync.run.analysis.views import RankView
 from gradsync.run.jobwide import JobBoard, RoundKey, StoreAddress
 from gradsync.run.options import RunOptions
 from gradsync.run.stall import Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
