@@ -5,6 +5,7 @@
   `output_filter`), runs the user's script, publishes its state to the run folder.
 - `collectives`: what each worker communicated (every collective, DDP's buckets and broadcasts);
   `callsite` finds the user's line of each.
+- `harmless`: how every hook installed in a worker keeps its own failures out of the script's calls.
 - `monitor`: the launcher-side watcher (stalls, drift); `analysis`: the diagnosis (its `rules`
   holds the ordered rule chain, its other modules one question each); `publish`: diagnosis.json
   and the terminal block.

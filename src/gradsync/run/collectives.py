@@ -8,7 +8,9 @@ state. A CRC of that sequence per group lets ranks be compared without talking t
 
 Recording happens on the training hot path, so it stays at a few microseconds per collective:
 slotted records, a cached user-frame lookup, no locks (the GIL orders the few shared writes, and
-readers only take a copy).
+readers only take a copy). It happens inside the user's calls too, so each hook keeps its
+recording in a `harmless.Bookkeeping`: a failure there is said once and costs that record, never
+the call.
 
 DDP's gradient reduction is recorded at one of two depths. By default DDP keeps its C++ reduction
 and each synchronising backward pass is one record (entered when `backward()` starts, finished when
@@ -38,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat, events
 from gradsync.run.callsite import caller_location
+from gradsync.run.harmless import Bookkeeping, Kinds
 from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
 
 CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
@@ -119,6 +122,7 @@ class CollectiveRecorder:
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
         self._warned: set[str] = set()
+        self.bookkeeping = Kinds()  # each hook's, by kind (gradsync.run.harmless)
         self.calling = threading.local()  # .active inside a recorded call on this thread
         # Async collectives waiting for their futures: the training thread appends while the snapshot
         # thread may be settling, so a deque (atomic ends) and one settler at a time.
@@ -150,26 +154,27 @@ class CollectiveRecorder:
         return sequence
 
     def enter(self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None) -> Record:
+        """Record a collective entered. All or nothing: what can fail (the group's ranks, the user's
+        line, the ring file) comes before any change, so a failed entry leaves neither a sequence
+        that seems to diverge from the peers' nor a record that seems to wait for good."""
         if self.issued:
             self.settle()
         key = self.group_key(group)
-        if op in POINT_TO_POINT:
-            seq = None
-        else:
+        record = Record(self.count, key, None, op, signature, kind, site or caller_location())
+        sequence = None
+        if op not in POINT_TO_POINT:
             sequence = self._sequence(key, group)
-            sequence.seq += 1
-            seq = sequence.seq
-            sequence.crc = zlib.crc32(f"{op}|{signature}|{kind}".encode(), sequence.crc)
-            if seq % CHECKPOINT_EVERY == 0:
-                sequence.checkpoints.append((seq, sequence.crc))
-        record = Record(self.count, key, seq, op, signature, kind, site or caller_location())
-        if seq is not None:
-            record.crc = self.groups[key].crc
+            record.seq = sequence.seq + 1
+            record.crc = zlib.crc32(f"{op}|{signature}|{kind}".encode(), sequence.crc)
+        if self.sink is not None:
+            self.sink.write(record)
+        if sequence is not None:
+            sequence.seq, sequence.crc = record.seq, record.crc
+            if record.seq % CHECKPOINT_EVERY == 0:
+                sequence.checkpoints.append((record.seq, record.crc))
         self.count += 1
         self.ring.append(record)
         self.last_progress = record.entered
-        if self.sink is not None:
-            self.sink.write(record)
         return record
 
     def finish(self, record: Record, error: BaseException | None = None) -> None:
@@ -188,14 +193,20 @@ class CollectiveRecorder:
         if self.sink is not None:
             self.sink.write(record)
 
-    def run_blocking(self, record: Record, call: Callable[[], Any]) -> Any:
+    def run_blocking(self, record: Record | None, call: Callable[[], Any], bookkeeping: Bookkeeping) -> Any:
+        """The user's blocking `call`, once, its result or exception as they are; `record` (None
+        when entering it failed) is finished within `bookkeeping`."""
+        if record is None:
+            return call()
         try:
             result = call()
         except BaseException as error:
-            self.finish(record, error)
+            with bookkeeping:
+                self.finish(record, error)
             raise
-        self.finish(record)
-        self.communication_wait_s += record.finished - record.entered
+        with bookkeeping:
+            self.finish(record)
+            self.communication_wait_s += record.finished - record.entered
         return result
 
     def finish_when_done(self, record: Record, future: Any) -> None:
@@ -375,27 +386,33 @@ class _Completion:
 
 def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) -> Callable:
     group_position, signature_of, async_position = _SIGNATURES[op]
+    bookkeeping = recorder.bookkeeping["the collective recorder's torch.distributed wrappers"]
 
     def call(args: tuple, kwargs: dict) -> Any:
-        record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs))
-        is_async = op in _ALWAYS_ASYNC or (
-            async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
-        )
-        if not is_async:
-            return recorder.run_blocking(record, lambda: original(*args, **kwargs))
+        record = None
+        is_async = False
+        with bookkeeping:
+            is_async = op in _ALWAYS_ASYNC or (
+                async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
+            )
+            record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs))
+        if not is_async or record is None:  # (None: entering failed, and the call runs alone)
+            return recorder.run_blocking(record, lambda: original(*args, **kwargs), bookkeeping)
         try:
             work = original(*args, **kwargs)
         except BaseException as error:
-            recorder.finish(record, error)
+            with bookkeeping:
+                recorder.finish(record, error)
             raise
-        if work is None:
-            recorder.finish(record)
-            return work
-        try:
-            future = work.get_future()
-        except (RuntimeError, AttributeError):
-            future = _Completion(work)  # Gloo's send/recv give no future
-        recorder.finish_when_done(record, future)
+        with bookkeeping:
+            if work is None:
+                recorder.finish(record)
+            else:
+                try:
+                    future = work.get_future()
+                except (RuntimeError, AttributeError):
+                    future = _Completion(work)  # Gloo's send/recv give no future
+                recorder.finish_when_done(record, future)
         return work
 
     @functools.wraps(original)
@@ -502,52 +519,75 @@ def _nonfinite_names(bucket: dist.GradBucket, watch: DDPWatch) -> list[str]:
 
 
 def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group: Any, hook: Callable) -> Callable:
+    """`hook` (the user's comm hook, or gradsync's stand-in for DDP's own reduction) recording
+    each bucket it reduces and checking its gradients first."""
+    bookkeeping = recorder.bookkeeping["the collective recorder's DDP gradient bucket hook"]
+
+    # Under the user's hook's name and signature: DDP checks both when it is registered, and must
+    # accept or refuse it as it would without gradsync.
+    @functools.wraps(hook)
     def recording_hook(state, bucket):
-        buffer = bucket.buffer()
-        record = recorder.enter(
-            "all_reduce",
-            group,
-            f"{str(buffer.dtype).removeprefix('torch.')}[{buffer.numel()}]",
-            kind=f"DDP gradient bucket {bucket.index()}",
-        )
-        # Checked before the reduction spreads it: the rank and parameter where it started.
-        total = buffer.sum(dtype=torch.float32)
-        if buffer.device.type == "cpu":
-            if not math.isfinite(total.item()):
-                recorder.note_nonfinite("gradients", _nonfinite_names(bucket, watch), record.site, bucket_index=bucket.index())
-        else:
-            # Reading the flag now would stall the CPU until the GPU catches up; read it one
-            # pass later, when the kernels are long done, and name the bucket's parameters.
-            names = [watch.names.get(id(p), "?") for p in bucket.parameters()]
-            watch.pending_checks.append((torch.isfinite(total), bucket.index(), names, record.site))
-            if bucket.index() == 0 and len(watch.pending_checks) > 1:
-                for flag, index, bucket_names, site in watch.pending_checks[:-1]:
-                    if not bool(flag):
-                        recorder.note_nonfinite("gradients", bucket_names, site, passes_ago=1, bucket_index=index)
-                watch.pending_checks = watch.pending_checks[-1:]
-        last = bucket.is_last()
-        if last:
-            recorder.backward_passes += 1
-            watch.pass_done()
+        record = None
+        last_of_pass = False
+        with bookkeeping:
+            buffer = bucket.buffer()
+            record = recorder.enter(
+                "all_reduce",
+                group,
+                f"{str(buffer.dtype).removeprefix('torch.')}[{buffer.numel()}]",
+                kind=f"DDP gradient bucket {bucket.index()}",
+            )
+        if record is not None:
+            with bookkeeping:
+                _check_gradients(recorder, watch, bucket, record.site)
+            with bookkeeping:
+                if bucket.is_last():
+                    recorder.backward_passes += 1
+                    watch.pass_done()
+                    last_of_pass = True
         try:
             future = hook(state, bucket)
         except BaseException as error:
-            recorder.finish(record, error)
+            if record is not None:
+                with bookkeeping:
+                    recorder.finish(record, error)
             raise
-        recorder.finish_when_done(record, future)
-        if last:
+        if record is not None:
+            with bookkeeping:
+                recorder.finish_when_done(record, future)
+        if last_of_pass:
             # An injected fault fires once the pass's last reduction is issued, so the peers' step
             # is not left half-matched (a hang then shows as this rank stuck, not a mismatch).
             events.backward_pass(recorder.backward_passes)
         return future
 
-    recording_hook.__qualname__ = getattr(hook, "__qualname__", "hook")
     return recording_hook
 
 
-def _default_allreduce_hook(state: Any, bucket: dist.GradBucket):
+def _check_gradients(recorder: CollectiveRecorder, watch: DDPWatch, bucket: dist.GradBucket, site: str | None) -> None:
+    """Note NaN/inf in a bucket before the reduction spreads it: the rank and parameter where it started."""
+    buffer = bucket.buffer()
+    total = buffer.sum(dtype=torch.float32)
+    if buffer.device.type == "cpu":
+        if not math.isfinite(total.item()):
+            recorder.note_nonfinite("gradients", _nonfinite_names(bucket, watch), site, bucket_index=bucket.index())
+    else:
+        # Reading the flag now would stall the CPU until the GPU catches up; read it one
+        # pass later, when the kernels are long done, and name the bucket's parameters.
+        names = [watch.names.get(id(p), "?") for p in bucket.parameters()]
+        watch.pending_checks.append((torch.isfinite(total), bucket.index(), names, site))
+        if bucket.index() == 0 and len(watch.pending_checks) > 1:
+            for flag, index, bucket_names, flag_site in watch.pending_checks[:-1]:
+                if not bool(flag):
+                    recorder.note_nonfinite("gradients", bucket_names, flag_site, passes_ago=1, bucket_index=index)
+            watch.pending_checks = watch.pending_checks[-1:]
+
+
+def _default_allreduce_hook(state, bucket):
     # What DDP does without a hook: average the bucket across the group. The process group's own
     # allreduce skips the Python checks of dist.all_reduce, which cost more than the recording.
+    # Unannotated: DDP refuses a hook whose annotations are not its own types, and this module's
+    # annotations are strings.
     group = state if state is not None else dist.GroupMember.WORLD
     buffer = bucket.buffer().div_(group.size())
     return group.allreduce([buffer]).get_future().then(lambda f: f.value()[0])
@@ -561,15 +601,17 @@ def _patch_device_mesh(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any
     import torch.distributed.device_mesh as device_mesh
 
     original = device_mesh.init_device_mesh
+    bookkeeping = recorder.bookkeeping["the collective recorder's init_device_mesh hook"]
 
     @functools.wraps(original)
     def init_device_mesh(device_type: str, mesh_shape: Any, *args: Any, **kwargs: Any) -> Any:
-        names = kwargs.get("mesh_dim_names")
-        recorder.meshes.append({
-            "shape": [int(size) for size in mesh_shape],
-            "names": [str(name) for name in names] if names else None,
-            "site": caller_location(),
-        })
+        with bookkeeping:
+            names = kwargs.get("mesh_dim_names")
+            recorder.meshes.append({
+                "shape": [int(size) for size in mesh_shape],
+                "names": [str(name) for name in names] if names else None,
+                "site": caller_location(),
+            })
         return original(device_type, mesh_shape, *args, **kwargs)
 
     patched = [(device_mesh, "init_device_mesh", original)]
@@ -578,6 +620,11 @@ def _patch_device_mesh(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any
         patched.append((dist, "init_device_mesh", original))
         dist.init_device_mesh = init_device_mesh
     return patched
+
+
+def _watch(ddp: DistributedDataParallel) -> DDPWatch | None:
+    """The recorder's watch of a DDP model; None for one it could not watch."""
+    return getattr(ddp, "_gradsync_watch", None)
 
 
 def is_gradient_reduction(kind: str) -> bool:
@@ -593,89 +640,127 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
         originals.append((DistributedDataParallel, name, original))
         setattr(DistributedDataParallel, name, make(original))
 
+    def bookkeeping(hook: str) -> Bookkeeping:
+        return recorder.bookkeeping[f"the collective recorder's DDP {hook} hook"]
+
     def make_init(original):
+        construction = bookkeeping("construction")
+
         @functools.wraps(original)
         def __init__(self, *args, **kwargs):
-            parameters = [p for p in (args[0] if args else kwargs["module"]).parameters() if p.requires_grad]
-            record = recorder.enter(
-                "broadcast",
-                kwargs.get("process_group"),
-                f"{len(parameters)} parameters, {sum(p.numel() for p in parameters)} elements",
-                kind="DDP construction (parameter check and broadcast)",
-            )
-            recorder.run_blocking(record, lambda: original(self, *args, **kwargs))
-            recorder.warn_once(compat.lacking_on(self, compat.DDP_INSTANCE))
-            self._gradsync_watch = DDPWatch(self)
-            recorder.ddp_models.append(self._gradsync_watch)
+            record = None
+            with construction:
+                parameters = [p for p in (args[0] if args else kwargs["module"]).parameters() if p.requires_grad]
+                record = recorder.enter(
+                    "broadcast",
+                    kwargs.get("process_group"),
+                    f"{len(parameters)} parameters, {sum(p.numel() for p in parameters)} elements",
+                    kind="DDP construction (parameter check and broadcast)",
+                )
+            recorder.run_blocking(record, lambda: original(self, *args, **kwargs), construction)
+            with construction:
+                recorder.warn_once(compat.lacking_on(self, compat.DDP_INSTANCE))
+                watch = DDPWatch(self)
+                self._gradsync_watch = watch
+                recorder.ddp_models.append(watch)
 
         return __init__
 
+    # A model without a watch (its construction's bookkeeping failed, or it was built before the
+    # recorder was installed) is left to DDP alone by the hooks below.
+
     def make_register(original):
+        registration = bookkeeping("comm hook registration")
+
         @functools.wraps(original)
         def register_comm_hook(self, state, hook):
-            self._gradsync_watch.reduction = "buckets"
-            watch = self._gradsync_watch
-            return original(self, state, _bucket_recording_hook(recorder, watch, watch.process_group, hook))
+            registered = hook
+            with registration:
+                watch = _watch(self)
+                if watch is not None and callable(hook):  # else DDP refuses it as it would without gradsync
+                    registered = _bucket_recording_hook(recorder, watch, watch.process_group, hook)
+                    watch.reduction = "buckets"
+            return original(self, state, registered)
 
         return register_comm_hook
 
     def make_builtin(original):
+        registration = bookkeeping("comm hook registration")
+
         @functools.wraps(original)
         def _register_builtin_comm_hook(self, comm_hook_type):
-            self._gradsync_watch.reduction = "passes"  # a C++ hook cannot be wrapped: recorded per pass
+            with registration:
+                watch = _watch(self)
+                if watch is not None:
+                    watch.reduction = "passes"  # a C++ hook cannot be wrapped: recorded per pass
             return original(self, comm_hook_type)
 
         return _register_builtin_comm_hook
 
     def make_forward(original):
+        forwarding = bookkeeping("forward")
+
         @functools.wraps(original)
         def forward(self, *args, **kwargs):
-            watch = self._gradsync_watch
-            if watch.reduction is None:
-                if record_buckets:
-                    DistributedDataParallel.register_comm_hook(self, watch.process_group, _default_allreduce_hook)
-                else:
-                    watch.reduction = "passes"
-            # DDP syncs buffers under no_grad; what must agree is the mode the forward was called in.
-            watch.forward_grad_mode = "grad" if torch.is_grad_enabled() else "no_grad"
+            watch = None
+            with forwarding:
+                watch = _watch(self)
+                if watch is not None:
+                    if watch.reduction is None:
+                        if record_buckets:
+                            DistributedDataParallel.register_comm_hook(self, watch.process_group, _default_allreduce_hook)
+                        else:
+                            watch.reduction = "passes"
+                    # DDP syncs buffers under no_grad; what must agree is the mode the forward was called in.
+                    watch.forward_grad_mode = "grad" if torch.is_grad_enabled() else "no_grad"
             output = original(self, *args, **kwargs)
-            # The condition under which DDP's forward prepares its reducer for a backward pass.
-            if watch.reduction == "passes" and torch.is_grad_enabled() and compat.DDP_SYNCS_GRADIENTS.get(True, self):
-                recorder.pending_reductions[id(self)] = self
+            if watch is not None:
+                with forwarding:
+                    # The condition under which DDP's forward prepares its reducer for a backward pass.
+                    if watch.reduction == "passes" and torch.is_grad_enabled() and compat.DDP_SYNCS_GRADIENTS.get(True, self):
+                        recorder.pending_reductions[id(self)] = self
             return output
 
         return forward
 
     def make_sync_buffers(original):
+        broadcasting = bookkeeping("buffer broadcast")
+
         @functools.wraps(original)
         def _sync_module_buffers(self, authoritative_rank):
-            # Whether the forward trains or evaluates is part of what must agree: rank 0 evaluating
-            # through the wrapper alone pairs its broadcast with another rank's training one.
-            # Wrapped at this depth because a rank that ran out of inputs under Join reaches it too,
-            # outside any forward: it shadows a training forward like its own last one.
-            mode = "train" if self.training else "eval"
-            grad = self._gradsync_watch.forward_grad_mode
-            record = recorder.enter(
-                "broadcast",
-                self.process_group,
-                f"{len(compat.DDP_BUFFERS.get(None, self) or list(self.module.buffers()))} buffers",
-                kind=f"DDP buffer broadcast ({mode}, {grad})",
-            )
-            return recorder.run_blocking(record, lambda: original(self, authoritative_rank))
+            record = None
+            with broadcasting:
+                watch = _watch(self)
+                if watch is not None:
+                    # Whether the forward trains or evaluates is part of what must agree: rank 0 evaluating
+                    # through the wrapper alone pairs its broadcast with another rank's training one.
+                    # Wrapped at this depth because a rank that ran out of inputs under Join reaches it too,
+                    # outside any forward: it shadows a training forward like its own last one.
+                    mode = "train" if self.training else "eval"
+                    record = recorder.enter(
+                        "broadcast",
+                        self.process_group,
+                        f"{len(compat.DDP_BUFFERS.get(None, self) or list(self.module.buffers()))} buffers",
+                        kind=f"DDP buffer broadcast ({mode}, {watch.forward_grad_mode})",
+                    )
+            return recorder.run_blocking(record, lambda: original(self, authoritative_rank), broadcasting)
 
         return _sync_module_buffers
 
     def make_join_shadow(original):
+        shadowing = bookkeeping("Join shadow")
+
         @functools.wraps(original)
         def _match_all_reduce_for_bwd_pass(self):
             # A rank that ran out of inputs under Join shadows the others' backward reduction; on
-            # the C++ path it must show as the same one record, or the sequences seem to diverge.
-            if self._gradsync_watch.reduction != "passes":
-                return original(self)  # the recording hook sees each shadowed bucket
-            record = recorder.enter(
-                "all_reduce", self.process_group, self._gradsync_watch.gradient_signature, GRADIENT_PASS_KIND
-            )
-            return recorder.run_blocking(record, lambda: original(self))
+            # the C++ path it must show as the same one record, or the sequences seem to diverge
+            # (the recording hook sees each shadowed bucket).
+            record = None
+            with shadowing:
+                watch = _watch(self)
+                if watch is not None and watch.reduction == "passes":
+                    record = recorder.enter("all_reduce", self.process_group, watch.gradient_signature, GRADIENT_PASS_KIND)
+            return recorder.run_blocking(record, lambda: original(self), shadowing)
 
         return _match_all_reduce_for_bwd_pass
 
@@ -695,40 +780,49 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
 
 def _wrap_backward(recorder: CollectiveRecorder, original: Callable, engine: Any) -> Callable:
     """`torch.autograd.backward` (what `loss.backward()` calls), recording DDP's reduction in it."""
+    bookkeeping = recorder.bookkeeping["the collective recorder's backward hook"]
 
     @functools.wraps(original)
     def backward(tensors, *args, **kwargs):
         if torch.compiler.is_compiling():
             return original(tensors, *args, **kwargs)
-        if not recorder.pending_reductions:
-            return _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs))
-        models = list(recorder.pending_reductions.values())
-        recorder.pending_reductions.clear()
-        site = caller_location()
-        recorder.check_losses(tensors, site)
-        records = [
-            recorder.enter("all_reduce", ddp._gradsync_watch.process_group, ddp._gradsync_watch.gradient_signature, GRADIENT_PASS_KIND, site)
-            for ddp in models
-        ]
+        models: list[DistributedDataParallel] = []
+        records: list[Record] = []  # entered, to be finished whatever else fails
+        with bookkeeping:
+            if recorder.pending_reductions:
+                models = list(recorder.pending_reductions.values())
+                recorder.pending_reductions.clear()
+                site = caller_location()
+                for ddp in models:
+                    watch = _watch(ddp)
+                    records.append(recorder.enter("all_reduce", watch.process_group, watch.gradient_signature, GRADIENT_PASS_KIND, site))
+        recorded = bool(models) and len(records) == len(models)
+        if recorded:
+            with bookkeeping:
+                recorder.check_losses(tensors, records[0].site)
         try:
-            result = _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs))
+            result = _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs), bookkeeping)
         except BaseException as error:
-            for record in records:
-                recorder.finish(record, error)
+            with bookkeeping:
+                for record in records:
+                    recorder.finish(record, error)
             raise
-        for record in records:
-            recorder.finish(record)  # DDP waits for its last bucket before backward returns
-        recorder.backward_passes += 1
-        for ddp in models:
-            ddp._gradsync_watch.pass_done()
-        events.backward_pass(recorder.backward_passes)
+        with bookkeeping:
+            for record in records:
+                recorder.finish(record)  # DDP waits for its last bucket before backward returns
+            if recorded:
+                recorder.backward_passes += 1
+                for ddp in models:
+                    _watch(ddp).pass_done()
+        if recorded:
+            events.backward_pass(recorder.backward_passes)
         return result
 
     backward.__gradsync_original__ = original
     return backward
 
 
-def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, run: Callable[[], Any]) -> Any:
+def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, run: Callable[[], Any], bookkeeping: Bookkeeping) -> Any:
     """Run a backward pass and add to the recorder the time between the end of its gradient
     computation and its return: what DDP's reducer (and FSDP's final callback) wait for the
     reductions still in flight, the exposed communication of the pass.
@@ -737,22 +831,28 @@ def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, 
     loss's node, the first node the engine runs; callbacks run in the order queued, so it runs
     before the ones DDP and FSDP queue once their first gradient is ready. On CUDA this is the
     CPU's wait only (NCCL's wait is a stream dependency, not a CPU block). `engine`: autograd's,
-    None on a torch without it (then only blocking collectives count as waiting).
+    None on a torch without it (then only blocking collectives count as waiting). The pre-hook
+    runs inside the engine, so it too keeps to `bookkeeping`.
     """
-    first = next((t for t in (tensors if isinstance(tensors, (list, tuple)) else (tensors,))
-                  if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
-    if first is None or engine is None or not dist.is_initialized():
-        return run()
     computed: list[float] = []
 
     def queue_mark(_grad_outputs: Any) -> None:
-        engine.queue_callback(lambda: computed.append(time.time()))
+        with bookkeeping:
+            engine.queue_callback(lambda: computed.append(time.time()))
 
-    handle = first.grad_fn.register_prehook(queue_mark)
+    handle = None
+    with bookkeeping:
+        first = next((t for t in (tensors if isinstance(tensors, (list, tuple)) else (tensors,))
+                      if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
+        if first is not None and engine is not None and dist.is_initialized():
+            handle = first.grad_fn.register_prehook(queue_mark)
+    if handle is None:
+        return run()
     try:
         result = run()
     finally:
-        handle.remove()
+        with bookkeeping:
+            handle.remove()
     if computed:
         recorder.communication_wait_s += time.time() - computed[0]
     return result
