@@ -120,9 +120,9 @@ def test_a_watch_that_fails_says_so_once_and_never_raises_into_the_script(capsys
     from types import SimpleNamespace
 
     from gradsync.run.consistency_facts import ConsistencyWatch
-    from gradsync.run.harmless import Kinds
+    from gradsync.run.harmless import BookkeepingByKind
 
-    watch = ConsistencyWatch(SimpleNamespace(models=[], forwards=[], steps=0), Kinds())
+    watch = ConsistencyWatch(SimpleNamespace(models=[], forwards=[], steps=0), BookkeepingByKind())
     broken_loader = SimpleNamespace()  # none of a DataLoader's attributes
     watch.loader_pass(broken_loader, {"key": "train.py:3#0", "site": "train.py:3"})
     watch.loader_pass(broken_loader, {"key": "train.py:3#0", "site": "train.py:3"})

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from gradsync.run.harmless import Bookkeeping, Kinds, exception_text
+from gradsync.run.harmless import Bookkeeping, BookkeepingByKind, exception_text
 from tests.harness import REPO_ROOT
 
 
@@ -34,7 +34,7 @@ def test_a_failure_inside_is_swallowed_and_said_once_with_the_rank_and_where(mon
     assert reached == [0, 1]
     assert capsys.readouterr().err.splitlines() == [
         f"[gradsync rank 3] gradsync run: warning: the test's hook failed (KeyError: 'group 0', at test_harmless.py:{line}); "
-        "the script's calls go on as without gradsync where it does (said once)"
+        "it steps aside wherever it fails, and the script runs as without gradsync (said once)"
     ]
     assert bookkeeping.failure == "KeyError: 'group 0'"
 
@@ -63,7 +63,7 @@ class Unprintable(Exception):
 
 
 def test_kinds_say_each_kinds_first_failure_once(capsys):
-    kinds = Kinds()
+    kinds = BookkeepingByKind()
     for hook in ("first hook", "second hook", "first hook"):
         with kinds[hook]:
             _fails(Unprintable())

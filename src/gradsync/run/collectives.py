@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat, events
 from gradsync.run.callsite import caller_location
-from gradsync.run.harmless import Bookkeeping, Kinds
+from gradsync.run.harmless import Bookkeeping, BookkeepingByKind
 from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
 
 CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
@@ -122,7 +122,7 @@ class CollectiveRecorder:
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
         self._warned: set[str] = set()
-        self.bookkeeping = Kinds()  # each hook's, by kind (gradsync.run.harmless)
+        self.bookkeeping = BookkeepingByKind()  # each hook's, by kind (gradsync.run.harmless)
         self.calling = threading.local()  # .active inside a recorded call on this thread
         # Async collectives waiting for their futures: the training thread appends while the snapshot
         # thread may be settling, so a deque (atomic ends) and one settler at a time.
@@ -677,7 +677,9 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
             registered = hook
             with registration:
                 watch = _watch(self)
-                if watch is not None and callable(hook):  # else DDP refuses it as it would without gradsync
+                # Only a hook DDP can accept is wrapped: DDP refuses the others (not callable, or
+                # nameless like a partial, as it reads a hook's names) as it would without gradsync.
+                if watch is not None and callable(hook) and hasattr(hook, "__name__") and hasattr(hook, "__qualname__"):
                     registered = _bucket_recording_hook(recorder, watch, watch.process_group, hook)
                     watch.reduction = "buckets"
             return original(self, state, registered)

@@ -48,7 +48,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from gradsync.run.callsite import OWN, caller_location, file_kind, short_path
 from gradsync.run.check_primitives import Patches, index_sampler, tensor_hash, tensors_fingerprint
-from gradsync.run.harmless import Kinds
+from gradsync.run.harmless import BookkeepingByKind
 
 if TYPE_CHECKING:
     from gradsync.run.script_facts import ScriptCheck
@@ -250,7 +250,7 @@ def _never_raises(default: Any = None) -> Callable[[Callable], Callable]:
 class ConsistencyWatch:
     """The facts of the consistency checks for one rank (see the module's docstring)."""
 
-    def __init__(self, check: ScriptCheck, bookkeeping: Kinds):
+    def __init__(self, check: ScriptCheck, bookkeeping: BookkeepingByKind):
         """`bookkeeping`: the script check's, which its facts report (watch_failures)."""
         self.check = check
         self.bookkeeping = bookkeeping

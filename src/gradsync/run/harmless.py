@@ -53,17 +53,17 @@ class Bookkeeping:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> bool:
         if not isinstance(error, Exception):
             return False  # none, or KeyboardInterrupt / SystemExit: not the hook's to stop
-        self.failed(error)
+        self._failed(error)
         return True
 
-    def failed(self, error: Exception) -> None:
+    def _failed(self, error: Exception) -> None:
         if self.failure is not None:
             return
         self.failure = f"{type(error).__name__}: {exception_text(error)}"[:300]
         try:
             print(f"{rank_prefix(os.environ.get('RANK', '0'))}gradsync run: warning: {self.hook} failed "
-                  f"({self.failure}, at {_where(error)}); the script's calls go on as without gradsync where it "
-                  "does (said once)", file=sys.stderr, flush=True)
+                  f"({self.failure}, at {_where(error)}); it steps aside wherever it fails, and the script runs as "
+                  "without gradsync (said once)", file=sys.stderr, flush=True)
         except Exception:  # noqa: BLE001 - a closed stderr, an unreadable traceback: the warning is lost, never raised
             pass
 
@@ -76,7 +76,7 @@ def exception_text(error: BaseException) -> str:
         return "<exception str() failed>"
 
 
-class Kinds(dict[str, Bookkeeping]):
+class BookkeepingByKind(dict[str, Bookkeeping]):
     """One Bookkeeping per kind of hook, made on first use: each kind says its first failure once."""
 
     def __missing__(self, hook: str) -> Bookkeeping:

@@ -45,7 +45,7 @@ from gradsync.run.callsite import caller_location
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
 from gradsync.run.check_primitives import Patches, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
 from gradsync.run.consistency_facts import ConsistencyWatch
-from gradsync.run.harmless import Kinds
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.rundir import write_json
 
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
@@ -87,7 +87,7 @@ class ScriptCheck:
         self.fsdp_units: list[tuple[torch.nn.Module, str | None]] = []  # every module fully_shard was given
         self.tp_modules: list[dict[str, Any]] = []  # per parallelize_module call: site, group, styles, inputs
         self._parallelizing = 0  # parallelize_module calls in progress (it recurses into the plan)
-        self.bookkeeping = Kinds()  # each watch's, by kind; their failures go into the facts
+        self.bookkeeping = BookkeepingByKind()  # each watch's, by kind; their failures go into the facts
         self.consistency = ConsistencyWatch(self, self.bookkeeping)  # what must agree across ranks (seeds, samples, modes, updates)
 
     # -- installing --------------------------------------------------------------------------
