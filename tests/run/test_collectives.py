@@ -465,6 +465,7 @@ def test_backward_after_the_script_destroyed_its_group_runs_as_without_gradsync(
     failed = _failed_hooks(capsys.readouterr().err)
     assert list(failed) == ["backward hook"] and failed["backward hook"].startswith("KeyError"), failed
     assert [r.state for r in recorder.ring if r.state == "entered"] == [], "no record left waiting for good"
+    assert recorder.backward_passes == 2, "the unrecorded passes still count: steps keep their numbers"
 
 
 def _collective_on_a_destroyed_group(async_op: bool):
@@ -512,6 +513,7 @@ def test_a_ring_file_that_cannot_be_written_costs_the_records_not_the_training(t
     assert _failed_hooks(capsys.readouterr().err) == dict.fromkeys(hooks, "ValueError: mmap closed or invalid")
     # All or nothing: no record half-entered, no sequence advanced past what the peers would see.
     assert list(recorder.ring) == [] and all(s.seq == 0 for s in recorder.groups.values())
+    assert recorder.backward_passes == 3, "the unrecorded passes still count: steps keep their numbers"
 
 
 def _collective_that_raises():

@@ -540,11 +540,11 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
         if record is not None:
             with bookkeeping:
                 _check_gradients(recorder, watch, bucket, record.site)
-            with bookkeeping:
-                if bucket.is_last():
-                    recorder.backward_passes += 1
-                    watch.pass_done()
-                    last_of_pass = True
+        with bookkeeping:  # the pass is counted even when its buckets go unrecorded (see _wrap_backward)
+            if bucket.is_last():
+                last_of_pass = True
+                recorder.backward_passes += 1
+                watch.pass_done()
         try:
             future = hook(state, bucket)
         except BaseException as error:
@@ -788,20 +788,20 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable, engine: Any
     def backward(tensors, *args, **kwargs):
         if torch.compiler.is_compiling():
             return original(tensors, *args, **kwargs)
-        models: list[DistributedDataParallel] = []
+        # The DDP models whose reduction this pass runs: counted as a pass even when recording it
+        # fails, so that steps keep their numbers in the diagnosis and for injected faults.
+        models = list(recorder.pending_reductions.values())
+        recorder.pending_reductions.clear()
         records: list[Record] = []  # entered, to be finished whatever else fails
-        with bookkeeping:
-            if recorder.pending_reductions:
-                models = list(recorder.pending_reductions.values())
-                recorder.pending_reductions.clear()
+        if models:
+            site = None
+            with bookkeeping:
                 site = caller_location()
                 for ddp in models:
                     watch = _watch(ddp)
                     records.append(recorder.enter("all_reduce", watch.process_group, watch.gradient_signature, GRADIENT_PASS_KIND, site))
-        recorded = bool(models) and len(records) == len(models)
-        if recorded:
             with bookkeeping:
-                recorder.check_losses(tensors, records[0].site)
+                recorder.check_losses(tensors, site)
         try:
             result = _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs), bookkeeping)
         except BaseException as error:
@@ -812,11 +812,11 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable, engine: Any
         with bookkeeping:
             for record in records:
                 recorder.finish(record)  # DDP waits for its last bucket before backward returns
-            if recorded:
-                recorder.backward_passes += 1
+        if models:
+            recorder.backward_passes += 1
+            with bookkeeping:
                 for ddp in models:
                     _watch(ddp).pass_done()
-        if recorded:
             events.backward_pass(recorder.backward_passes)
         return result
 
