@@ -19,6 +19,7 @@ import psutil
 import pytest
 import torch
 
+from gradsync.run.analysis.last_words import read_last_words
 from tests.harness import REPO_ROOT, fixture_timeout_s
 from tests.timed_findings import untimed, untimed_warning_lines
 
@@ -76,6 +77,10 @@ BROKEN = [
     "user_connection_error",
     "send_object_list_mismatch",
     "busy_thread_masks_hang",
+    "alltoall_splits_disagree",
+    "broadcast_object_list_lengths",
+    "hook_all_reduce_in_backward",
+    "allocation_fails_rank1",
 ]
 # Each zoo job's hang guard; the session's `zoo` fixture runs them AT_A_TIME at a time.
 RUN_TIMEOUT_S = 150
@@ -585,3 +590,47 @@ def test_every_run_gets_a_report_that_leads_with_what_went_wrong(zoo):
             latest = max(run.run_dir.glob("workers/attempt*"), key=lambda p: int(p.name[7:]))
             recorded = [p for p in latest.glob("rank*.ring") if read_ring(p)]  # the ring file is preallocated
             assert not recorded, f"{run.name}: ranks recorded collectives, but the page does not list their last ones"
+
+
+# -- the backend's last words (gradsync.run.analysis.last_words), from real Gloo aborts ------------
+
+
+def _last_words(run: ZooRun, rank: int):
+    return read_last_words(run.run_dir / "workers" / "attempt0" / f"rank{rank}.log")
+
+
+def test_all_to_all_splits_that_disagree_are_a_shape_mismatch_naming_the_pair(zoo):
+    run = zoo["alltoall_splits_disagree"]
+    finding = _assert_error(run, "shape_mismatch", [0, 1], {0: "a2a", 1: "a2a"})
+    assert "rank 1 sends 3 rows to rank 0, which expects 2" in finding["message"], run.explain()
+    # The words Gloo printed as it aborted rank 0, as the rank's log kept them.
+    words = _last_words(run, 0)
+    assert words.family == "collective_mismatch", words
+    assert (words.details["received_bytes"], words.details["expected_bytes"]) == (48, 32), words
+    assert finding["details"]["last_words"]["0"]["received_bytes"] == 48
+    assert "SIGKILL" not in finding["message"] and "OOM" not in finding["message"]
+
+
+def test_object_lists_of_different_lengths_are_a_shape_mismatch(zoo):
+    run = zoo["broadcast_object_list_lengths"]
+    finding = _assert_error(run, "shape_mismatch", [0, 1], {0: "broadcast_objects", 1: "broadcast_objects"})
+    assert "3 objects" in finding["message"] and "2 objects" in finding["message"], run.explain()
+    assert _last_words(run, 1).family == "collective_mismatch"
+    assert "24 bytes where it had posted room for 16" in finding["message"], run.explain()
+
+
+def test_an_all_reduce_from_a_backward_hook_is_paired_with_the_ddp_bucket_it_met(zoo):
+    run = zoo["hook_all_reduce_in_backward"]
+    # Only the abort's words show this pairing: the records number the hook's all_reduce after
+    # the backward pass it runs inside.
+    finding = _assert_error(run, "collective_mismatch", [1], {0: "backward", 1: "hook_all_reduce"})
+    assert _last_words(run, 1).family == "collective_mismatch"
+    assert "DDP gradients of a backward pass" in finding["message"], run.explain()
+
+
+def test_a_failed_allocation_is_a_memory_verdict(zoo):
+    run = zoo["allocation_fails_rank1"]
+    finding = _assert_error(run, "out_of_memory", [1], {1: "allocate"})
+    assert _last_words(run, 1).family == "out_of_memory"
+    assert _last_words(run, 0).family == "peer_lost"  # rank 0's own words: the consequence
+    assert "consequence" in finding["message"], run.explain()

@@ -66,7 +66,10 @@ class Record:
 
     __slots__ = (*RECORD_FIELDS, "ring_prefix")
 
-    def __init__(self, index: int, group: str, seq: int | None, op: str, signature: str, kind: str, site: str | None):
+    def __init__(
+        self, index: int, group: str, seq: int | None, op: str, signature: str, kind: str, site: str | None,
+        args: dict[str, Any] | None = None,
+    ):
         self.index = index
         self.group = group
         self.seq = seq
@@ -74,6 +77,7 @@ class Record:
         self.signature = signature
         self.kind = kind
         self.site = site
+        self.args = args
         self.state = "entered"
         self.entered = time.time()
         self.finished: float | None = None
@@ -153,14 +157,18 @@ class CollectiveRecorder:
             sequence = self.groups[key] = GroupSequence(sorted(ranks))
         return sequence
 
-    def enter(self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None) -> Record:
+    def enter(
+        self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None, args: dict[str, Any] | None = None
+    ) -> Record:
         """Record a collective entered. All or nothing: what can fail (the group's ranks, the user's
         line, the ring file) comes before any change, so a failed entry leaves neither a sequence
-        that seems to diverge from the peers' nor a record that seems to wait for good."""
+        that seems to diverge from the peers' nor a record that seems to wait for good.
+
+        `args`: what may differ between ranks by design (an all_to_all's splits); kept, never compared."""
         if self.issued:
             self.settle()
         key = self.group_key(group)
-        record = Record(self.count, key, None, op, signature, kind, site or caller_location())
+        record = Record(self.count, key, None, op, signature, kind, site or caller_location(), args)
         sequence = None
         if op not in POINT_TO_POINT:
             sequence = self._sequence(key, group)
@@ -333,6 +341,52 @@ def _peer(args: tuple, kwargs: dict, name: str) -> str:
     return f" {name}={value}" if value is not None else ""
 
 
+def _objects(objects: Any) -> str:
+    return f"{len(objects)} objects" if hasattr(objects, "__len__") else type(objects).__name__
+
+
+# Beyond this many characters (a large job's split lists), an all_to_all's arguments are not kept:
+# a ring slot is 512 bytes.
+ARGS_MAX_CHARS = 160
+
+
+def _rows(tensor: Any) -> int | None:
+    return int(tensor.shape[0]) if isinstance(tensor, torch.Tensor) and tensor.dim() > 0 else None
+
+
+def _all_to_all_single_args(args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """What this rank sends to and expects from each peer, in rows of dim 0: its split sizes, or
+    the even split torch makes without them. A peer must send rank i as many rows as rank i expects."""
+    group = _arg(args, kwargs, 4, "group")
+    world = dist.get_world_size(group)
+    exchanged = {}
+    for name, tensor, splits in (("out", _arg(args, kwargs, 0, "output"), _arg(args, kwargs, 2, "output_split_sizes")),
+                                 ("in", _arg(args, kwargs, 1, "input"), _arg(args, kwargs, 3, "input_split_sizes"))):
+        rows = _rows(tensor)
+        if splits is not None and len(splits) > 0:
+            exchanged[name] = [int(n) for n in splits]
+        elif rows is not None and world > 0:
+            exchanged[name] = [rows // world] * world
+    return _short({"unit": "rows", **exchanged})
+
+
+def _all_to_all_args(args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """The elements this rank sends to and expects from each peer (one tensor per peer)."""
+    outputs, inputs = _arg(args, kwargs, 0, "output_tensor_list"), _arg(args, kwargs, 1, "input_tensor_list")
+    return _short({"unit": "elements", "out": [int(t.numel()) for t in outputs], "in": [int(t.numel()) for t in inputs]})
+
+
+def _short(args: dict[str, Any]) -> dict[str, Any] | None:
+    return args if len(str(args)) <= ARGS_MAX_CHARS else None
+
+
+# op name -> function giving what this rank's call exchanges with each peer (recorded, not compared)
+_ARGS: dict[str, Callable[[tuple, dict], dict[str, Any] | None]] = {
+    "all_to_all_single": _all_to_all_single_args,
+    "all_to_all": _all_to_all_args,
+}
+
+
 # op name -> (position of the group argument, function giving the agreed signature, async position)
 _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "all_reduce": (2, lambda a, k: f"{_tensor_text(_arg(a, k, 0, 'tensor'))} op={_reduce_op_text(_arg(a, k, 1, 'op', dist.ReduceOp.SUM))}", 3),
@@ -350,8 +404,9 @@ _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "all_to_all_single": (4, lambda a, k: str(getattr(_arg(a, k, 1, "input"), "dtype", "")).removeprefix("torch."), 5),
     "barrier": (0, lambda a, k: "", 1),
     "monitored_barrier": (0, lambda a, k: "", None),
-    "all_gather_object": (2, lambda a, k: "", None),
-    "broadcast_object_list": (2, lambda a, k: _root(a, k, 1, "src").strip(), None),
+    # The object list's length must be the same on every rank: torch first exchanges one size per object.
+    "all_gather_object": (2, lambda a, k: _objects(_arg(a, k, 0, "object_list")), None),
+    "broadcast_object_list": (2, lambda a, k: f"{_objects(_arg(a, k, 0, 'object_list'))}{_root(a, k, 1, 'src')}", None),
     "gather_object": (3, lambda a, k: _root(a, k, 2, "dst").strip(), None),
     "scatter_object_list": (3, lambda a, k: _root(a, k, 2, "src").strip(), None),
     "send": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _peer(a, k, "dst"), None),
@@ -391,11 +446,15 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
     def call(args: tuple, kwargs: dict) -> Any:
         record = None
         is_async = False
+        exchanged = None
+        if op in _ARGS:
+            with bookkeeping:  # apart: arguments that cannot be read cost only themselves, not the record
+                exchanged = _ARGS[op](args, kwargs)
         with bookkeeping:
             is_async = op in _ALWAYS_ASYNC or (
                 async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
             )
-            record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs))
+            record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs), args=exchanged)
         if not is_async or record is None:  # (None: entering failed, and the call runs alone)
             return recorder.run_blocking(record, lambda: original(*args, **kwargs), bookkeeping)
         try:

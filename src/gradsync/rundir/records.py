@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 # ranks: recorded (a rank stuck in recv is worth naming) but numbered apart (seq None), outside
 # the compared sequence. Their signature ends with the peer: " src=R" or " dst=R".
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
-RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "state", "entered", "finished", "crc", "error")
+RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "args", "state", "entered", "finished", "crc", "error")
 
 
 class RingRecord(TypedDict):
@@ -30,6 +30,9 @@ class RingRecord(TypedDict):
     signature: str  # what must agree across ranks: dtypes and shapes, root, reduce op
     kind: str  # "", or what issued it ("DDP gradients of a backward pass", ...)
     site: str | None  # the user's file:line
+    # Arguments that legitimately differ between ranks, so they are never compared as the signature
+    # is, but that say what disagreed once the backend found a mismatch: an all_to_all's split sizes.
+    args: dict[str, Any] | None
     state: str  # "entered", "issued", "finished", "failed"
     entered: float
     finished: float | None
@@ -200,6 +203,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "shape_mismatch": (ERROR, "the same collective at the same line with different tensors"),
     "rank_exited": (ERROR, "a rank finished its script while others still expected it"),
     "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
+    "out_of_memory": (ERROR, "a rank failed to allocate memory, as its last words say; the others' errors are consequences"),
     "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
     "rank_stuck": (ERROR, "a rank stayed outside any collective (stuck, or busy elsewhere) while the others waited"),
     "hang": (ERROR, "every rank waits in the same matched collective: the network or backend is not delivering"),

@@ -7,6 +7,7 @@ job a module:
 - `rules`: `diagnose`, the ordered rule chain, asking the modules below in turn
 - `views`: RankView, one rank as the diagnosis sees it, and the questions asked of one rank
 - `alignment`: the first collective where the ranks' sequences differ, and its finding
+- `last_words`: the end of each rank's log, sorted into families (collective mismatch, allocation failure, lost peer, ...)
 - `crashes`: which ranks failed by themselves (injected faults, teardown included); the rest are consequences
 - `positions`: where the ranks wait when none crashed; ranks whose node stopped reporting
 - `rank_lines`: each rank's line, and the finding made of them when no rule explains a failure

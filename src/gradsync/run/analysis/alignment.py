@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from gradsync.run.analysis.views import RankView, last_site
+from gradsync.run.analysis.views import RankView, group_members, last_site
 from gradsync.run.analysis.wording import SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
 from gradsync.rundir.records import Finding
 
@@ -24,6 +24,11 @@ class Divergence:
     # Set when the ranks' collectives already paired different lines (same op and tensors) from
     # `seq` up to this later collective, where they stopped matching.
     surfaced_at: "Divergence | None" = None
+    # Found where a rank whose backend said "collective mismatch" died, paired with what its peers
+    # were in then, rather than by comparing the records' numbers: the backend pairs collectives
+    # in the order they reach it, which the records' numbers need not show (a collective issued
+    # from a hook inside DDP's backward pass reaches Gloo before the pass's gradient buckets).
+    in_flight: bool = False
 
 
 def _key(record: dict[str, Any]) -> tuple:
@@ -68,6 +73,52 @@ def find_backend_divergence(views: dict[int, RankView]) -> Divergence | None:
         if divergence is not None:
             found.append(divergence)
     return min(found, key=lambda d: d.seq) if found else None
+
+
+# A record's states while its collective has not returned (failed: it came out with an error).
+_OPEN = ("entered", "issued", "failed")
+
+
+def find_mismatch_in_flight(views: dict[int, RankView]) -> Divergence | None:
+    """The collective in which a rank's backend said the two sides disagree, paired with each
+    peer's record at the same number, or, for a peer that never got that far, the collective it
+    was in: what the backend paired it with. None when no rank said so, or none died in a
+    recorded collective."""
+    found: list[Divergence] = []
+    for view in views.values():
+        if not view.said("collective_mismatch"):
+            continue
+        died_in = _died_in(view)
+        if died_in is None:
+            continue
+        group, seq = died_in["group"], died_in["seq"]
+        paired = {view.rank: died_in}
+        for rank in group_members(view, group, views):
+            other = views.get(rank)
+            if other is None or rank == view.rank:
+                continue
+            met = _record_at(other, group, seq) or _newest_open(other, group)
+            if met is not None:
+                paired[rank] = met
+        found.append(Divergence(group, seq, paired, in_flight=True))
+    return min(found, key=lambda d: d.seq) if found else None
+
+
+def _died_in(view: RankView) -> dict[str, Any] | None:
+    """The recorded collective the rank ended in: the one its exception came out of, else its
+    newest one that never returned."""
+    where = (view.exception() or {}).get("collective")
+    if where and where.get("seq") is not None:
+        return _record_at(view, where["group"], where["seq"])
+    return next((r for r in reversed(view.records) if r["state"] in _OPEN and r["seq"] is not None), None)
+
+
+def _record_at(view: RankView, group: str, seq: int) -> dict[str, Any] | None:
+    return next((r for r in reversed(view.records) if r["group"] == group and r["seq"] == seq), None)
+
+
+def _newest_open(view: RankView, group: str) -> dict[str, Any] | None:
+    return next((r for r in reversed(view.records) if r["group"] == group and r["state"] in _OPEN and r["seq"] is not None), None)
 
 
 # Ops whose input tensors are the same shape on every rank of a healthy job; the others (scatter,
@@ -170,7 +221,64 @@ def divergence_finding(divergence: Divergence, views: dict[int, RankView], trigg
     finding = _divergence_finding_of_records(divergence, views, trigger)
     if any(r.get("source") == "flight" for r in divergence.records.values()):
         finding.message += _FROM_BACKEND
+    said = backend_said_mismatch(views)
+    if said:
+        finding.message += " " + said
+        finding.details = {**(finding.details or {}), "last_words": _mismatch_words(views)}
     return finding
+
+
+def backend_said_mismatch(views: dict[int, RankView]) -> str:
+    """'Gloo on rank 0 said so as it aborted: it received 96 bytes where ... ("...")' for the
+    ranks whose last words say the two sides of a collective disagreed ("" when none did)."""
+    parts = []
+    for rank, view in sorted(views.items()):
+        if not view.said("collective_mismatch"):
+            continue
+        words = view.last_words
+        how = "as it aborted" if view.signal == "SIGABRT" else "as it failed"
+        sizes = f": {words.sizes()}" if words.sizes() else ""
+        parts.append(f'The backend on rank {rank} said so {how}{sizes} ("{words.quote()}").')
+    return " ".join(parts[:2])
+
+
+def _mismatch_words(views: dict[int, RankView]) -> dict[str, Any]:
+    return {str(rank): view.last_words.as_dict() for rank, view in sorted(views.items()) if view.said("collective_mismatch")}
+
+
+def _exchange(record: dict[str, Any]) -> str:
+    """', sending [3, 2] rows and expecting [2, 2]' for a record that kept what it exchanges per peer."""
+    args = record.get("args") or {}
+    if "in" not in args or "out" not in args:
+        return ""
+    return f", sending {args['in']} {args.get('unit', '')} and expecting {args['out']}".replace("  ", " ")
+
+
+def _side(rank: int, record: dict[str, Any]) -> str:
+    return f"rank {rank}: {describe(record)} at {record.get('site') or '?'}{_exchange(record)}"
+
+
+def _unmatched_exchanges(divergence: Divergence, views: dict[int, RankView]) -> tuple[str, list[int]]:
+    """'rank 1 sends 3 rows to rank 0, which expects 2', and those ranks, from the split sizes the
+    ranks kept: what one rank sends another must be what that one expects from it."""
+    records = divergence.records
+    some = next(iter(records))
+    members = group_members(views[some], divergence.group, views) if some in views else sorted(records)
+    position = {rank: index for index, rank in enumerate(members)}
+    said, ranks = [], set()
+    for sender, sent in sorted(records.items()):
+        for receiver, received in sorted(records.items()):
+            send, expect = (sent.get("args") or {}).get("in"), (received.get("args") or {}).get("out")
+            if send is None or expect is None or receiver not in position or sender not in position:
+                continue
+            if position[receiver] >= len(send) or position[sender] >= len(expect):
+                continue
+            count, wanted = send[position[receiver]], expect[position[sender]]
+            if count != wanted:
+                unit = (sent.get("args") or {}).get("unit", "")
+                said.append(f"rank {sender} sends {count} {unit} to rank {receiver}, which expects {wanted}".replace("  ", " "))
+                ranks.update((sender, receiver))
+    return "; ".join(said[:4]), sorted(ranks)
 
 
 def _divergence_finding_of_records(divergence: Divergence, views: dict[int, RankView], trigger: str) -> Finding:
@@ -190,7 +298,7 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
     for rank, view in views.items():
         locations.setdefault(str(rank), view.location or last_site(view) or "?")
     ranks = _odd_ones_out(records)
-    sides = listing([(rank, f"rank {rank}: {describe(record)} at {record.get('site') or '?'}") for rank, record in sorted(records.items())])
+    sides = listing([(rank, _side(rank, record)) for rank, record in sorted(records.items())])
     if divergence.surfaced_at is not None:
         later = divergence.surfaced_at
         later_sides = listing([(rank, f"rank {rank}: {describe(r)} at {r.get('site') or '?'}") for rank, r in sorted(later.records.items())])
@@ -211,7 +319,10 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
     sites = {r.get("site") for r in records.values()}
     signatures = {(r["op"], r["signature"]) for r in records.values()}
     collective = "/".join(sorted(ops))
-    if len(ops) == 1 and len(signatures) == 1:
+    # The backend saying the sides disagree outweighs records that look alike: they do not keep
+    # everything the sides must agree on (an all_to_all's split sizes are not compared).
+    backend_said = any(view.said("collective_mismatch") for view in views.values())
+    if len(ops) == 1 and len(signatures) == 1 and not backend_said:
         # Same op, same tensors, different context: DDP's broadcast during eval on one rank and
         # during training on another. Nothing fails; the ranks are simply no longer in step.
         return Finding(
@@ -226,26 +337,52 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
             locations=locations,
             collective=collective,
         )
-    if len(ops) == 1 and len(sites) == 1:
+    if len(ops) == 1 and len(sites) == 1 and len({r["seq"] for r in records.values()}) == 1:
+        unmatched, pair = _unmatched_exchanges(divergence, views)
+        if len(signatures) > 1:
+            what = f"with different tensors ({sides})."
+        elif unmatched:
+            what = f"what the ranks exchange does not agree: {unmatched} ({sides})."
+        else:
+            what = f"the sizes the ranks exchanged did not agree ({sides})."
         return Finding(
             "shape_mismatch",
             "error",
-            sorted(records),
-            f"Collective #{divergence.seq} on {group} is the same {collective} on every rank but with "
-            f"different tensors ({sides}).",
+            pair or ranks,
+            f"Collective #{divergence.seq} on {group} is the same {collective} on every rank but {what}",
             "Make the tensor shape and dtype identical on every rank (pad to a common size, or use "
-            "all_gather_object / pass the sizes first for variable-size data).",
+            "all_gather_object / pass the sizes first for variable-size data); for all_to_all, exchange "
+            "the split sizes first (an all_to_all_single of the counts) so what each rank expects is what "
+            "its peers send.",
             locations=locations,
             collective=collective,
         )
     verb = "hung" if trigger == "stall" else "failed"
+    ahead = ""
+    if divergence.in_flight:
+        ahead_ranks = _ahead_of_peers(records)
+        if ahead_ranks:
+            ranks = ahead_ranks
+            ahead = (f" {ranks_text(ahead_ranks)} had called a collective its peers never reached (one issued where "
+                     "they do not issue it, such as inside a hook during backward), so the backend paired it with the "
+                     "collective they were in.")
     return Finding(
         "collective_mismatch",
         "error",
         ranks,
         f"The job {verb} because the ranks' collectives stopped matching at collective #{divergence.seq} "
-        f"on {group}: {sides}.",
+        f"on {group}: {sides}.{ahead}",
         SUGGEST_SAME_COLLECTIVES,
         locations=locations,
         collective=collective,
     )
+
+
+def _ahead_of_peers(records: dict[int, dict[str, Any]]) -> list[int]:
+    """The ranks whose record is numbered beyond every other's: they issued one the others did not."""
+    ahead = []
+    for rank, record in records.items():
+        others = [r["seq"] for other, r in records.items() if other != rank]
+        if others and record["seq"] > max(others):
+            ahead.append(rank)
+    return sorted(ahead)

@@ -12,7 +12,7 @@ from typing import Any
 
 from gradsync.run.analysis.alignment import Divergence
 from gradsync.run.analysis.views import RankView, group_members, last_position, last_site, reached_on, where_is
-from gradsync.run.analysis.wording import first_line
+from gradsync.run.analysis.wording import SUGGEST_SAME_COLLECTIVES, first_line
 from gradsync.rundir.records import Finding
 
 
@@ -24,6 +24,8 @@ CONSEQUENCE = re.compile(
 )
 # What Gloo and NCCL say when the two sides of one collective are different collectives.
 MISMATCH_SYMPTOM = re.compile(r"op\.preamble\.length|collective mismatch|[Mm]ismatch|size mismatch")
+# Last words of a rank that died because another did (gradsync.run.analysis.last_words).
+CONSEQUENCE_FAMILIES = ("peer_lost", "backend_timeout")
 # PeerError: gradsync's trainer stopping a rank because another rank failed a check.
 _CONSEQUENCE_TYPES = {"DistNetworkError", "DistBackendError", "DistStoreError", "PeerError"}
 # A message that names the backend: the transport speaking, not the user's own code.
@@ -81,6 +83,10 @@ def _crash_cause(
     if view.exit and view.exit.get("status") == "exit_code":
         return True
     killed = view.exit is None and view.exitcode is not None and view.exitcode < 0 and view.signal is not None
+    # A process the backend took down because it lost a peer, or gave up waiting for one, died of
+    # another rank's failure, whatever signal ended it.
+    if killed and view.last_words is not None and view.said(*CONSEQUENCE_FAMILIES):
+        return False
     # Gloo aborts the process (SIGABRT) when the two sides of a collective differ in size.
     return killed and not (divergence is not None and _failed_in_collective(view, divergence))
 
@@ -116,7 +122,11 @@ def _peer_elsewhere(view: RankView, views: dict[int, RankView], positions: dict[
 
 
 def _failed_in_collective(view: RankView, divergence: Divergence) -> bool:
-    """Did this rank fail, or die, inside a collective at or after the point of divergence?"""
+    """Did this rank fail, or die, inside a collective at or after the point of divergence, or
+    inside the one the divergence paired with its peers' (found where the backend said so)?"""
+    paired = divergence.records.get(view.rank)
+    if paired is not None and paired["state"] in ("failed", "entered", "issued"):
+        return True
     return any(
         r["state"] in ("failed", "entered", "issued") and r["group"] == divergence.group and (r["seq"] or 0) >= divergence.seq
         for r in view.records
@@ -152,6 +162,12 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
     same way (every rank, or just this one)."""
     exception = view.exception()
     consequence = _reactions(view, views) if len(alike) == 1 else ""
+    # What the rank's last words say it died of, before how it died: an allocation that failed
+    # reads the same as any exception or abort otherwise.
+    if view.said("out_of_memory"):
+        return _memory_finding(view, views, alike, consequence)
+    if view.said("collective_mismatch"):
+        return _mismatch_without_records(view, consequence)
     if exception is not None:
         unused = _unused_from_ddp_error(view, exception)
         if unused is not None:
@@ -209,16 +225,97 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
             locations={str(view.rank): where},
         )
     where = last_position(view)
+    how, suggestion = _SIGNALS.get(view.signal or "", _OTHER_SIGNAL)
     return Finding(
         "rank_crashed",
         "error",
         [view.rank],
         f"Rank {view.rank} was killed by {view.signal or 'a signal'} (exit code {view.exitcode}); its last "
-        f"recorded position was {where}. Out-of-memory kills (SIGKILL), segmentation faults (SIGSEGV) and "
-        f"aborts (SIGABRT) look like this.{consequence}",
-        "Check the system log on that host (dmesg for the OOM killer) and the rank's own output.",
+        f"recorded position was {where}. {how}{_last_words_text(view)}{consequence}",
+        suggestion,
         locations={str(view.rank): where},
         step=(view.snapshot or {}).get("backward_passes"),
+        details=_last_words_details(view),
+    )
+
+
+# How a rank that a signal ended, with no last words that say why, is told: the signal alone
+# decides what to look at. Only SIGKILL, which nothing in the process can catch or report, is
+# the OOM killer's mark; an abort is native code giving up, and says so on its way out.
+_SIGNALS = {
+    "SIGKILL": (
+        "Nothing in a process can report a SIGKILL: the kernel's out-of-memory killer ends processes "
+        "this way, as do schedulers enforcing a memory or time limit.",
+        "Check the system log on that host (dmesg for the OOM killer) and the job scheduler's log.",
+    ),
+    "SIGABRT": (
+        "An abort is native code (the backend, torch's C++ side, an extension) giving up on an error "
+        "it could not raise to Python: an uncaught C++ exception or a failed check.",
+        "Read the rank's last words in its log (RUN_DIR/workers/attemptN/rankR.log): the failed check or "
+        "the C++ exception is printed there just before the abort.",
+    ),
+    "SIGSEGV": (
+        "A segmentation fault is native code reading memory it does not own: a C++ or CUDA extension, "
+        "mismatched library builds, or a tensor freed while still in use.",
+        "Rerun with PYTHONFAULTHANDLER=1 to print the Python stack at the fault, and read the rank's log.",
+    ),
+}
+_OTHER_SIGNAL = ("", "Read the rank's own output in its log, and the system log on that host.")
+
+
+def _last_words_text(view: RankView) -> str:
+    """' Its last words: "..."' when the rank's log ends with something worth quoting."""
+    words = view.last_words
+    if words is None or not words.lines:
+        return ""
+    quote = words.quote() or words.lines[-1][:240]
+    return f' Its last words: "{quote}".'
+
+
+def _last_words_details(view: RankView) -> dict[str, Any]:
+    return {"last_words": {str(view.rank): view.last_words.as_dict()}} if view.last_words is not None else {}
+
+
+def _memory_finding(view: RankView, views: dict[int, RankView], alike: list[RankView], consequence: str) -> Finding:
+    """A rank whose last words say an allocation failed: a memory verdict, whatever ended it."""
+    ranks = sorted(v.rank for v in alike)
+    exception = view.exception()
+    where = (exception or {}).get("location") or (last_position(view) if exception is None else view.location) or "?"
+    who = f"Rank {view.rank}" if len(ranks) == 1 else f"Every rank ({', '.join(map(str, ranks))})"
+    how = f"raised {exception['type']}" if exception is not None else f"was killed by {view.signal or 'a signal'}"
+    return Finding(
+        "out_of_memory",
+        "error",
+        ranks,
+        f"{who} ran out of memory at {where}: it {how} after an allocation failed "
+        f'("{view.last_words.quote()}").{consequence}',
+        "Make the rank need less memory (a smaller batch or model shard, fewer or lighter DataLoader workers, "
+        "activation checkpointing) or give it more: check the limits its processes run under (ulimit -v, the "
+        "container's or the job scheduler's memory limit, and on a GPU what other processes hold).",
+        locations={str(v.rank): (v.exception() or {}).get("location") or last_position(v) for v in alike},
+        step=(view.snapshot or {}).get("backward_passes"),
+        details={**_traceback_details(view), **_last_words_details(view)},
+    )
+
+
+def _mismatch_without_records(view: RankView, consequence: str) -> Finding:
+    """A rank whose backend said the two sides of a collective disagree, outside every recorded
+    collective (a DTensor's, a functional or a compiled one): the words and where it was."""
+    exception = view.exception()
+    where = (exception or {}).get("location") or last_position(view)
+    words = view.last_words
+    sizes = f" ({words.sizes()})" if words.sizes() else ""
+    ended = f"raised {exception['type']}" if exception is not None else f"was killed by {view.signal or 'a signal'}"
+    return Finding(
+        "collective_mismatch",
+        "error",
+        [view.rank],
+        f"Rank {view.rank}'s backend found the two sides of a collective disagreeing{sizes}, and the rank {ended} "
+        f'at {where}: "{words.quote()}". No collective gradsync recorded shows the other side: it was one the '
+        f"recorder does not see (a DTensor's, a functional or a compiled one).{consequence}",
+        SUGGEST_SAME_COLLECTIVES,
+        locations={str(view.rank): where},
+        details=_last_words_details(view),
     )
 
 
@@ -240,7 +337,7 @@ def _same_failure_finding(first: RankView, alike: list[RankView]) -> Finding:
     else:
         where = last_position(first)
         what = f"every rank was killed by {first.signal or 'a signal'} (exit code {first.exitcode}; last position {where})"
-        suggestion = "Check the system log (dmesg for the OOM killer) and the ranks' log files in RUN_DIR/workers/."
+        suggestion = _SIGNALS.get(first.signal or "", _OTHER_SIGNAL)[1]
     return Finding(
         "script_failed",
         "error",

@@ -58,7 +58,7 @@ def rank_line(
     if view.signal and not view.stopped_by_gradsync and view.exit is None:
         if view.signal == "SIGTERM" and failed:
             return f"stopped by the launcher (SIGTERM) once rank {min(failed, key=failure_time).rank} had failed; it was at {last_position(view)}"
-        return f"killed by {view.signal}; last seen at {last_position(view)}"
+        return f"killed by {view.signal}{_words(view)}; last seen at {last_position(view)}"
     if waiting is not None:
         since = f" for {now - waiting['entered']:.0f} s" if now else ""
         return f"waiting in {describe(waiting)} at {waiting.get('site') or '?'}{since}"
@@ -81,3 +81,9 @@ def unexplained_failure(views: dict[int, RankView], trigger: str) -> Finding:
         "Read the ranks' own output above; rerun with a shorter --stall-timeout to catch the moment.",
         locations={str(r): where_is(views[r]) for r in failed},
     )
+
+
+def _words(view: RankView) -> str:
+    """' (its last words: "...")' for a rank whose last words told what it died of."""
+    quote = view.last_words.quote() if view.last_words is not None else ""
+    return f' (its last words: "{quote if len(quote) <= 160 else quote[:157] + "..."}")' if quote else ""

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradsync.run.analysis.alignment import Divergence, divergence_finding, find_backend_divergence, find_divergence
+from gradsync.run.analysis.alignment import (
+    Divergence,
+    divergence_finding,
+    find_backend_divergence,
+    find_divergence,
+    find_mismatch_in_flight,
+)
 from gradsync.run.analysis.crashes import crashed_ranks, fired_fault, first_crash_finding, injected_finding, teardown_finding
 from gradsync.run.analysis.health import health_findings
 from gradsync.run.analysis.meshes import blame_differing_meshes
@@ -40,6 +46,10 @@ def diagnose(
     divergence = find_divergence(views)
     if divergence is None and trigger != "exit":
         divergence = find_backend_divergence(views)
+    # Else, where a rank's backend said, as it died, that the two sides of a collective disagree:
+    # its last collective, paired with what its peers were in.
+    if divergence is None:
+        divergence = find_mismatch_in_flight(views)
     injected = fired_fault(views, trigger)
     # After the divergence: an error from a collective that mismatched is not a crash of its own.
     crashes = crashed_ranks(views, divergence, injected)

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gradsync.run.analysis.last_words import LastWords
 from gradsync.run.flight import join_sites
 
 
@@ -30,6 +31,8 @@ class RankView:
     # Of another node, and silent: its state stopped coming and its node's agent never said how it
     # ended. What it last reported is where it was, not where it is.
     unreachable: bool = False
+    # The tail of the rank's log and what it says the rank died of (None: no log on this node).
+    last_words: LastWords | None = None
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -97,6 +100,10 @@ class RankView:
 
     def exception(self) -> dict[str, Any] | None:
         return self.exit if self.exit and self.exit.get("status") == "exception" else None
+
+    def said(self, *families: str) -> bool:
+        """Whether the rank's last words belong to one of `families`."""
+        return self.last_words is not None and self.last_words.family in families
 
     @property
     def finished(self) -> bool:
