@@ -635,7 +635,7 @@ def test_a_rank_that_died_of_the_collective_its_peer_left_names_the_peer_where_i
     (finding,) = diagnosis["findings"]
     assert finding["category"] == "rank_exited" and finding["ranks"] == [1], finding
     assert finding["locations"] == {"0": "train.py:47", "1": "train.py:68"}
-    assert "rank 0 waits in barrier #3 at train.py:47" in finding["message"]
+    assert "rank 0 failed in barrier #3 at train.py:47" in finding["message"]
     assert "rank 1 ended after its last collective, all_reduce #2 (float32[8] op=SUM) at train.py:53, and left the process group at train.py:68" in finding["message"]
 
 

@@ -52,7 +52,8 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
         if (v.alive or (v.signal == "SIGTERM" and v.exit is None)) and r not in waiting and r not in finished
     }
     locations = {str(r): where_is(v) for r, v in sorted(views.items())}
-    waits = listing([(r, f"rank {r} waits in {describe(v.waiting_on())} at {v.waiting_on().get('site') or '?'}") for r, v in sorted(waiting.items())])
+    waits = listing([(r, f"rank {r} {_waits_or_failed(v.waiting_on())} {describe(v.waiting_on())} at {v.waiting_on().get('site') or '?'}")
+                     for r, v in sorted(waiting.items())])
     if finished and (waiting or trigger == "failure"):
         counts = ", ".join(f"rank {r}: {(v.snapshot or {}).get('collectives', '?')}" for r, v in sorted(views.items()))
         ended = listing([(r, f"rank {r} ended {where_it_ended(v)}") for r, v in sorted(finished.items())])
@@ -126,6 +127,11 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
             locations=locations,
         )
     return None
+
+
+def _waits_or_failed(record: dict) -> str:
+    """How a rank stands in the collective it is held at: a record that failed (its peer left) is no longer waited in."""
+    return "failed in" if record.get("state") == "failed" else "waits in"
 
 
 def _idle_after_peers_finished(running: dict[int, RankView], finished: dict[int, RankView], locations: dict[str, str]) -> Finding:
