@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gradsync.run.collectives import CollectiveRecorder, install
+from gradsync.run.collectives import CollectiveRecorder, Record, install
 from tests.harness import launch
 from tests.run.side_by_side import gloo_world, gradsync_warnings, outcome
 
@@ -595,3 +595,26 @@ def test_init_device_mesh_raises_torchs_own_error_for_a_shape_the_recorder_canno
     plain, recorded = _with_and_without_recorder(_mesh_of_a_shape_given_as_an_int, tmp_path, CollectiveRecorder())
     assert recorded == plain and plain[:2] == ("raised", "TypeError"), (plain, recorded)
     assert list(_failed_hooks(capsys.readouterr().err)) == ["init_device_mesh hook"]
+
+
+def _leave_the_default_group():
+    group = dist.new_group([0])
+    dist.destroy_process_group(group)  # a subgroup: the script has not left
+    dist.destroy_process_group()  # line: leave
+    return dist.is_initialized()
+
+
+def test_the_line_where_the_script_left_the_default_group_is_noted_and_the_destroy_runs_as_without_gradsync(tmp_path, capsys):
+    recorder = CollectiveRecorder()
+    plain, recorded = _with_and_without_recorder(_leave_the_default_group, tmp_path, recorder)
+    assert recorded == plain == ("returned", False), (plain, recorded)
+    line = next(i for i, text in enumerate(open(__file__), 1) if "# line: leave" in text)
+    assert recorder.left_group["site"].endswith(f"tests/run/test_collectives.py:{line}"), recorder.left_group
+    assert recorder.phase == "teardown" and gradsync_warnings(capsys.readouterr().err) == []
+
+
+def test_a_failed_collectives_error_is_kept_without_the_backends_source_place():
+    recorder = CollectiveRecorder()
+    record = Record(0, "default", 1, "barrier", "", "", "train.py:3")
+    recorder.finish(record, RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"))
+    assert (record.state, record.error) == ("failed", "RuntimeError: Connection closed by peer [127.0.0.1]:1")

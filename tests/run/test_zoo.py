@@ -81,6 +81,8 @@ BROKEN = [
     "broadcast_object_list_lengths",
     "hook_all_reduce_in_backward",
     "allocation_fails_rank1",
+    "atexit_flush_after_peer_left",
+    "safe_main_swallows",
 ]
 # Each zoo job's hang guard; the session's `zoo` fixture runs them AT_A_TIME at a time.
 RUN_TIMEOUT_S = 150
@@ -148,8 +150,8 @@ def _run(name: str, root: Path) -> ZooRun:
     return ZooRun(name, done.returncode, done.stdout + done.stderr, diagnosis, run_dir, done.stdout)
 
 
-# Healthy scripts that print, run under plain torchrun too: what they print must be the same.
-SAME_AS_TORCHRUN = ["healthy_objects", "healthy_p2p_and_functional", "healthy_checkpoint_files"]
+# Scripts that print and exit 0, run under plain torchrun too: what they print must be the same.
+SAME_AS_TORCHRUN = ["healthy_objects", "healthy_p2p_and_functional", "healthy_checkpoint_files", "atexit_flush_after_peer_left"]
 
 
 @dataclass
@@ -299,8 +301,38 @@ def test_continue_past_a_bad_batch_on_one_rank(zoo):
 
 def test_early_stop_on_one_rank(zoo):
     run = zoo["early_stop_alone"]
-    finding = _assert_error(run, "rank_exited", [0])
-    assert finding["locations"]["1"] == run.line("backward"), run.explain()
+    finding = _assert_error(run, "rank_exited", [0], {0: "leave", 1: "backward"})
+    assert f"left the process group at {run.line('leave')}" in finding["message"], run.explain()
+
+
+def test_a_rank_that_swallowed_its_error_and_exited_0_is_named_not_the_rank_left_waiting(zoo):
+    # Plain torchrun blames rank 0, whose backward lost its peer.
+    run = zoo["safe_main_swallows"]
+    _assert_error(run, "rank_exited", [1], {0: "backward", 1: "backward"})
+    assert run.diagnosis["ranks"]["0"].startswith("failed as a consequence"), run.explain()
+
+
+def _exit_handler_error(output: str) -> tuple[str, bool] | None:
+    """The type of the error Python printed for a failed exit handler, and whether it blamed the
+    peer ("Connection closed by peer", or reset)."""
+    _, _, after = output.partition("Exception ignored in atexit callback")
+    found = re.search(r"^(\w+): (.*)$", after, re.MULTILINE)
+    return (found.group(1), "by peer" in found.group(2)) if found else None
+
+
+def test_a_collective_an_exit_handler_runs_after_the_peer_left_is_a_warning_and_fails_as_without_gradsync(zoo, under_torchrun):
+    run, plain = zoo["atexit_flush_after_peer_left"], under_torchrun["atexit_flush_after_peer_left"]
+    assert run.returncode == plain.returncode == 0, run.explain()
+    assert run.diagnosis["status"] == "ok" and "gradsync run: ok: 2 ranks finished" in run.output, run.explain()
+    (finding,) = run.findings()
+    assert finding["category"] == "collective_after_peer_left" and finding["severity"] == "warning", run.explain()
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line("exit_all_reduce")}, run.explain()
+    assert "by an exit handler" in finding["message"] and "by peer" in finding["message"], run.explain()
+    # The handler meets the group and the error it meets under plain torchrun: the lost peer, not a
+    # group gradsync destroyed before the script's exit handlers ran.
+    assert _exit_handler_error(run.output) == _exit_handler_error(plain.stderr) == ("RuntimeError", True), (
+        run.explain() + plain.stderr
+    )
 
 
 def test_bn_eval_through_the_wrapper_on_rank0_is_a_desync_even_though_it_exits_0(zoo):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
 CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
 UNUSED_CHECK_PASSES = 50  # backward passes watched for parameters that never get a gradient
 FAILED_IN = "__gradsync_collective__"  # the attribute naming the collective an exception came out of
+_SOURCE_PLACE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp):\d+\] ")  # where in its sources a backend raised
 
 
 def failed_collective(error: BaseException | None) -> dict[str, Any] | None:
@@ -123,6 +125,8 @@ class CollectiveRecorder:
         # Every init_device_mesh call: its shape, dimension names and line. Ranks must build the
         # same meshes (each dimension's groups are created collectively), so the analysis compares them.
         self.meshes: list[dict[str, Any]] = []
+        # Where and when the script destroyed the default group ({"site", "time"}), if it did.
+        self.left_group: dict[str, Any] | None = None
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
         self._warned: set[str] = set()
@@ -191,7 +195,9 @@ class CollectiveRecorder:
             record.state = "finished"
         else:
             record.state = "failed"
-            record.error = f"{type(error).__name__}: {error}"[:500]
+            # Without the backend's C++ source place ("[/__w/.../tcp/pair.cc:553] "), which would fill
+            # the ring slot's share for the error before the words that say what happened.
+            record.error = _SOURCE_PLACE.sub("", f"{type(error).__name__}: {error}", count=1)[:500]
             # The exception remembers the collective it came out of: whether the rank failed by
             # itself or inside a collective (where a peer may be the cause) is then known from state.
             try:
@@ -502,6 +508,26 @@ def _wrap_phase(recorder: CollectiveRecorder, phase: str, original: Callable) ->
 
     with_phase.__gradsync_original__ = original
     return with_phase
+
+
+def _wrap_destroy(recorder: CollectiveRecorder, original: Callable) -> Callable:
+    """destroy_process_group, noting where the script itself left the default group: a rank that
+    ends early is then placed where it left (a `finally:` after a swallowed error), not only at
+    its last collective. gradsync's own teardown has no user line and is not noted."""
+    bookkeeping = recorder.bookkeeping["the collective recorder's destroy_process_group wrapper"]
+
+    @functools.wraps(original)
+    def destroy(*args, **kwargs):
+        recorder.phase = "teardown"
+        with bookkeeping:
+            group = _arg(args, kwargs, 0, "group")
+            site = caller_location()
+            if site is not None and (group is None or group is dist.GroupMember.WORLD):
+                recorder.left_group = {"site": site, "time": time.time()}
+        return original(*args, **kwargs)
+
+    destroy.__gradsync_original__ = original
+    return destroy
 
 
 # -- DDP ---------------------------------------------------------------------------------------
@@ -942,10 +968,10 @@ def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Calla
         if op in _COMPARED_BY_IDENTITY and getattr(distributed_c10d, op, None) is original:
             originals.append((distributed_c10d, op, original))
             setattr(distributed_c10d, op, wrapped)
-    for name, phase in (("init_process_group", "running"), ("destroy_process_group", "teardown")):
-        original = getattr(dist, name)
-        originals.append((dist, name, original))
-        setattr(dist, name, _wrap_phase(recorder, phase, original))
+    originals.append((dist, "init_process_group", dist.init_process_group))
+    dist.init_process_group = _wrap_phase(recorder, "running", dist.init_process_group)
+    originals.append((dist, "destroy_process_group", dist.destroy_process_group))
+    dist.destroy_process_group = _wrap_destroy(recorder, dist.destroy_process_group)
     originals += _patch_ddp(recorder, record_buckets)
     originals += _patch_device_mesh(recorder)
     originals.append((torch.autograd, "backward", torch.autograd.backward))

@@ -8,7 +8,7 @@ Python would, and leaves an exit record saying how it ended
 (returned, raised what where, or was still inside a collective). Under --doctor-steps K it also
 installs the script check (gradsync.run.script_facts), whose facts it writes before the exit
 record, and the rank ends itself after its K-th optimizer step. A process group the script
-left open is destroyed once the script has returned.
+left open is destroyed once the script has returned and its own exit handlers have run.
 """
 
 from __future__ import annotations
@@ -206,6 +206,7 @@ class SnapshotWriter(threading.Thread):
             "unused_parameters": recorder.unused_parameters(),
             "ddp_parameters": [watch.reducer_order for watch in recorder.ddp_models],
             "meshes": recorder.meshes,
+            "left_group": recorder.left_group,
             "backend": self._backend,
         }
 
@@ -331,6 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     writer.start()
     # What follows the script is gradsync's, and must not change how the process ends.
     ending = recorder.bookkeeping["gradsync run's end of the script"]
+    teardown = _TearDown(recorder, ending)
+    # Registered before the script runs, so it runs after every exit handler the script registers.
+    atexit.register(teardown)
 
     def finish(outcome: dict[str, Any]) -> None:
         if check is not None:
@@ -347,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         code = exiting.code
         if code is None or code == 0:
             finish({"status": "finished", "code": 0, "time": time.time()})
-            _tear_down(recorder, ending)
+            teardown.armed = True
             end_process(0)
         if not isinstance(code, int):
             print(code, file=sys.stderr)  # what Python does with sys.exit("message")
@@ -365,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
             output.log_only(described["traceback"])
         end_process(130 if isinstance(error, KeyboardInterrupt) else 1)
     finish({"status": "finished", "code": 0, "time": time.time()})
-    _tear_down(recorder, ending)
+    teardown.armed = True
     end_process(0)
 
 
@@ -437,13 +441,26 @@ def _count_optimizer_steps(recorder: CollectiveRecorder, window: ProfileWindow |
     Optimizer._patch_step_function = _patch_step_function
 
 
-def _tear_down(recorder: CollectiveRecorder, ending: Bookkeeping) -> None:
-    """Destroy the process group a script that ended well left open; a failure there is gradsync's,
-    and the rank still ends as the script did."""
-    with ending:
-        if dist.is_available() and dist.is_initialized():
-            recorder.phase = "teardown"
-            dist.destroy_process_group()
+class _TearDown:
+    """Destroys the process group a script that ended well left open, as an exit handler that runs
+    after the script's own. Those may still communicate on the group (a last metrics flush): they
+    must meet the group, and the error, they meet under plain torchrun, not
+    "Default process group has not been initialized". Armed only once the script ended well: a
+    failed rank may have collectives in flight, which a destroy can wait on for good (NCCL). A
+    failure here is gradsync's, and the rank still ends as the script did."""
+
+    def __init__(self, recorder: CollectiveRecorder, ending: Bookkeeping) -> None:
+        self.recorder = recorder
+        self.ending = ending
+        self.armed = False
+
+    def __call__(self) -> None:
+        if not self.armed:
+            return
+        with self.ending:
+            if dist.is_available() and dist.is_initialized():
+                self.recorder.phase = "teardown"
+                dist.destroy_process_group()
 
 
 if __name__ == "__main__":

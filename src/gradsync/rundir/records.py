@@ -83,6 +83,7 @@ class Snapshot(Identity):
     ddp_parameters: list[list[str]]
     meshes: list[dict[str, Any]]  # init_device_mesh calls: {"shape", "names", "site"}, in order
     backend: str | None  # the default process group's, once created
+    left_group: dict[str, Any] | None  # {"site", "time"} where the script destroyed the default group
 
 
 class SystemReading(TypedDict, total=False):
@@ -213,6 +214,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "nonfinite_gradients": (WARNING, "where a NaN/inf gradient first appeared, before averaging spread it"),
     "straggler": (WARNING, "a rank typically arrives late at collectives"),
     "teardown_failure": (WARNING, "every rank finished, then a process crashed while shutting down"),
+    "collective_after_peer_left": (WARNING, "a collective failed, and the rank went on, because a peer had finished without it"),
     "restarted": (WARNING, "attempts before the last failed and the workers were restarted"),
     "regrouped": (WARNING, "the workers were restarted to take in a node that joined an elastic job (not a failure)"),
     "fault_not_fired": (WARNING, "an --inject-fault never fired, so nothing was rehearsed"),

@@ -10,6 +10,7 @@ job a module:
 - `last_words`: the end of each rank's log, sorted into families (collective mismatch, allocation failure, lost peer, ...)
 - `crashes`: which ranks failed by themselves (injected faults, teardown included); the rest are consequences
 - `positions`: where the ranks wait when none crashed; ranks whose node stopped reporting
+- `exits`: where a rank that finished early ended; collectives that failed because a peer had finished without them
 - `rank_lines`: each rank's line, and the finding made of them when no rule explains a failure
 - `health`: NaN/inf and unused-parameter warnings
 - `meshes`: differing device meshes, named as the cause of the error found

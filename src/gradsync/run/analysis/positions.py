@@ -6,10 +6,10 @@ different places; every rank waits and none progresses.
 from __future__ import annotations
 
 import bisect
-import re
 
+from gradsync.run.analysis.exits import ended_at, where_it_ended
 from gradsync.run.analysis.rank_lines import rank_line
-from gradsync.run.analysis.views import RankView, group_members, last_position, reached_on, unrecorded_wait, where_is
+from gradsync.run.analysis.views import P2P_PEER, RankView, group_members, last_position, reached_on, unrecorded_wait, where_is
 from gradsync.run.analysis.wording import NEVER_HEARD_OF, SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
 
@@ -52,19 +52,21 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
         if (v.alive or (v.signal == "SIGTERM" and v.exit is None)) and r not in waiting and r not in finished
     }
     locations = {str(r): where_is(v) for r, v in sorted(views.items())}
-    waits = listing([(r, f"rank {r} waits in {describe(v.waiting_on())} at {v.waiting_on().get('site') or '?'}") for r, v in sorted(waiting.items())])
+    waits = listing([(r, f"rank {r} {_waits_or_failed(v.waiting_on())} {describe(v.waiting_on())} at {v.waiting_on().get('site') or '?'}")
+                     for r, v in sorted(waiting.items())])
     if finished and (waiting or trigger == "failure"):
         counts = ", ".join(f"rank {r}: {(v.snapshot or {}).get('collectives', '?')}" for r, v in sorted(views.items()))
+        ended = listing([(r, f"rank {r} ended {where_it_ended(v)}") for r, v in sorted(finished.items())])
         return Finding(
             "rank_exited",
             "error",
             sorted(finished),
             f"{ranks_text(finished)} finished the script while the other ranks still expected "
-            f"{'it' if len(finished) == 1 else 'them'} in collectives ({waits or 'they lost their peer'}). "
-            f"Collectives issued per rank: {counts}. A rank left the training loop early: fewer batches, a "
-            "rank-local early stop or a skipped step.",
+            f"{'it' if len(finished) == 1 else 'them'} in collectives ({waits or 'they lost their peer'}): "
+            f"{ended}. Collectives issued per rank: {counts}. A rank left the training loop early: fewer "
+            "batches, a rank-local early stop, a skipped step, or an error it caught and returned from.",
             SUGGEST_SAME_COLLECTIVES,
-            locations=locations,
+            locations=locations | {str(r): ended_at(v) for r, v in finished.items()},
         )
     unrecorded = {r: wait for r, v in running.items() if (wait := unrecorded_wait(v)) is not None}
     if unrecorded and waiting:
@@ -111,6 +113,8 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
             SUGGEST_SAME_COLLECTIVES,
             locations={str(r): where_is(views[r]) for r in blocked} | locations,
         )
+    if finished and running and not waiting and trigger == "stall":
+        return _idle_after_peers_finished(running, finished, locations)
     if waiting:
         return Finding(
             "hang",
@@ -125,6 +129,34 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
     return None
 
 
+def _waits_or_failed(record: dict) -> str:
+    """How a rank stands in the collective it is held at: a record that failed (its peer left) is no longer waited in."""
+    return "failed in" if record.get("state") == "failed" else "waits in"
+
+
+def _idle_after_peers_finished(running: dict[int, RankView], finished: dict[int, RankView], locations: dict[str, str]) -> Finding:
+    """Some ranks finished their script, the others stand still outside any collective, and no
+    collective waits: whatever the finished ranks issued, the others matched. So the finished
+    ranks are not what the others wait for in a collective; the ones still running stopped by
+    themselves (a lock, a sleep, a read), or wait for a finished rank by other means (a file it
+    was to write, a store key, a queue), which never come either way."""
+    stuck = listing([(r, f"rank {r} at {v.location or '?'}") for r, v in sorted(running.items())])
+    ended = listing([(r, f"rank {r} ended {where_it_ended(v)}") for r, v in sorted(finished.items())])
+    return Finding(
+        "rank_stuck",
+        "error",
+        sorted(running),
+        f"{ranks_text(running)} stayed outside any collective ({stuck}) after the other ranks had finished "
+        f"their script ({ended}). Every collective the finished ranks issued was matched, so no collective "
+        "waits for them.",
+        "Look at what that rank runs at that line (its full stack is in diagnosis.json): a blocking call "
+        "only it makes (sleep, input, a lock, a file or network read), or a wait for something a finished "
+        "rank was to provide by other means than a collective (a file, a store key), which now never comes.",
+        locations=locations | {str(r): ended_at(v) for r, v in finished.items()},
+        details={"stacks": {str(r): (v.snapshot or {}).get("stack", [])[-12:] for r, v in sorted(running.items())}},
+    )
+
+
 def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, RankView]) -> list[tuple[int, int]]:
     """(rank, peer) for each waiting rank and a peer it needs that is not in the same place: for a
     point-to-point message, a peer not waiting in the matching one; for a collective, a member of
@@ -136,7 +168,7 @@ def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, 
     for rank, view in sorted(waiting.items()):
         record = view.waiting_on()
         if record["op"] in POINT_TO_POINT:
-            match = _P2P_PEER.search(record.get("signature") or "")
+            match = P2P_PEER.search(record.get("signature") or "")
             peer = int(match.group(2)) if match else None
             if peer is None or peer not in views:
                 continue
@@ -168,6 +200,5 @@ def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, 
     return pairs
 
 
-_P2P_PEER = re.compile(r" (src|dst)=(\d+)$")
 # What the peer must be blocked in, by what this rank waits in: a receive needs a send, and back.
 _P2P_MATCH = {"src": ("send", "isend", "batch_isend_irecv"), "dst": ("recv", "irecv", "batch_isend_irecv")}

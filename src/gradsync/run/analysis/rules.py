@@ -19,6 +19,7 @@ from gradsync.run.analysis.alignment import (
     find_mismatch_in_flight,
 )
 from gradsync.run.analysis.crashes import crashed_ranks, fired_fault, first_crash_finding, injected_finding, teardown_finding
+from gradsync.run.analysis.exits import late_collective_finding, late_collectives
 from gradsync.run.analysis.health import health_findings
 from gradsync.run.analysis.meshes import blame_differing_meshes
 from gradsync.run.analysis.positions import position_finding, unreachable_finding
@@ -60,6 +61,11 @@ def diagnose(
     # A crash while shutting down once every rank finished: a warning, unless a rank crashed for real.
     if teardown and not crashes:
         findings.append(teardown_finding(teardown, views))
+    # Collectives that failed because a peer had finished without them, on ranks that went on:
+    # the exit code says nothing of them.
+    late = late_collectives(views)
+    if late:
+        findings.append(late_collective_finding(late, views))
     # Warnings about the training, and what the caller measured, whatever the cause.
     findings += health_findings(views)
     findings += script_check or []

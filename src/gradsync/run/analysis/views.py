@@ -163,6 +163,10 @@ def last_site(view: RankView) -> str | None:
     return None
 
 
+# The peer at the end of a point-to-point record's signature: " src=R" or " dst=R".
+P2P_PEER = re.compile(r" (src|dst)=(\d+)$")
+
+
 # Where, on a stack, a rank blocks in a collective the recorder does not see.
 _UNRECORDED_WAIT = re.compile(r"torch/distributed/(_functional_collectives\.py|distributed_c10d\.py|tensor/)\S* in (\w+)")
 
