@@ -618,3 +618,16 @@ def test_a_failed_collectives_error_is_kept_without_the_backends_source_place():
     record = Record(0, "default", 1, "barrier", "", "", "train.py:3")
     recorder.finish(record, RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"))
     assert (record.state, record.error) == ("failed", "RuntimeError: Connection closed by peer [127.0.0.1]:1")
+
+
+def test_object_collectives_agree_on_what_they_exchange_not_on_what_each_rank_keeps():
+    from gradsync.run.collectives import _SIGNATURES
+
+    def signature(op: str, *args: Any) -> str:
+        return _SIGNATURES[op][1](args, {})
+
+    # all_gather_object exchanges one object per rank: a short output list fails on its own rank,
+    # after an exchange that agreed (the red team's gather_metrics_short_list: rank_crashed, not shape_mismatch).
+    assert signature("all_gather_object", [None], {"loss": 1.0}) == signature("all_gather_object", [None, None], {"loss": 1.0})
+    # broadcast_object_list first exchanges one size per object: the lists' lengths must agree.
+    assert signature("broadcast_object_list", [1, 2, 3], 0) != signature("broadcast_object_list", [1, 2], 0)

@@ -410,8 +410,10 @@ _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "all_to_all_single": (4, lambda a, k: str(getattr(_arg(a, k, 1, "input"), "dtype", "")).removeprefix("torch."), 5),
     "barrier": (0, lambda a, k: "", 1),
     "monitored_barrier": (0, lambda a, k: "", None),
-    # The object list's length must be the same on every rank: torch first exchanges one size per object.
-    "all_gather_object": (2, lambda a, k: _objects(_arg(a, k, 0, "object_list")), None),
+    # all_gather_object exchanges one object per rank whatever the output list's length (a short
+    # one fails on its own rank, after the exchange); broadcast_object_list first exchanges one
+    # size per object of its list, so that length must agree.
+    "all_gather_object": (2, lambda a, k: "", None),
     "broadcast_object_list": (2, lambda a, k: f"{_objects(_arg(a, k, 0, 'object_list'))}{_root(a, k, 1, 'src')}", None),
     "gather_object": (3, lambda a, k: _root(a, k, 2, "dst").strip(), None),
     "scatter_object_list": (3, lambda a, k: _root(a, k, 2, "src").strip(), None),
