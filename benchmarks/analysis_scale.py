@@ -40,7 +40,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from gradsync.run.analysis import diagnose
+from gradsync.run.analysis.rules import diagnose
 from gradsync.run.collectives import CHECKPOINT_EVERY, GroupSequence
 from gradsync.run.flight import KEPT_ENTRIES
 from gradsync.run.monitor import build_views

@@ -21,12 +21,17 @@ class _CurrentStderr(logging.StreamHandler):
         pass
 
 
+def rank_prefix(rank: int | str) -> str:
+    """What starts each of gradsync's lines on a rank's stderr."""
+    return f"[gradsync rank {rank}] "
+
+
 def configure_logging(rank: int) -> logging.Logger:
     """The gradsync logger for this rank: INFO on rank 0, WARNING and above on the others."""
     if not _LOGGER.handlers:
         _LOGGER.addHandler(_CurrentStderr())
         _LOGGER.propagate = False
     for handler in _LOGGER.handlers:
-        handler.setFormatter(logging.Formatter(f"[gradsync rank {rank}] %(message)s"))
+        handler.setFormatter(logging.Formatter(rank_prefix(rank) + "%(message)s"))
     _LOGGER.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     return _LOGGER

@@ -2,7 +2,12 @@
 
 import pytest
 
-from gradsync.run.analysis import RankView, StragglerTracker, diagnose, find_divergence, is_consequence, straggler_findings
+from gradsync.run.analysis.alignment import find_divergence
+from gradsync.run.analysis.crashes import is_consequence
+from gradsync.run.analysis.exits import backend_words
+from gradsync.run.analysis.rules import diagnose
+from gradsync.run.analysis.stragglers import StragglerTracker, straggler_findings
+from gradsync.run.analysis.views import RankView
 
 
 def record(seq, op="all_reduce", signature="float32[8] op=SUM", kind="", site="train.py:10", state="finished", entered=0.0, group="default", finished=None):
@@ -558,3 +563,94 @@ def test_differing_meshes_of_a_job_that_ended_well_add_no_finding():
     views = {0: _with_meshes(view(0, [record(1)], exitcode=0, exit={"status": "finished", "time": 5.0}), [mesh]),
              1: _with_meshes(view(1, [record(1)], exitcode=0, exit={"status": "finished", "time": 5.0}), [other])}
     assert diagnose(views, trigger="exit", now=10.0)["findings"] == []
+
+
+# -- ranks that finished while their peers still needed them (analysis.exits) ---------------------
+
+CLOSED = "RuntimeError: Connection closed by peer [127.0.0.1]:22930"
+
+
+def _left_at(v, site):
+    v.snapshot["left_group"] = {"site": site, "time": 9.0}
+    return v
+
+
+def test_a_collective_an_exit_handler_runs_after_the_peer_finished_is_a_warning_and_the_job_stays_ok():
+    finished = {"status": "finished", "code": 0, "time": 10.0}
+    late = record(3, site="train.py:32", state="failed", entered=11.0, finished=11.1) | {"error": CLOSED}
+    views = {
+        0: view(0, [record(1), record(2, site="train.py:51"), late], exit=finished, exitcode=0),
+        1: _left_at(view(1, [record(1), record(2, site="train.py:51")], exit=finished, exitcode=0), "train.py:60"),
+    }
+    diagnosis = diagnose(views, trigger="exit", now=20.0)
+    assert diagnosis["status"] == "ok"
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "collective_after_peer_left" and finding["severity"] == "warning"
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": "train.py:32"}
+    message = finding["message"]
+    assert "all_reduce #3" in message and "by an exit handler" in message and "Connection closed by peer" in message
+    assert "rank 1 ended after its last collective, all_reduce #2" in message.lower()
+    assert "left the process group at train.py:60" in message
+    assert finding["details"]["late_collectives"][0]["peers_gone"] == [1]
+
+
+def test_a_swallowed_failure_in_the_script_is_named_too_without_the_exit_handler_wording():
+    # A `finally:` barrier (or a __del__ run by `del`) inside the script: entered before the rank's
+    # script returned; a failed send to a finished peer counts the same way.
+    finished = {"status": "finished", "code": 0, "time": 10.0}
+    barrier = record(3, op="barrier", signature="", site="train.py:33", state="failed", entered=8.0) | {"error": CLOSED}
+    send = record(None, op="send", signature="float32[2] dst=1", site="train.py:40", state="failed", entered=8.5) | {"error": CLOSED}
+    views = {
+        0: view(0, [record(1), record(2), barrier, send], exit=finished, exitcode=0),
+        1: view(1, [record(1), record(2)], exit=finished, exitcode=0),
+    }
+    (finding,) = diagnose(views, trigger="exit", now=20.0)["findings"]
+    assert finding["category"] == "collective_after_peer_left" and finding["locations"] == {"0": "train.py:33"}
+    assert "exit handler" not in finding["message"] and "send" in finding["message"]
+    assert len(finding["details"]["late_collectives"]) == 2
+
+
+def test_failed_collectives_the_peers_had_reached_or_that_no_finished_peer_left_are_not_late():
+    finished = {"status": "finished", "code": 0, "time": 10.0}
+    both_failed = record(3, state="failed", entered=8.0) | {"error": CLOSED}
+    views = {
+        0: view(0, [record(1), record(2), both_failed], exit=finished, exitcode=0),
+        1: view(1, [record(1), record(2), both_failed], exit=finished, exitcode=0),
+    }
+    assert diagnose(views, trigger="exit", now=20.0)["findings"] == []
+    healthy = {r: view(r, [record(1), record(2)], exit=finished, exitcode=0) for r in (0, 1)}
+    assert diagnose(healthy, trigger="exit", now=20.0)["findings"] == []
+
+
+def test_a_rank_that_died_of_the_collective_its_peer_left_names_the_peer_where_it_ended_and_no_warning():
+    # rank 1 caught an error, returned early and destroyed its group in a `finally:`; rank 0's next
+    # barrier failed for want of it, and rank 0 exited 1.
+    barrier = record(3, op="barrier", signature="", site="train.py:47", state="failed", entered=11.0) | {"error": CLOSED}
+    died = exception(CLOSED, location="train.py:47", time=11.2) | {"collective": {"group": "default", "seq": 3, "op": "barrier", "site": "train.py:47"}}
+    views = {
+        0: view(0, [record(1), record(2, site="train.py:53"), barrier], exit=died, exitcode=1),
+        1: _left_at(view(1, [record(1), record(2, site="train.py:53")], exit={"status": "finished", "code": 0, "time": 10.0}, exitcode=0), "train.py:68"),
+    }
+    diagnosis = diagnose(views, trigger="failure", now=20.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "rank_exited" and finding["ranks"] == [1], finding
+    assert finding["locations"] == {"0": "train.py:47", "1": "train.py:68"}
+    assert "rank 0 failed in barrier #3 at train.py:47" in finding["message"]
+    assert "rank 1 ended after its last collective, all_reduce #2 (float32[8] op=SUM) at train.py:53, and left the process group at train.py:68" in finding["message"]
+
+
+def test_a_rank_idle_outside_collectives_after_its_peer_finished_with_every_collective_matched_is_stuck():
+    views = {
+        0: view(0, [record(1), record(2)], alive=True, location="train.py:70"),
+        1: view(1, [record(1), record(2, site="train.py:51")], exit={"status": "finished", "code": 0, "time": 5.0}, exitcode=0),
+    }
+    diagnosis = diagnose(views, trigger="stall", now=20.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [0], finding
+    assert finding["locations"] == {"0": "train.py:70", "1": "train.py:51"}
+    assert "rank 1 ended after its last collective, all_reduce #2 (float32[8] op=SUM) at train.py:51" in finding["message"]
+
+
+def test_the_backends_words_are_said_on_one_line_and_cut_to_length():
+    assert backend_words(CLOSED + "\nmore") == CLOSED
+    assert backend_words("ValueError: " + "x" * 400, limit=20) == "ValueError: xxxxx..."

@@ -1,15 +1,21 @@
 """The collective recorder on real Gloo process groups: what it records, where, and what it costs."""
 
+import functools
 import os
+import re
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gradsync.run.collectives import CollectiveRecorder, install
+from gradsync.run.collectives import CollectiveRecorder, Record, install
 from tests.harness import launch
+from tests.run.side_by_side import gloo_world, gradsync_warnings, outcome
 
 
 def _recorded(fn, record_buckets=False):
@@ -395,3 +401,233 @@ def test_a_rank_waiting_for_its_peer_counts_the_wait_at_the_end_of_backward_and_
     # ms of Gloo's round trips, 22 ms at most on a loaded 2-core machine; the bound is 4.5x that,
     # 10x and more the quiet figure).
     assert rank1["s"] < 0.5 * PEER_DELAY_S, rank1
+
+
+# -- do no harm: the recorder's failures cost records, never the script's calls ---------------------
+#
+# Each scenario runs twice in this process on a world-size-1 Gloo group, once as a plain script and
+# once under the recorder, whose bookkeeping is made to fail for real: a group the script destroyed,
+# a ring file that is gone, an argument the recorder cannot read. What the script sees must be the
+# same both times: the result, or the exception's type, message and innermost frame.
+
+
+def _with_and_without_recorder(scenario: Callable[[], Any], folder: Path, recorder: CollectiveRecorder,
+                               record_buckets: bool = False) -> tuple[tuple, tuple]:
+    with gloo_world(folder / "plain"):
+        plain = outcome(scenario)
+    uninstall = install(recorder, record_buckets=record_buckets)
+    try:
+        with gloo_world(folder / "recorded"):
+            recorded = outcome(scenario)
+    finally:
+        uninstall()
+    return plain, recorded
+
+
+def _failed_hooks(err: str) -> dict[str, str]:
+    """The recorder's hooks that said they failed, once each, in rank 0's stderr -> their failure."""
+    failed = {}
+    for line in gradsync_warnings(err):
+        hook, failure = re.search(r"warning: the collective recorder's (.+?) failed \((.+?), at \w+\.py:\d+\)", line).groups()
+        assert hook not in failed, f"the {hook} said so twice"
+        failed[hook] = failure
+    return failed
+
+
+def _without_ring_file(tmp_path: Path) -> CollectiveRecorder:
+    """A recorder whose ring file can no longer be written (its mapping closed, as a vanished disk
+    would leave it): every record fails to enter."""
+    from gradsync.rundir import RingWriter
+
+    recorder = CollectiveRecorder()
+    recorder.sink = RingWriter(tmp_path / "ring", 16)
+    recorder.sink.memory.close()
+    return recorder
+
+
+def _backward_after_destroying_the_group():
+    # The user's case: a helper destroys the default group, the script later backpropagates
+    # through its DDP model, whose group the recorder can no longer ask for its ranks.
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(3, 2))
+    loss = model(torch.ones(4, 3)).pow(2).mean()
+    dist.destroy_process_group()
+    loss.backward()
+    second = model(torch.ones(4, 3)).pow(2).mean()
+    second.backward()
+    return [p.grad.tolist() for p in model.parameters()]
+
+
+def test_backward_after_the_script_destroyed_its_group_runs_as_without_gradsync(tmp_path, capsys):
+    recorder = CollectiveRecorder()
+    plain, recorded = _with_and_without_recorder(_backward_after_destroying_the_group, tmp_path, recorder)
+    assert recorded == plain and plain[0] == "returned", (plain, recorded)
+    failed = _failed_hooks(capsys.readouterr().err)
+    assert list(failed) == ["backward hook"] and failed["backward hook"].startswith("KeyError"), failed
+    assert [r.state for r in recorder.ring if r.state == "entered"] == [], "no record left waiting for good"
+    assert recorder.backward_passes == 2, "the unrecorded passes still count: steps keep their numbers"
+
+
+def _collective_on_a_destroyed_group(async_op: bool):
+    group = dist.new_group([0])
+    dist.destroy_process_group()
+    tensor = torch.ones(3)
+    work = dist.all_reduce(tensor, group=group, async_op=async_op)
+    if work is not None:
+        work.wait()
+    return tensor.tolist(), work is None
+
+
+@pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
+def test_a_collective_whose_group_was_destroyed_runs_as_without_gradsync(tmp_path, capsys, async_op):
+    recorder = CollectiveRecorder()
+    plain, recorded = _with_and_without_recorder(lambda: _collective_on_a_destroyed_group(async_op), tmp_path, recorder)
+    assert recorded == plain and plain[0] == "returned", (plain, recorded)
+    failed = _failed_hooks(capsys.readouterr().err)
+    assert list(failed) == ["torch.distributed wrappers"] and failed["torch.distributed wrappers"].startswith("KeyError"), failed
+
+
+def _training_with_buffers_and_collectives():
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        loss = model(torch.randn(8, 3)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    total = torch.ones(2)
+    dist.all_reduce(total)
+    work = dist.broadcast(total, src=0, async_op=True)
+    work.wait()
+    return [p.tolist() for p in model.parameters()], [b.tolist() for b in model.buffers()], total.tolist()
+
+
+@pytest.mark.parametrize("record_buckets", [False, True], ids=["cpp_reduction", "bucket_hook"])
+def test_a_ring_file_that_cannot_be_written_costs_the_records_not_the_training(tmp_path, capsys, record_buckets):
+    recorder = _without_ring_file(tmp_path)
+    plain, recorded = _with_and_without_recorder(_training_with_buffers_and_collectives, tmp_path, recorder, record_buckets)
+    assert recorded == plain and plain[0] == "returned", (plain, recorded)
+    hooks = {"DDP construction hook", "DDP buffer broadcast hook", "torch.distributed wrappers",
+             "DDP gradient bucket hook" if record_buckets else "backward hook"}
+    assert _failed_hooks(capsys.readouterr().err) == dict.fromkeys(hooks, "ValueError: mmap closed or invalid")
+    # All or nothing: no record half-entered, no sequence advanced past what the peers would see.
+    assert list(recorder.ring) == [] and all(s.seq == 0 for s in recorder.groups.values())
+    assert recorder.backward_passes == 3, "the unrecorded passes still count: steps keep their numbers"
+
+
+def _collective_that_raises():
+    dist.broadcast(torch.ones(2), src=3)  # no rank 3 in a group of one: torch's own error
+
+
+def test_what_a_collective_raises_is_unchanged_whether_or_not_it_is_recorded(tmp_path, capsys):
+    plain, recorded = _with_and_without_recorder(_collective_that_raises, tmp_path / "failing", _without_ring_file(tmp_path))
+    assert recorded == plain and plain[:2] == ("raised", "RuntimeError"), (plain, recorded)
+    assert list(_failed_hooks(capsys.readouterr().err)) == ["torch.distributed wrappers"]
+    recorder = CollectiveRecorder()
+    plain, recorded = _with_and_without_recorder(_collective_that_raises, tmp_path / "recording", recorder)
+    assert recorded == plain
+    assert (recorder.ring[0].op, recorder.ring[0].state) == ("broadcast", "failed") and gradsync_warnings(capsys.readouterr().err) == []
+
+
+def _a_hook_that_raises(state, bucket):
+    raise ValueError("the user's hook failed")
+
+
+def _backward_through_a_failing_comm_hook():
+    model = DistributedDataParallel(torch.nn.Linear(3, 2))
+    model.register_comm_hook(None, _a_hook_that_raises)
+    model(torch.ones(4, 3)).sum().backward()
+
+
+def test_what_a_users_comm_hook_raises_reaches_the_script_unchanged(tmp_path, capsys):
+    plain, recorded = _with_and_without_recorder(_backward_through_a_failing_comm_hook, tmp_path / "failing", _without_ring_file(tmp_path))
+    assert recorded == plain and plain[0] == "raised" and "the user's hook failed" in plain[2], (plain, recorded)
+    assert "DDP gradient bucket hook" in _failed_hooks(capsys.readouterr().err)
+
+
+def test_ddp_built_without_a_module_raises_pythons_own_error(tmp_path, capsys):
+    plain, recorded = _with_and_without_recorder(lambda: DistributedDataParallel(), tmp_path, CollectiveRecorder())
+    assert recorded == plain and plain[:2] == ("raised", "TypeError"), (plain, recorded)
+    assert list(_failed_hooks(capsys.readouterr().err)) == ["DDP construction hook"]  # its record had no module to read
+
+
+def _annotated_hook(state, bucket: int) -> torch.futures.Future[torch.Tensor]:  # DDP wants dist.GradBucket
+    raise AssertionError("never called: DDP refuses it")
+
+
+@pytest.mark.parametrize("hook", [_annotated_hook, "not callable", functools.partial(_a_hook_that_raises)],
+                         ids=["wrong_annotation", "not_callable", "nameless"])
+def test_ddp_accepts_or_refuses_a_comm_hook_as_without_gradsync(tmp_path, hook):
+    def register():
+        DistributedDataParallel(torch.nn.Linear(3, 2)).register_comm_hook(None, hook)
+
+    plain, recorded = _with_and_without_recorder(register, tmp_path, CollectiveRecorder())
+    assert recorded == plain and plain[0] == "raised", (plain, recorded)
+
+
+def _training_a_model_whose_watch_broke():
+    # Nothing a script does reaches the forward hook's bookkeeping, which reads only the
+    # recorder's watch of the model: so the watch itself is broken here (under plain torch the
+    # attribute is just an attribute).
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(3, 2))
+    model._gradsync_watch = "not a watch"
+    model.register_comm_hook(None, __import__("torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
+                                              fromlist=["allreduce_hook"]).allreduce_hook)
+    model(torch.ones(4, 3)).sum().backward()
+    return [p.grad.tolist() for p in model.parameters()]
+
+
+def test_a_ddp_model_whose_watch_broke_trains_as_without_gradsync(tmp_path, capsys):
+    plain, recorded = _with_and_without_recorder(_training_a_model_whose_watch_broke, tmp_path, CollectiveRecorder())
+    assert recorded == plain and plain[0] == "returned", (plain, recorded)
+    assert set(_failed_hooks(capsys.readouterr().err)) == {"DDP comm hook registration hook", "DDP forward hook"}
+
+
+def _mesh_of_a_shape_given_as_an_int():
+    from torch.distributed.device_mesh import init_device_mesh  # the recorder's, once installed
+
+    init_device_mesh("cpu", 1)
+
+
+def test_init_device_mesh_raises_torchs_own_error_for_a_shape_the_recorder_cannot_read(tmp_path, capsys):
+    plain, recorded = _with_and_without_recorder(_mesh_of_a_shape_given_as_an_int, tmp_path, CollectiveRecorder())
+    assert recorded == plain and plain[:2] == ("raised", "TypeError"), (plain, recorded)
+    assert list(_failed_hooks(capsys.readouterr().err)) == ["init_device_mesh hook"]
+
+
+def _leave_the_default_group():
+    group = dist.new_group([0])
+    dist.destroy_process_group(group)  # a subgroup: the script has not left
+    dist.destroy_process_group()  # line: leave
+    return dist.is_initialized()
+
+
+def test_the_line_where_the_script_left_the_default_group_is_noted_and_the_destroy_runs_as_without_gradsync(tmp_path, capsys):
+    recorder = CollectiveRecorder()
+    plain, recorded = _with_and_without_recorder(_leave_the_default_group, tmp_path, recorder)
+    assert recorded == plain == ("returned", False), (plain, recorded)
+    line = next(i for i, text in enumerate(open(__file__), 1) if "# line: leave" in text)
+    assert recorder.left_group["site"].endswith(f"tests/run/test_collectives.py:{line}"), recorder.left_group
+    assert recorder.phase == "teardown" and gradsync_warnings(capsys.readouterr().err) == []
+
+
+def test_a_failed_collectives_error_is_kept_without_the_backends_source_place():
+    recorder = CollectiveRecorder()
+    record = Record(0, "default", 1, "barrier", "", "", "train.py:3")
+    recorder.finish(record, RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"))
+    assert (record.state, record.error) == ("failed", "RuntimeError: Connection closed by peer [127.0.0.1]:1")
+
+
+def test_object_collectives_agree_on_what_they_exchange_not_on_what_each_rank_keeps():
+    from gradsync.run.collectives import _SIGNATURES
+
+    def signature(op: str, *args: Any) -> str:
+        return _SIGNATURES[op][1](args, {})
+
+    # all_gather_object exchanges one object per rank: a short output list fails on its own rank,
+    # after an exchange that agreed (the red team's gather_metrics_short_list: rank_crashed, not shape_mismatch).
+    assert signature("all_gather_object", [None], {"loss": 1.0}) == signature("all_gather_object", [None, None], {"loss": 1.0})
+    # broadcast_object_list first exchanges one size per object: the lists' lengths must agree.
+    assert signature("broadcast_object_list", [1, 2, 3], 0) != signature("broadcast_object_list", [1, 2], 0)

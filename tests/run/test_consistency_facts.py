@@ -120,11 +120,12 @@ def test_a_watch_that_fails_says_so_once_and_never_raises_into_the_script(capsys
     from types import SimpleNamespace
 
     from gradsync.run.consistency_facts import ConsistencyWatch
+    from gradsync.run.harmless import BookkeepingByKind
 
-    watch = ConsistencyWatch(SimpleNamespace(models=[], forwards=[], steps=0))
+    watch = ConsistencyWatch(SimpleNamespace(models=[], forwards=[], steps=0), BookkeepingByKind())
     broken_loader = SimpleNamespace()  # none of a DataLoader's attributes
     watch.loader_pass(broken_loader, {"key": "train.py:3#0", "site": "train.py:3"})
     watch.loader_pass(broken_loader, {"key": "train.py:3#0", "site": "train.py:3"})
-    assert list(watch.failures) == ["loader_pass"]
-    assert capsys.readouterr().err.count("the script check's loader_pass failed") == 1
+    assert list(watch.facts()["watch_failures"]) == ["the script check's loader_pass"]
+    assert capsys.readouterr().err.count("[gradsync rank 0] gradsync run: warning: the script check's loader_pass failed") == 1
     assert watch.forward_starts(None) == {}  # the forward's entry gets no extra fields

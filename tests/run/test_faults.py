@@ -18,7 +18,7 @@ import pytest
 
 from gradsync.errors import ConfigError
 from gradsync.run import launcher
-from gradsync.run.analysis import unfired_fault_findings
+from gradsync.run.analysis.attempts import unfired_fault_findings
 from gradsync.run.faults import FaultSpec, parse_fault, parse_faults
 from gradsync.run.options import RunOptions
 from tests.harness import REPO_ROOT

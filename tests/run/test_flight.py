@@ -12,7 +12,8 @@ import textwrap
 import pytest
 
 from gradsync.run import flight
-from gradsync.run.analysis import RankView, diagnose
+from gradsync.run.analysis.rules import diagnose
+from gradsync.run.analysis.views import RankView
 
 PY = sys.executable
 NS = 1_000_000_000

@@ -19,6 +19,7 @@ import psutil
 import pytest
 import torch
 
+from gradsync.run.analysis.last_words import read_last_words
 from tests.harness import REPO_ROOT, fixture_timeout_s
 from tests.timed_findings import untimed, untimed_warning_lines
 
@@ -76,6 +77,12 @@ BROKEN = [
     "user_connection_error",
     "send_object_list_mismatch",
     "busy_thread_masks_hang",
+    "alltoall_splits_disagree",
+    "broadcast_object_list_lengths",
+    "hook_all_reduce_in_backward",
+    "allocation_fails_rank1",
+    "atexit_flush_after_peer_left",
+    "safe_main_swallows",
 ]
 # Each zoo job's hang guard; the session's `zoo` fixture runs them AT_A_TIME at a time.
 RUN_TIMEOUT_S = 150
@@ -143,8 +150,8 @@ def _run(name: str, root: Path) -> ZooRun:
     return ZooRun(name, done.returncode, done.stdout + done.stderr, diagnosis, run_dir, done.stdout)
 
 
-# Healthy scripts that print, run under plain torchrun too: what they print must be the same.
-SAME_AS_TORCHRUN = ["healthy_objects", "healthy_p2p_and_functional", "healthy_checkpoint_files"]
+# Scripts that print and exit 0, run under plain torchrun too: what they print must be the same.
+SAME_AS_TORCHRUN = ["healthy_objects", "healthy_p2p_and_functional", "healthy_checkpoint_files", "atexit_flush_after_peer_left"]
 
 
 @dataclass
@@ -294,8 +301,38 @@ def test_continue_past_a_bad_batch_on_one_rank(zoo):
 
 def test_early_stop_on_one_rank(zoo):
     run = zoo["early_stop_alone"]
-    finding = _assert_error(run, "rank_exited", [0])
-    assert finding["locations"]["1"] == run.line("backward"), run.explain()
+    finding = _assert_error(run, "rank_exited", [0], {0: "leave", 1: "backward"})
+    assert f"left the process group at {run.line('leave')}" in finding["message"], run.explain()
+
+
+def test_a_rank_that_swallowed_its_error_and_exited_0_is_named_not_the_rank_left_waiting(zoo):
+    # Plain torchrun blames rank 0, whose backward lost its peer.
+    run = zoo["safe_main_swallows"]
+    _assert_error(run, "rank_exited", [1], {0: "backward", 1: "backward"})
+    assert run.diagnosis["ranks"]["0"].startswith("failed as a consequence"), run.explain()
+
+
+def _exit_handler_error(output: str) -> tuple[str, bool] | None:
+    """The type of the error Python printed for a failed exit handler, and whether it blamed the
+    peer ("Connection closed by peer", or reset)."""
+    _, _, after = output.partition("Exception ignored in atexit callback")
+    found = re.search(r"^(\w+): (.*)$", after, re.MULTILINE)
+    return (found.group(1), "by peer" in found.group(2)) if found else None
+
+
+def test_a_collective_an_exit_handler_runs_after_the_peer_left_is_a_warning_and_fails_as_without_gradsync(zoo, under_torchrun):
+    run, plain = zoo["atexit_flush_after_peer_left"], under_torchrun["atexit_flush_after_peer_left"]
+    assert run.returncode == plain.returncode == 0, run.explain()
+    assert run.diagnosis["status"] == "ok" and "gradsync run: ok: 2 ranks finished" in run.output, run.explain()
+    (finding,) = run.findings()
+    assert finding["category"] == "collective_after_peer_left" and finding["severity"] == "warning", run.explain()
+    assert finding["ranks"] == [0] and finding["locations"] == {"0": run.line("exit_all_reduce")}, run.explain()
+    assert "by an exit handler" in finding["message"] and "by peer" in finding["message"], run.explain()
+    # The handler meets the group and the error it meets under plain torchrun: the lost peer, not a
+    # group gradsync destroyed before the script's exit handlers ran.
+    assert _exit_handler_error(run.output) == _exit_handler_error(plain.stderr) == ("RuntimeError", True), (
+        run.explain() + plain.stderr
+    )
 
 
 def test_bn_eval_through_the_wrapper_on_rank0_is_a_desync_even_though_it_exits_0(zoo):
@@ -585,3 +622,47 @@ def test_every_run_gets_a_report_that_leads_with_what_went_wrong(zoo):
             latest = max(run.run_dir.glob("workers/attempt*"), key=lambda p: int(p.name[7:]))
             recorded = [p for p in latest.glob("rank*.ring") if read_ring(p)]  # the ring file is preallocated
             assert not recorded, f"{run.name}: ranks recorded collectives, but the page does not list their last ones"
+
+
+# -- the backend's last words (gradsync.run.analysis.last_words), from real Gloo aborts ------------
+
+
+def _last_words(run: ZooRun, rank: int):
+    return read_last_words(run.run_dir / "workers" / "attempt0" / f"rank{rank}.log")
+
+
+def test_all_to_all_splits_that_disagree_are_a_shape_mismatch_naming_the_pair(zoo):
+    run = zoo["alltoall_splits_disagree"]
+    finding = _assert_error(run, "shape_mismatch", [0, 1], {0: "a2a", 1: "a2a"})
+    assert "rank 1 sends 3 rows to rank 0, which expects 2" in finding["message"], run.explain()
+    # The words Gloo printed as it aborted rank 0, as the rank's log kept them.
+    words = _last_words(run, 0)
+    assert words.family == "collective_mismatch", words
+    assert (words.details["received_bytes"], words.details["expected_bytes"]) == (48, 32), words
+    assert finding["details"]["last_words"]["0"]["received_bytes"] == 48
+    assert "SIGKILL" not in finding["message"] and "OOM" not in finding["message"]
+
+
+def test_object_lists_of_different_lengths_are_a_shape_mismatch(zoo):
+    run = zoo["broadcast_object_list_lengths"]
+    finding = _assert_error(run, "shape_mismatch", [0, 1], {0: "broadcast_objects", 1: "broadcast_objects"})
+    assert "3 objects" in finding["message"] and "2 objects" in finding["message"], run.explain()
+    assert _last_words(run, 1).family == "collective_mismatch"
+    assert "24 bytes where it had posted room for 16" in finding["message"], run.explain()
+
+
+def test_an_all_reduce_from_a_backward_hook_is_paired_with_the_ddp_bucket_it_met(zoo):
+    run = zoo["hook_all_reduce_in_backward"]
+    # Only the abort's words show this pairing: the records number the hook's all_reduce after
+    # the backward pass it runs inside.
+    finding = _assert_error(run, "collective_mismatch", [1], {0: "backward", 1: "hook_all_reduce"})
+    assert _last_words(run, 1).family == "collective_mismatch"
+    assert "DDP gradients of a backward pass" in finding["message"], run.explain()
+
+
+def test_a_failed_allocation_is_a_memory_verdict(zoo):
+    run = zoo["allocation_fails_rank1"]
+    finding = _assert_error(run, "out_of_memory", [1], {1: "allocate"})
+    assert _last_words(run, 1).family == "out_of_memory"
+    assert _last_words(run, 0).family == "peer_lost"  # rank 0's own words: the consequence
+    assert "consequence" in finding["message"], run.explain()

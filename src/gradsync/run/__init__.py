@@ -5,8 +5,10 @@
   `output_filter`), runs the user's script, publishes its state to the run folder.
 - `collectives`: what each worker communicated (every collective, DDP's buckets and broadcasts);
   `callsite` finds the user's line of each.
-- `monitor`: the launcher-side watcher (stalls, drift); `analysis`: the diagnosis rules;
-  `publish`: diagnosis.json and the terminal block.
+- `harmless`: how every hook installed in a worker keeps its own failures out of the script's calls.
+- `monitor`: the launcher-side watcher (stalls, drift); `analysis`: the diagnosis (its `rules`
+  holds the ordered rule chain, its other modules one question each); `publish`: diagnosis.json
+  and the terminal block.
 - `faults` (the `--inject-fault` specs) and `injector` (firing them in a worker at a step).
 - `script_facts`: what each rank records of its own run under `--doctor-steps K` (the doctor's
   rules that compare them are in gradsync.doctor.script_findings).

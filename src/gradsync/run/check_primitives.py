@@ -1,6 +1,6 @@
 """What the script check's watches share (gradsync.run.script_facts, gradsync.run.consistency_facts):
 fingerprints and hashes of tensors, compared across ranks, the sampler a DataLoader draws indices
-from, and wrapping a method in place.
+from, and replacing functions and methods in place (and back).
 """
 
 from __future__ import annotations
@@ -84,8 +84,33 @@ def index_sampler(loader: Any) -> Any:
     return getattr(loader.batch_sampler, "sampler", None)
 
 
-def patch(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
-    """Replace `owner.name` with `make(original)`, keeping the original's name and docstring."""
-    original = getattr(owner, name)
-    replacement = functools.wraps(original)(make(original))
-    setattr(owner, name, replacement)
+class Patches:
+    """What an install replaced, to put back in reverse order (`undo`): the worker never does, but
+    the tests install the script check inside pytest's own process and must leave torch as it was."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+        """Replace `owner.name` with `make(original)`, keeping the original's name and docstring."""
+        original = getattr(owner, name)
+        self.replace(owner, name, functools.wraps(original)(make(original)))
+
+    def replace(self, owner: Any, name: str, replacement: Any) -> None:
+        """Set `owner.name`; undone by restoring what `owner` itself held (or by deleting what it
+        only inherited, so that a subclass falls back to its base class again)."""
+        held = vars(owner)
+        if name in held:
+            original = held[name]
+            self._undo.append(lambda: setattr(owner, name, original))
+        else:
+            self._undo.append(lambda: delattr(owner, name))
+        setattr(owner, name, replacement)
+
+    def on_undo(self, undo: Callable[[], None]) -> None:
+        """Run `undo` (a hook handle's remove) with the rest."""
+        self._undo.append(undo)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()

@@ -8,7 +8,9 @@ state. A CRC of that sequence per group lets ranks be compared without talking t
 
 Recording happens on the training hot path, so it stays at a few microseconds per collective:
 slotted records, a cached user-frame lookup, no locks (the GIL orders the few shared writes, and
-readers only take a copy).
+readers only take a copy). It happens inside the user's calls too, so each hook keeps its
+recording in a `harmless.Bookkeeping`: a failure there is said once and costs that record, never
+the call.
 
 DDP's gradient reduction is recorded at one of two depths. By default DDP keeps its C++ reduction
 and each synchronising backward pass is one record (entered when `backward()` starts, finished when
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import sys
 import threading
 import time
@@ -38,11 +41,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat, events
 from gradsync.run.callsite import caller_location
+from gradsync.run.harmless import Bookkeeping, BookkeepingByKind
 from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
 
 CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
 UNUSED_CHECK_PASSES = 50  # backward passes watched for parameters that never get a gradient
 FAILED_IN = "__gradsync_collective__"  # the attribute naming the collective an exception came out of
+_SOURCE_PLACE = re.compile(r"\[[^\]\s]+\.(?:cc|cpp|cu|h|hpp):\d+\] ")  # where in its sources a backend raised
 
 
 def failed_collective(error: BaseException | None) -> dict[str, Any] | None:
@@ -63,7 +68,10 @@ class Record:
 
     __slots__ = (*RECORD_FIELDS, "ring_prefix")
 
-    def __init__(self, index: int, group: str, seq: int | None, op: str, signature: str, kind: str, site: str | None):
+    def __init__(
+        self, index: int, group: str, seq: int | None, op: str, signature: str, kind: str, site: str | None,
+        args: dict[str, Any] | None = None,
+    ):
         self.index = index
         self.group = group
         self.seq = seq
@@ -71,6 +79,7 @@ class Record:
         self.signature = signature
         self.kind = kind
         self.site = site
+        self.args = args
         self.state = "entered"
         self.entered = time.time()
         self.finished: float | None = None
@@ -116,9 +125,12 @@ class CollectiveRecorder:
         # Every init_device_mesh call: its shape, dimension names and line. Ranks must build the
         # same meshes (each dimension's groups are created collectively), so the analysis compares them.
         self.meshes: list[dict[str, Any]] = []
+        # Where and when the script destroyed the default group ({"site", "time"}), if it did.
+        self.left_group: dict[str, Any] | None = None
         self._group_keys: dict[int, str] = {}
         self.sink: Any = None  # receives every record as it changes (the worker's ring file)
         self._warned: set[str] = set()
+        self.bookkeeping = BookkeepingByKind()  # each hook's, by kind (gradsync.run.harmless)
         self.calling = threading.local()  # .active inside a recorded call on this thread
         # Async collectives waiting for their futures: the training thread appends while the snapshot
         # thread may be settling, so a deque (atomic ends) and one settler at a time.
@@ -149,27 +161,32 @@ class CollectiveRecorder:
             sequence = self.groups[key] = GroupSequence(sorted(ranks))
         return sequence
 
-    def enter(self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None) -> Record:
+    def enter(
+        self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None, args: dict[str, Any] | None = None
+    ) -> Record:
+        """Record a collective entered. All or nothing: what can fail (the group's ranks, the user's
+        line, the ring file) comes before any change, so a failed entry leaves neither a sequence
+        that seems to diverge from the peers' nor a record that seems to wait for good.
+
+        `args`: what may differ between ranks by design (an all_to_all's splits); kept, never compared."""
         if self.issued:
             self.settle()
         key = self.group_key(group)
-        if op in POINT_TO_POINT:
-            seq = None
-        else:
+        record = Record(self.count, key, None, op, signature, kind, site or caller_location(), args)
+        sequence = None
+        if op not in POINT_TO_POINT:
             sequence = self._sequence(key, group)
-            sequence.seq += 1
-            seq = sequence.seq
-            sequence.crc = zlib.crc32(f"{op}|{signature}|{kind}".encode(), sequence.crc)
-            if seq % CHECKPOINT_EVERY == 0:
-                sequence.checkpoints.append((seq, sequence.crc))
-        record = Record(self.count, key, seq, op, signature, kind, site or caller_location())
-        if seq is not None:
-            record.crc = self.groups[key].crc
+            record.seq = sequence.seq + 1
+            record.crc = zlib.crc32(f"{op}|{signature}|{kind}".encode(), sequence.crc)
+        if self.sink is not None:
+            self.sink.write(record)
+        if sequence is not None:
+            sequence.seq, sequence.crc = record.seq, record.crc
+            if record.seq % CHECKPOINT_EVERY == 0:
+                sequence.checkpoints.append((record.seq, record.crc))
         self.count += 1
         self.ring.append(record)
         self.last_progress = record.entered
-        if self.sink is not None:
-            self.sink.write(record)
         return record
 
     def finish(self, record: Record, error: BaseException | None = None) -> None:
@@ -178,7 +195,9 @@ class CollectiveRecorder:
             record.state = "finished"
         else:
             record.state = "failed"
-            record.error = f"{type(error).__name__}: {error}"[:500]
+            # Without the backend's C++ source place ("[/__w/.../tcp/pair.cc:553] "), which would fill
+            # the ring slot's share for the error before the words that say what happened.
+            record.error = _SOURCE_PLACE.sub("", f"{type(error).__name__}: {error}", count=1)[:500]
             # The exception remembers the collective it came out of: whether the rank failed by
             # itself or inside a collective (where a peer may be the cause) is then known from state.
             try:
@@ -188,14 +207,20 @@ class CollectiveRecorder:
         if self.sink is not None:
             self.sink.write(record)
 
-    def run_blocking(self, record: Record, call: Callable[[], Any]) -> Any:
+    def run_blocking(self, record: Record | None, call: Callable[[], Any], bookkeeping: Bookkeeping) -> Any:
+        """The user's blocking `call`, once, its result or exception as they are; `record` (None
+        when entering it failed) is finished within `bookkeeping`."""
+        if record is None:
+            return call()
         try:
             result = call()
         except BaseException as error:
-            self.finish(record, error)
+            with bookkeeping:
+                self.finish(record, error)
             raise
-        self.finish(record)
-        self.communication_wait_s += record.finished - record.entered
+        with bookkeeping:
+            self.finish(record)
+            self.communication_wait_s += record.finished - record.entered
         return result
 
     def finish_when_done(self, record: Record, future: Any) -> None:
@@ -322,6 +347,52 @@ def _peer(args: tuple, kwargs: dict, name: str) -> str:
     return f" {name}={value}" if value is not None else ""
 
 
+def _objects(objects: Any) -> str:
+    return f"{len(objects)} objects" if hasattr(objects, "__len__") else type(objects).__name__
+
+
+# Beyond this many characters (a large job's split lists), an all_to_all's arguments are not kept:
+# a ring slot is 512 bytes.
+ARGS_MAX_CHARS = 160
+
+
+def _rows(tensor: Any) -> int | None:
+    return int(tensor.shape[0]) if isinstance(tensor, torch.Tensor) and tensor.dim() > 0 else None
+
+
+def _all_to_all_single_args(args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """What this rank sends to and expects from each peer, in rows of dim 0: its split sizes, or
+    the even split torch makes without them. A peer must send rank i as many rows as rank i expects."""
+    group = _arg(args, kwargs, 4, "group")
+    world = dist.get_world_size(group)
+    exchanged = {}
+    for name, tensor, splits in (("out", _arg(args, kwargs, 0, "output"), _arg(args, kwargs, 2, "output_split_sizes")),
+                                 ("in", _arg(args, kwargs, 1, "input"), _arg(args, kwargs, 3, "input_split_sizes"))):
+        rows = _rows(tensor)
+        if splits is not None and len(splits) > 0:
+            exchanged[name] = [int(n) for n in splits]
+        elif rows is not None and world > 0:
+            exchanged[name] = [rows // world] * world
+    return _short({"unit": "rows", **exchanged})
+
+
+def _all_to_all_args(args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """The elements this rank sends to and expects from each peer (one tensor per peer)."""
+    outputs, inputs = _arg(args, kwargs, 0, "output_tensor_list"), _arg(args, kwargs, 1, "input_tensor_list")
+    return _short({"unit": "elements", "out": [int(t.numel()) for t in outputs], "in": [int(t.numel()) for t in inputs]})
+
+
+def _short(args: dict[str, Any]) -> dict[str, Any] | None:
+    return args if len(str(args)) <= ARGS_MAX_CHARS else None
+
+
+# op name -> function giving what this rank's call exchanges with each peer (recorded, not compared)
+_ARGS: dict[str, Callable[[tuple, dict], dict[str, Any] | None]] = {
+    "all_to_all_single": _all_to_all_single_args,
+    "all_to_all": _all_to_all_args,
+}
+
+
 # op name -> (position of the group argument, function giving the agreed signature, async position)
 _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "all_reduce": (2, lambda a, k: f"{_tensor_text(_arg(a, k, 0, 'tensor'))} op={_reduce_op_text(_arg(a, k, 1, 'op', dist.ReduceOp.SUM))}", 3),
@@ -339,8 +410,11 @@ _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "all_to_all_single": (4, lambda a, k: str(getattr(_arg(a, k, 1, "input"), "dtype", "")).removeprefix("torch."), 5),
     "barrier": (0, lambda a, k: "", 1),
     "monitored_barrier": (0, lambda a, k: "", None),
+    # all_gather_object exchanges one object per rank whatever the output list's length (a short
+    # one fails on its own rank, after the exchange); broadcast_object_list first exchanges one
+    # size per object of its list, so that length must agree.
     "all_gather_object": (2, lambda a, k: "", None),
-    "broadcast_object_list": (2, lambda a, k: _root(a, k, 1, "src").strip(), None),
+    "broadcast_object_list": (2, lambda a, k: f"{_objects(_arg(a, k, 0, 'object_list'))}{_root(a, k, 1, 'src')}", None),
     "gather_object": (3, lambda a, k: _root(a, k, 2, "dst").strip(), None),
     "scatter_object_list": (3, lambda a, k: _root(a, k, 2, "src").strip(), None),
     "send": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _peer(a, k, "dst"), None),
@@ -375,27 +449,37 @@ class _Completion:
 
 def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) -> Callable:
     group_position, signature_of, async_position = _SIGNATURES[op]
+    bookkeeping = recorder.bookkeeping["the collective recorder's torch.distributed wrappers"]
 
     def call(args: tuple, kwargs: dict) -> Any:
-        record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs))
-        is_async = op in _ALWAYS_ASYNC or (
-            async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
-        )
-        if not is_async:
-            return recorder.run_blocking(record, lambda: original(*args, **kwargs))
+        record = None
+        is_async = False
+        exchanged = None
+        if op in _ARGS:
+            with bookkeeping:  # apart: arguments that cannot be read cost only themselves, not the record
+                exchanged = _ARGS[op](args, kwargs)
+        with bookkeeping:
+            is_async = op in _ALWAYS_ASYNC or (
+                async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
+            )
+            record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs), args=exchanged)
+        if not is_async or record is None:  # (None: entering failed, and the call runs alone)
+            return recorder.run_blocking(record, lambda: original(*args, **kwargs), bookkeeping)
         try:
             work = original(*args, **kwargs)
         except BaseException as error:
-            recorder.finish(record, error)
+            with bookkeeping:
+                recorder.finish(record, error)
             raise
-        if work is None:
-            recorder.finish(record)
-            return work
-        try:
-            future = work.get_future()
-        except (RuntimeError, AttributeError):
-            future = _Completion(work)  # Gloo's send/recv give no future
-        recorder.finish_when_done(record, future)
+        with bookkeeping:
+            if work is None:
+                recorder.finish(record)
+            else:
+                try:
+                    future = work.get_future()
+                except (RuntimeError, AttributeError):
+                    future = _Completion(work)  # Gloo's send/recv give no future
+                recorder.finish_when_done(record, future)
         return work
 
     @functools.wraps(original)
@@ -426,6 +510,26 @@ def _wrap_phase(recorder: CollectiveRecorder, phase: str, original: Callable) ->
 
     with_phase.__gradsync_original__ = original
     return with_phase
+
+
+def _wrap_destroy(recorder: CollectiveRecorder, original: Callable) -> Callable:
+    """destroy_process_group, noting where the script itself left the default group: a rank that
+    ends early is then placed where it left (a `finally:` after a swallowed error), not only at
+    its last collective. gradsync's own teardown has no user line and is not noted."""
+    bookkeeping = recorder.bookkeeping["the collective recorder's destroy_process_group wrapper"]
+
+    @functools.wraps(original)
+    def destroy(*args, **kwargs):
+        recorder.phase = "teardown"
+        with bookkeeping:
+            group = _arg(args, kwargs, 0, "group")
+            site = caller_location()
+            if site is not None and (group is None or group is dist.GroupMember.WORLD):
+                recorder.left_group = {"site": site, "time": time.time()}
+        return original(*args, **kwargs)
+
+    destroy.__gradsync_original__ = original
+    return destroy
 
 
 # -- DDP ---------------------------------------------------------------------------------------
@@ -502,52 +606,75 @@ def _nonfinite_names(bucket: dist.GradBucket, watch: DDPWatch) -> list[str]:
 
 
 def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group: Any, hook: Callable) -> Callable:
+    """`hook` (the user's comm hook, or gradsync's stand-in for DDP's own reduction) recording
+    each bucket it reduces and checking its gradients first."""
+    bookkeeping = recorder.bookkeeping["the collective recorder's DDP gradient bucket hook"]
+
+    # Under the user's hook's name and signature: DDP checks both when it is registered, and must
+    # accept or refuse it as it would without gradsync.
+    @functools.wraps(hook)
     def recording_hook(state, bucket):
-        buffer = bucket.buffer()
-        record = recorder.enter(
-            "all_reduce",
-            group,
-            f"{str(buffer.dtype).removeprefix('torch.')}[{buffer.numel()}]",
-            kind=f"DDP gradient bucket {bucket.index()}",
-        )
-        # Checked before the reduction spreads it: the rank and parameter where it started.
-        total = buffer.sum(dtype=torch.float32)
-        if buffer.device.type == "cpu":
-            if not math.isfinite(total.item()):
-                recorder.note_nonfinite("gradients", _nonfinite_names(bucket, watch), record.site, bucket_index=bucket.index())
-        else:
-            # Reading the flag now would stall the CPU until the GPU catches up; read it one
-            # pass later, when the kernels are long done, and name the bucket's parameters.
-            names = [watch.names.get(id(p), "?") for p in bucket.parameters()]
-            watch.pending_checks.append((torch.isfinite(total), bucket.index(), names, record.site))
-            if bucket.index() == 0 and len(watch.pending_checks) > 1:
-                for flag, index, bucket_names, site in watch.pending_checks[:-1]:
-                    if not bool(flag):
-                        recorder.note_nonfinite("gradients", bucket_names, site, passes_ago=1, bucket_index=index)
-                watch.pending_checks = watch.pending_checks[-1:]
-        last = bucket.is_last()
-        if last:
-            recorder.backward_passes += 1
-            watch.pass_done()
+        record = None
+        last_of_pass = False
+        with bookkeeping:
+            buffer = bucket.buffer()
+            record = recorder.enter(
+                "all_reduce",
+                group,
+                f"{str(buffer.dtype).removeprefix('torch.')}[{buffer.numel()}]",
+                kind=f"DDP gradient bucket {bucket.index()}",
+            )
+        if record is not None:
+            with bookkeeping:
+                _check_gradients(recorder, watch, bucket, record.site)
+        with bookkeeping:  # the pass is counted even when its buckets go unrecorded (see _wrap_backward)
+            if bucket.is_last():
+                last_of_pass = True
+                recorder.backward_passes += 1
+                watch.pass_done()
         try:
             future = hook(state, bucket)
         except BaseException as error:
-            recorder.finish(record, error)
+            if record is not None:
+                with bookkeeping:
+                    recorder.finish(record, error)
             raise
-        recorder.finish_when_done(record, future)
-        if last:
+        if record is not None:
+            with bookkeeping:
+                recorder.finish_when_done(record, future)
+        if last_of_pass:
             # An injected fault fires once the pass's last reduction is issued, so the peers' step
             # is not left half-matched (a hang then shows as this rank stuck, not a mismatch).
             events.backward_pass(recorder.backward_passes)
         return future
 
-    recording_hook.__qualname__ = getattr(hook, "__qualname__", "hook")
     return recording_hook
 
 
-def _default_allreduce_hook(state: Any, bucket: dist.GradBucket):
+def _check_gradients(recorder: CollectiveRecorder, watch: DDPWatch, bucket: dist.GradBucket, site: str | None) -> None:
+    """Note NaN/inf in a bucket before the reduction spreads it: the rank and parameter where it started."""
+    buffer = bucket.buffer()
+    total = buffer.sum(dtype=torch.float32)
+    if buffer.device.type == "cpu":
+        if not math.isfinite(total.item()):
+            recorder.note_nonfinite("gradients", _nonfinite_names(bucket, watch), site, bucket_index=bucket.index())
+    else:
+        # Reading the flag now would stall the CPU until the GPU catches up; read it one
+        # pass later, when the kernels are long done, and name the bucket's parameters.
+        names = [watch.names.get(id(p), "?") for p in bucket.parameters()]
+        watch.pending_checks.append((torch.isfinite(total), bucket.index(), names, site))
+        if bucket.index() == 0 and len(watch.pending_checks) > 1:
+            for flag, index, bucket_names, flag_site in watch.pending_checks[:-1]:
+                if not bool(flag):
+                    recorder.note_nonfinite("gradients", bucket_names, flag_site, passes_ago=1, bucket_index=index)
+            watch.pending_checks = watch.pending_checks[-1:]
+
+
+def _default_allreduce_hook(state, bucket):
     # What DDP does without a hook: average the bucket across the group. The process group's own
     # allreduce skips the Python checks of dist.all_reduce, which cost more than the recording.
+    # Unannotated: DDP refuses a hook whose annotations are not its own types, and this module's
+    # annotations are strings.
     group = state if state is not None else dist.GroupMember.WORLD
     buffer = bucket.buffer().div_(group.size())
     return group.allreduce([buffer]).get_future().then(lambda f: f.value()[0])
@@ -561,15 +688,17 @@ def _patch_device_mesh(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any
     import torch.distributed.device_mesh as device_mesh
 
     original = device_mesh.init_device_mesh
+    bookkeeping = recorder.bookkeeping["the collective recorder's init_device_mesh hook"]
 
     @functools.wraps(original)
     def init_device_mesh(device_type: str, mesh_shape: Any, *args: Any, **kwargs: Any) -> Any:
-        names = kwargs.get("mesh_dim_names")
-        recorder.meshes.append({
-            "shape": [int(size) for size in mesh_shape],
-            "names": [str(name) for name in names] if names else None,
-            "site": caller_location(),
-        })
+        with bookkeeping:
+            names = kwargs.get("mesh_dim_names")
+            recorder.meshes.append({
+                "shape": [int(size) for size in mesh_shape],
+                "names": [str(name) for name in names] if names else None,
+                "site": caller_location(),
+            })
         return original(device_type, mesh_shape, *args, **kwargs)
 
     patched = [(device_mesh, "init_device_mesh", original)]
@@ -578,6 +707,11 @@ def _patch_device_mesh(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any
         patched.append((dist, "init_device_mesh", original))
         dist.init_device_mesh = init_device_mesh
     return patched
+
+
+def _watch(ddp: DistributedDataParallel) -> DDPWatch | None:
+    """The recorder's watch of a DDP model; None for one it could not watch."""
+    return getattr(ddp, "_gradsync_watch", None)
 
 
 def is_gradient_reduction(kind: str) -> bool:
@@ -593,89 +727,129 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
         originals.append((DistributedDataParallel, name, original))
         setattr(DistributedDataParallel, name, make(original))
 
+    def bookkeeping(hook: str) -> Bookkeeping:
+        return recorder.bookkeeping[f"the collective recorder's DDP {hook} hook"]
+
     def make_init(original):
+        construction = bookkeeping("construction")
+
         @functools.wraps(original)
         def __init__(self, *args, **kwargs):
-            parameters = [p for p in (args[0] if args else kwargs["module"]).parameters() if p.requires_grad]
-            record = recorder.enter(
-                "broadcast",
-                kwargs.get("process_group"),
-                f"{len(parameters)} parameters, {sum(p.numel() for p in parameters)} elements",
-                kind="DDP construction (parameter check and broadcast)",
-            )
-            recorder.run_blocking(record, lambda: original(self, *args, **kwargs))
-            recorder.warn_once(compat.lacking_on(self, compat.DDP_INSTANCE))
-            self._gradsync_watch = DDPWatch(self)
-            recorder.ddp_models.append(self._gradsync_watch)
+            record = None
+            with construction:
+                parameters = [p for p in (args[0] if args else kwargs["module"]).parameters() if p.requires_grad]
+                record = recorder.enter(
+                    "broadcast",
+                    kwargs.get("process_group"),
+                    f"{len(parameters)} parameters, {sum(p.numel() for p in parameters)} elements",
+                    kind="DDP construction (parameter check and broadcast)",
+                )
+            recorder.run_blocking(record, lambda: original(self, *args, **kwargs), construction)
+            with construction:
+                recorder.warn_once(compat.lacking_on(self, compat.DDP_INSTANCE))
+                watch = DDPWatch(self)
+                self._gradsync_watch = watch
+                recorder.ddp_models.append(watch)
 
         return __init__
 
+    # A model without a watch (its construction's bookkeeping failed, or it was built before the
+    # recorder was installed) is left to DDP alone by the hooks below.
+
     def make_register(original):
+        registration = bookkeeping("comm hook registration")
+
         @functools.wraps(original)
         def register_comm_hook(self, state, hook):
-            self._gradsync_watch.reduction = "buckets"
-            watch = self._gradsync_watch
-            return original(self, state, _bucket_recording_hook(recorder, watch, watch.process_group, hook))
+            registered = hook
+            with registration:
+                watch = _watch(self)
+                # Only a hook DDP can accept is wrapped: DDP refuses the others (not callable, or
+                # nameless like a partial, as it reads a hook's names) as it would without gradsync.
+                if watch is not None and callable(hook) and hasattr(hook, "__name__") and hasattr(hook, "__qualname__"):
+                    registered = _bucket_recording_hook(recorder, watch, watch.process_group, hook)
+                    watch.reduction = "buckets"
+            return original(self, state, registered)
 
         return register_comm_hook
 
     def make_builtin(original):
+        registration = bookkeeping("comm hook registration")
+
         @functools.wraps(original)
         def _register_builtin_comm_hook(self, comm_hook_type):
-            self._gradsync_watch.reduction = "passes"  # a C++ hook cannot be wrapped: recorded per pass
+            with registration:
+                watch = _watch(self)
+                if watch is not None:
+                    watch.reduction = "passes"  # a C++ hook cannot be wrapped: recorded per pass
             return original(self, comm_hook_type)
 
         return _register_builtin_comm_hook
 
     def make_forward(original):
+        forwarding = bookkeeping("forward")
+
         @functools.wraps(original)
         def forward(self, *args, **kwargs):
-            watch = self._gradsync_watch
-            if watch.reduction is None:
-                if record_buckets:
-                    DistributedDataParallel.register_comm_hook(self, watch.process_group, _default_allreduce_hook)
-                else:
-                    watch.reduction = "passes"
-            # DDP syncs buffers under no_grad; what must agree is the mode the forward was called in.
-            watch.forward_grad_mode = "grad" if torch.is_grad_enabled() else "no_grad"
+            watch = None
+            with forwarding:
+                watch = _watch(self)
+                if watch is not None:
+                    if watch.reduction is None:
+                        if record_buckets:
+                            DistributedDataParallel.register_comm_hook(self, watch.process_group, _default_allreduce_hook)
+                        else:
+                            watch.reduction = "passes"
+                    # DDP syncs buffers under no_grad; what must agree is the mode the forward was called in.
+                    watch.forward_grad_mode = "grad" if torch.is_grad_enabled() else "no_grad"
             output = original(self, *args, **kwargs)
-            # The condition under which DDP's forward prepares its reducer for a backward pass.
-            if watch.reduction == "passes" and torch.is_grad_enabled() and compat.DDP_SYNCS_GRADIENTS.get(True, self):
-                recorder.pending_reductions[id(self)] = self
+            if watch is not None:
+                with forwarding:
+                    # The condition under which DDP's forward prepares its reducer for a backward pass.
+                    if watch.reduction == "passes" and torch.is_grad_enabled() and compat.DDP_SYNCS_GRADIENTS.get(True, self):
+                        recorder.pending_reductions[id(self)] = self
             return output
 
         return forward
 
     def make_sync_buffers(original):
+        broadcasting = bookkeeping("buffer broadcast")
+
         @functools.wraps(original)
         def _sync_module_buffers(self, authoritative_rank):
-            # Whether the forward trains or evaluates is part of what must agree: rank 0 evaluating
-            # through the wrapper alone pairs its broadcast with another rank's training one.
-            # Wrapped at this depth because a rank that ran out of inputs under Join reaches it too,
-            # outside any forward: it shadows a training forward like its own last one.
-            mode = "train" if self.training else "eval"
-            grad = self._gradsync_watch.forward_grad_mode
-            record = recorder.enter(
-                "broadcast",
-                self.process_group,
-                f"{len(compat.DDP_BUFFERS.get(None, self) or list(self.module.buffers()))} buffers",
-                kind=f"DDP buffer broadcast ({mode}, {grad})",
-            )
-            return recorder.run_blocking(record, lambda: original(self, authoritative_rank))
+            record = None
+            with broadcasting:
+                watch = _watch(self)
+                if watch is not None:
+                    # Whether the forward trains or evaluates is part of what must agree: rank 0 evaluating
+                    # through the wrapper alone pairs its broadcast with another rank's training one.
+                    # Wrapped at this depth because a rank that ran out of inputs under Join reaches it too,
+                    # outside any forward: it shadows a training forward like its own last one.
+                    mode = "train" if self.training else "eval"
+                    record = recorder.enter(
+                        "broadcast",
+                        self.process_group,
+                        f"{len(compat.DDP_BUFFERS.get(None, self) or list(self.module.buffers()))} buffers",
+                        kind=f"DDP buffer broadcast ({mode}, {watch.forward_grad_mode})",
+                    )
+            return recorder.run_blocking(record, lambda: original(self, authoritative_rank), broadcasting)
 
         return _sync_module_buffers
 
     def make_join_shadow(original):
+        shadowing = bookkeeping("Join shadow")
+
         @functools.wraps(original)
         def _match_all_reduce_for_bwd_pass(self):
             # A rank that ran out of inputs under Join shadows the others' backward reduction; on
-            # the C++ path it must show as the same one record, or the sequences seem to diverge.
-            if self._gradsync_watch.reduction != "passes":
-                return original(self)  # the recording hook sees each shadowed bucket
-            record = recorder.enter(
-                "all_reduce", self.process_group, self._gradsync_watch.gradient_signature, GRADIENT_PASS_KIND
-            )
-            return recorder.run_blocking(record, lambda: original(self))
+            # the C++ path it must show as the same one record, or the sequences seem to diverge
+            # (the recording hook sees each shadowed bucket).
+            record = None
+            with shadowing:
+                watch = _watch(self)
+                if watch is not None and watch.reduction == "passes":
+                    record = recorder.enter("all_reduce", self.process_group, watch.gradient_signature, GRADIENT_PASS_KIND)
+            return recorder.run_blocking(record, lambda: original(self), shadowing)
 
         return _match_all_reduce_for_bwd_pass
 
@@ -695,40 +869,49 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
 
 def _wrap_backward(recorder: CollectiveRecorder, original: Callable, engine: Any) -> Callable:
     """`torch.autograd.backward` (what `loss.backward()` calls), recording DDP's reduction in it."""
+    bookkeeping = recorder.bookkeeping["the collective recorder's backward hook"]
 
     @functools.wraps(original)
     def backward(tensors, *args, **kwargs):
         if torch.compiler.is_compiling():
             return original(tensors, *args, **kwargs)
-        if not recorder.pending_reductions:
-            return _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs))
+        # The DDP models whose reduction this pass runs: counted as a pass even when recording it
+        # fails, so that steps keep their numbers in the diagnosis and for injected faults.
         models = list(recorder.pending_reductions.values())
         recorder.pending_reductions.clear()
-        site = caller_location()
-        recorder.check_losses(tensors, site)
-        records = [
-            recorder.enter("all_reduce", ddp._gradsync_watch.process_group, ddp._gradsync_watch.gradient_signature, GRADIENT_PASS_KIND, site)
-            for ddp in models
-        ]
+        records: list[Record] = []  # entered, to be finished whatever else fails
+        if models:
+            site = None
+            with bookkeeping:
+                site = caller_location()
+                for ddp in models:
+                    watch = _watch(ddp)
+                    records.append(recorder.enter("all_reduce", watch.process_group, watch.gradient_signature, GRADIENT_PASS_KIND, site))
+            with bookkeeping:
+                recorder.check_losses(tensors, site)
         try:
-            result = _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs))
+            result = _timing_final_wait(recorder, engine, tensors, lambda: original(tensors, *args, **kwargs), bookkeeping)
         except BaseException as error:
-            for record in records:
-                recorder.finish(record, error)
+            with bookkeeping:
+                for record in records:
+                    recorder.finish(record, error)
             raise
-        for record in records:
-            recorder.finish(record)  # DDP waits for its last bucket before backward returns
-        recorder.backward_passes += 1
-        for ddp in models:
-            ddp._gradsync_watch.pass_done()
-        events.backward_pass(recorder.backward_passes)
+        with bookkeeping:
+            for record in records:
+                recorder.finish(record)  # DDP waits for its last bucket before backward returns
+        if models:
+            recorder.backward_passes += 1
+            with bookkeeping:
+                for ddp in models:
+                    _watch(ddp).pass_done()
+            events.backward_pass(recorder.backward_passes)
         return result
 
     backward.__gradsync_original__ = original
     return backward
 
 
-def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, run: Callable[[], Any]) -> Any:
+def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, run: Callable[[], Any], bookkeeping: Bookkeeping) -> Any:
     """Run a backward pass and add to the recorder the time between the end of its gradient
     computation and its return: what DDP's reducer (and FSDP's final callback) wait for the
     reductions still in flight, the exposed communication of the pass.
@@ -737,22 +920,28 @@ def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, 
     loss's node, the first node the engine runs; callbacks run in the order queued, so it runs
     before the ones DDP and FSDP queue once their first gradient is ready. On CUDA this is the
     CPU's wait only (NCCL's wait is a stream dependency, not a CPU block). `engine`: autograd's,
-    None on a torch without it (then only blocking collectives count as waiting).
+    None on a torch without it (then only blocking collectives count as waiting). The pre-hook
+    runs inside the engine, so it too keeps to `bookkeeping`.
     """
-    first = next((t for t in (tensors if isinstance(tensors, (list, tuple)) else (tensors,))
-                  if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
-    if first is None or engine is None or not dist.is_initialized():
-        return run()
     computed: list[float] = []
 
     def queue_mark(_grad_outputs: Any) -> None:
-        engine.queue_callback(lambda: computed.append(time.time()))
+        with bookkeeping:
+            engine.queue_callback(lambda: computed.append(time.time()))
 
-    handle = first.grad_fn.register_prehook(queue_mark)
+    handle = None
+    with bookkeeping:
+        first = next((t for t in (tensors if isinstance(tensors, (list, tuple)) else (tensors,))
+                      if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
+        if first is not None and engine is not None and dist.is_initialized():
+            handle = first.grad_fn.register_prehook(queue_mark)
+    if handle is None:
+        return run()
     try:
         result = run()
     finally:
-        handle.remove()
+        with bookkeeping:
+            handle.remove()
     if computed:
         recorder.communication_wait_s += time.time() - computed[0]
     return result
@@ -781,10 +970,10 @@ def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Calla
         if op in _COMPARED_BY_IDENTITY and getattr(distributed_c10d, op, None) is original:
             originals.append((distributed_c10d, op, original))
             setattr(distributed_c10d, op, wrapped)
-    for name, phase in (("init_process_group", "running"), ("destroy_process_group", "teardown")):
-        original = getattr(dist, name)
-        originals.append((dist, name, original))
-        setattr(dist, name, _wrap_phase(recorder, phase, original))
+    originals.append((dist, "init_process_group", dist.init_process_group))
+    dist.init_process_group = _wrap_phase(recorder, "running", dist.init_process_group)
+    originals.append((dist, "destroy_process_group", dist.destroy_process_group))
+    dist.destroy_process_group = _wrap_destroy(recorder, dist.destroy_process_group)
     originals += _patch_ddp(recorder, record_buckets)
     originals += _patch_device_mesh(recorder)
     originals.append((torch.autograd, "backward", torch.autograd.backward))

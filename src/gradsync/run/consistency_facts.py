@@ -47,7 +47,8 @@ from torch.utils.data import Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from gradsync.run.callsite import OWN, caller_location, file_kind, short_path
-from gradsync.run.check_primitives import index_sampler, patch, tensor_hash, tensors_fingerprint
+from gradsync.run.check_primitives import Patches, index_sampler, tensor_hash, tensors_fingerprint
+from gradsync.run.harmless import BookkeepingByKind
 
 if TYPE_CHECKING:
     from gradsync.run.script_facts import ScriptCheck
@@ -228,20 +229,18 @@ def hyperparameters(optimizer: Any) -> str:
 
 
 def _never_raises(default: Any = None) -> Callable[[Callable], Callable]:
-    """A watch's failure must not change how the user's script runs: it is said once, and the
-    check goes on without that record (its finding may then be missing, never wrong)."""
+    """A watch's failure must not change how the user's script runs: it is said once per method
+    (gradsync.run.harmless), and the check goes on without that record (its finding may then be
+    missing, never wrong); the method returns `default` (called, when callable) instead."""
 
     def wrap(method: Callable) -> Callable:
+        hook = f"the script check's {method.__name__}"
+
         @functools.wraps(method)
         def guarded(self: ConsistencyWatch, *args: Any, **kwargs: Any) -> Any:
-            try:
+            with self.bookkeeping[hook]:
                 return method(self, *args, **kwargs)
-            except Exception as error:  # noqa: BLE001 - reported, never raised into the script
-                if method.__name__ not in self.failures:
-                    self.failures[method.__name__] = repr(error)[:300]
-                    print(f"gradsync run: the script check's {method.__name__} failed ({error!r}); the run goes on "
-                          "without it", file=sys.stderr)
-                return default() if callable(default) else default
+            return default() if callable(default) else default
 
         return guarded
 
@@ -251,8 +250,10 @@ def _never_raises(default: Any = None) -> Callable[[Callable], Callable]:
 class ConsistencyWatch:
     """The facts of the consistency checks for one rank (see the module's docstring)."""
 
-    def __init__(self, check: ScriptCheck):
+    def __init__(self, check: ScriptCheck, bookkeeping: BookkeepingByKind):
+        """`bookkeeping`: the script check's, which its facts report (watch_failures)."""
         self.check = check
+        self.bookkeeping = bookkeeping
         self.seeds: list[dict[str, Any]] = []
         self.splits: list[dict[str, Any]] = []
         self.loader_draws: list[dict[str, Any]] = []
@@ -261,7 +262,6 @@ class ConsistencyWatch:
         self.loss_walks: list[dict[str, Any]] = []
         self.backwards_per_step: list[int] = []
         self.saves: list[dict[str, Any]] = []
-        self.failures: dict[str, str] = {}  # watch method -> its first error (see _never_raises)
         self._backwards = 0
         self._calls: list[dict[str, Any]] = []  # update-changing calls since the last step
         self._optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> index
@@ -279,16 +279,18 @@ class ConsistencyWatch:
 
     # -- installing --------------------------------------------------------------------------
 
-    def install(self) -> None:
-        self._install_seeding()
-        self._install_data()
-        self._install_mode()
-        self._install_update_calls()
-        self._install_backward()
-        self._install_writes()
+    def install(self, patches: Patches) -> None:
+        """Patch what the watch sees, each replacement kept in `patches` (the script check's)."""
+        self._install_seeding(patches)
+        self._install_data(patches)
+        self._install_mode(patches)
+        self._install_update_calls(patches)
+        self._install_backward(patches)
+        self._install_writes(patches)
 
-    def _install_seeding(self) -> None:
+    def _install_seeding(self, patches: Patches) -> None:
         watch = self
+        generators = self.bookkeeping["the script check's generator watch"]
 
         def seeding(generator: str):
             def make(original):
@@ -302,50 +304,54 @@ class ConsistencyWatch:
 
         torch_seed = seeding("torch")(torch.manual_seed)
         torch_seed = functools.wraps(torch.manual_seed)(torch_seed)
-        torch.manual_seed = torch_seed
-        torch.random.manual_seed = torch_seed
+        patches.replace(torch, "manual_seed", torch_seed)
+        patches.replace(torch.random, "manual_seed", torch_seed)
         for name in ("manual_seed", "manual_seed_all"):  # the CUDA generators alone
-            patch(torch.cuda, name, seeding("cuda"))
-        patch(random, "seed", seeding("random"))
+            patches.wrap(torch.cuda, name, seeding("cuda"))
+        patches.wrap(random, "seed", seeding("random"))
         try:
             import numpy
         except ImportError:  # no NumPy: no NumPy generator to watch
             return
-        patch(numpy.random, "seed", seeding("numpy"))
+        patches.wrap(numpy.random, "seed", seeding("numpy"))
 
         def make_default_rng(original):
             def default_rng(*args, **kwargs):
                 generator = original(*args, **kwargs)
-                if len(watch._generator_sites) < MAX_RECORDS:  # where a dataset's generator came from
-                    watch._generator_sites[id(generator)] = caller_location()
+                with generators:
+                    if len(watch._generator_sites) < MAX_RECORDS:  # where a dataset's generator came from
+                        watch._generator_sites[id(generator)] = caller_location()
                 return generator
 
             return default_rng
 
-        patch(numpy.random, "default_rng", make_default_rng)
+        patches.wrap(numpy.random, "default_rng", make_default_rng)
 
-    def _install_data(self) -> None:
+    def _install_data(self, patches: Patches) -> None:
         import torch.utils.data as data
         import torch.utils.data.dataset as dataset_module
 
         watch = self
+        samplers = self.bookkeeping["the script check's DistributedSampler watch"]
 
         def make_sampler_init(original):
             def __init__(sampler, *args, **kwargs):
                 original(sampler, *args, **kwargs)
-                watch._sampler_sites[sampler] = caller_location()
+                with samplers:
+                    watch._sampler_sites[sampler] = caller_location()
 
             return __init__
 
         def make_set_epoch(original):
             def set_epoch(sampler, epoch):
-                watch._set_epoch_calls[sampler] = watch._set_epoch_calls.get(sampler, 0) + 1
+                with samplers:
+                    watch._set_epoch_calls[sampler] = watch._set_epoch_calls.get(sampler, 0) + 1
                 return original(sampler, epoch)
 
             return set_epoch
 
-        patch(DistributedSampler, "__init__", make_sampler_init)
-        patch(DistributedSampler, "set_epoch", make_set_epoch)
+        patches.wrap(DistributedSampler, "__init__", make_sampler_init)
+        patches.wrap(DistributedSampler, "set_epoch", make_set_epoch)
 
         original_split = dataset_module.random_split
 
@@ -357,20 +363,22 @@ class ConsistencyWatch:
 
         for owner in (data, dataset_module):
             if getattr(owner, "random_split", None) is original_split:
-                owner.random_split = random_split
+                patches.replace(owner, "random_split", random_split)
 
-    def _install_mode(self) -> None:
+    def _install_mode(self, patches: Patches) -> None:
         watch = self
+        modes = self.bookkeeping["the script check's train/eval watch"]
 
         def make_train(original):
             def train(module, mode=True):
                 if not watch._switching_mode:
-                    site = caller_location()
-                    for inner in module.modules():
-                        if mode:
-                            watch._eval_sites.pop(inner, None)
-                        else:
-                            watch._eval_sites[inner] = site
+                    with modes:
+                        site = caller_location()
+                        for inner in module.modules():
+                            if mode:
+                                watch._eval_sites.pop(inner, None)
+                            else:
+                                watch._eval_sites[inner] = site
                 watch._switching_mode += 1
                 try:
                     return original(module, mode)
@@ -379,9 +387,9 @@ class ConsistencyWatch:
 
             return train
 
-        patch(nn.Module, "train", make_train)
+        patches.wrap(nn.Module, "train", make_train)
 
-    def _install_update_calls(self) -> None:
+    def _install_update_calls(self, patches: Patches) -> None:
         """Clipping and schedulers change an update after DDP averaged it: note who called them, where."""
         import torch.nn.utils as nn_utils
         import torch.nn.utils.clip_grad as clip_grad
@@ -406,12 +414,12 @@ class ConsistencyWatch:
             wrapped = functools.wraps(original)(noting(name)(original))
             for owner in (nn_utils, clip_grad):
                 if getattr(owner, name, None) is original:
-                    setattr(owner, name, wrapped)
-        patch(lr_scheduler.LRScheduler, "step", noting("scheduler.step"))
+                    patches.replace(owner, name, wrapped)
+        patches.wrap(lr_scheduler.LRScheduler, "step", noting("scheduler.step"))
         if "step" in vars(lr_scheduler.ReduceLROnPlateau):  # its own step, not LRScheduler's
-            patch(lr_scheduler.ReduceLROnPlateau, "step", noting("scheduler.step"))
+            patches.wrap(lr_scheduler.ReduceLROnPlateau, "step", noting("scheduler.step"))
 
-    def _install_backward(self) -> None:
+    def _install_backward(self, patches: Patches) -> None:
         import torch.autograd
 
         watch = self
@@ -422,10 +430,11 @@ class ConsistencyWatch:
             watch._backward(tensors)
             return original(tensors, *args, **kwargs)
 
-        torch.autograd.backward = backward  # Tensor.backward calls it through the module
+        patches.replace(torch.autograd, "backward", backward)  # Tensor.backward calls it through the module
 
-    def _install_writes(self) -> None:
+    def _install_writes(self, patches: Patches) -> None:
         watch = self
+        writes = self.bookkeeping["the script check's write watch"]
 
         def make_save(original):
             def save(obj, f, *args, **kwargs):
@@ -434,17 +443,18 @@ class ConsistencyWatch:
 
             return save
 
-        patch(torch, "save", make_save)
+        patches.wrap(torch, "save", make_save)
         original_open = builtins.open
 
         @functools.wraps(original_open)
         def open_(file, mode="r", *args, **kwargs):
-            # Only the user's own open() calls: torch.save and libraries open files of their own.
-            if isinstance(mode, str) and _WRITE_MODES & set(mode) and file_kind(sys._getframe(1).f_code.co_filename) == OWN:
-                watch._wrote(file, "open")
+            with writes:
+                # Only the user's own open() calls: torch.save and libraries open files of their own.
+                if isinstance(mode, str) and _WRITE_MODES & set(mode) and file_kind(sys._getframe(1).f_code.co_filename) == OWN:
+                    watch._wrote(file, "open")
             return original_open(file, mode, *args, **kwargs)
 
-        builtins.open = open_
+        patches.replace(builtins, "open", open_)
 
     # -- what ScriptCheck tells it -----------------------------------------------------------
 
@@ -673,5 +683,5 @@ class ConsistencyWatch:
             "loss_walks": self.loss_walks,
             "backwards_per_step": self.backwards_per_step,
             "writes": self.saves,
-            "watch_failures": self.failures,
+            "watch_failures": self.bookkeeping.failures(),
         }

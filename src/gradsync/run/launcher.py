@@ -32,7 +32,7 @@ from gradsync.commandline import one_line_errors
 from gradsync.errors import ConfigError
 from gradsync.report.advice import advice_lines
 from gradsync.run import faults, publish
-from gradsync.run.analysis import stopped_by_signal
+from gradsync.run.analysis.attempts import stopped_by_signal
 from gradsync.run.jobwide import rendezvous_store
 from gradsync.run.monitor import Monitor
 from gradsync.run.options import ATTEMPT_ENV, RunOptions

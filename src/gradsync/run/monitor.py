@@ -27,14 +27,11 @@ from typing import Any, Callable, Sequence
 import psutil
 
 from gradsync.run import faults
-from gradsync.run.analysis import (
-    RankView,
-    StragglerTracker,
-    diagnose,
-    earlier_attempts_finding,
-    regrouped_finding,
-    unfired_fault_findings,
-)
+from gradsync.run.analysis.attempts import earlier_attempts_finding, regrouped_finding, unfired_fault_findings
+from gradsync.run.analysis.last_words import read_last_words
+from gradsync.run.analysis.rules import diagnose
+from gradsync.run.analysis.stragglers import StragglerTracker
+from gradsync.run.analysis.views import RankView
 from gradsync.run.jobwide import JobBoard, RoundKey, StoreAddress
 from gradsync.run.options import RunOptions
 from gradsync.run.stall import Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
@@ -227,6 +224,7 @@ class Monitor(threading.Thread):
 
     def _on_stall(self, attempt: int, snapshots, exits, alive: Sequence[int], now: float, ours: set[int]) -> None:
         views = build_views(snapshots, exits, failures={}, stopped=set(), fired=self._faults(attempt))
+        self._read_last_words(attempt, views)
         for rank in alive:
             views[rank].alive = True
         for rank, view in views.items():
@@ -376,6 +374,7 @@ class Monitor(threading.Thread):
             }
         else:
             views = build_views(snapshots, exits, failures, self.stopped_pids, self._faults(attempt))
+            self._read_last_words(attempt, views)
             for rank in self.silent.get(attempt, ()):
                 view = views.setdefault(rank, RankView(rank))
                 view.unreachable = view.exit is None and view.exitcode is None
@@ -391,6 +390,12 @@ class Monitor(threading.Thread):
             )
         diagnosis["attempt"] = attempt
         return diagnosis
+
+    def _read_last_words(self, attempt: int, views: dict[int, RankView]) -> None:
+        """Each rank's last words, from its log on this node (another node's ranks keep theirs)."""
+        for rank, view in views.items():
+            if not (view.snapshot or {}).get("remote"):
+                view.last_words = read_last_words(self.folder.log(attempt, rank))
 
     def _faults(self, attempt: int) -> dict[int, dict[str, Any]]:
         """The injected faults that fired in `attempt`, by rank."""

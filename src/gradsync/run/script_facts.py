@@ -17,7 +17,8 @@ the process group, which a broken script may be stuck in.
 
 The patches (DataLoader and its iterators, DistributedSampler, Join, DDP's constructor and
 forward, a global optimizer-step hook) are installed only under --doctor-steps: a plain
-`gradsync run` pays nothing for them.
+`gradsync run` pays nothing for them. Each keeps its recording in a `harmless.Bookkeeping`: a
+watch that fails says so once, and the script's call goes on as without it.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ from torch.utils.data.distributed import DistributedSampler
 from gradsync import compat
 from gradsync.run.callsite import caller_location
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
-from gradsync.run.check_primitives import index_sampler, inputs_fingerprint, nested_tensors, patch, tensor_hash
+from gradsync.run.check_primitives import Patches, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
 from gradsync.run.consistency_facts import ConsistencyWatch
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.rundir import write_json
 
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
@@ -85,61 +87,78 @@ class ScriptCheck:
         self.fsdp_units: list[tuple[torch.nn.Module, str | None]] = []  # every module fully_shard was given
         self.tp_modules: list[dict[str, Any]] = []  # per parallelize_module call: site, group, styles, inputs
         self._parallelizing = 0  # parallelize_module calls in progress (it recurses into the plan)
-        self.consistency = ConsistencyWatch(self)  # what must agree across ranks (seeds, samples, modes, updates)
+        self.bookkeeping = BookkeepingByKind()  # each watch's, by kind; their failures go into the facts
+        self.consistency = ConsistencyWatch(self, self.bookkeeping)  # what must agree across ranks (seeds, samples, modes, updates)
 
     # -- installing --------------------------------------------------------------------------
 
-    def install(self) -> None:
-        """Patch what the checks watch, around the recorder's patches (so install it after the recorder)."""
-        register_optimizer_step_pre_hook(self._before_step)
-        register_optimizer_step_post_hook(self._after_step)
+    def install(self) -> Callable[[], None]:
+        """Patch what the checks watch, around the recorder's patches (so install it after the
+        recorder); returns a function that undoes it."""
+        patches = Patches()
+        patches.on_undo(register_optimizer_step_pre_hook(self._before_step).remove)
+        patches.on_undo(register_optimizer_step_post_hook(self._after_step).remove)
         check = self
+        models = self.bookkeeping["the script check's DDP watch"]
+        loaders = self.bookkeeping["the script check's DataLoader watch"]
+        samplers = self.bookkeeping["the script check's DistributedSampler watch"]
 
         def make_ddp_init(original):
             def __init__(ddp, *args, **kwargs):
                 original(ddp, *args, **kwargs)
-                check.models.append((ddp, caller_location(), check.consistency.ddp_built(ddp)))
+                with models:
+                    check.models.append((ddp, caller_location(), check.consistency.ddp_built(ddp)))
 
             return __init__
 
         def make_ddp_forward(original):
             def forward(ddp, *args, **kwargs):
-                if not (ddp.training and torch.is_grad_enabled()):
-                    return original(ddp, *args, **kwargs)
-                entry = check._training_forward(ddp, args, kwargs)
+                training = False
+                entry = None
+                with models:
+                    training = ddp.training and torch.is_grad_enabled()
+                    if training:
+                        entry = check._training_forward(ddp, args, kwargs)
                 output = original(ddp, *args, **kwargs)
-                check.consistency.forward_ends(entry)
+                if training:
+                    check.consistency.forward_ends(entry)
                 return output
 
             return forward
 
         def make_loader_iter(original):
             def __iter__(loader):
-                entry = check._loader_entry(loader)
-                # Before the iterator exists: with workers, its constructor already draws the first batches.
-                check.consistency.loader_pass(loader, entry)
+                entry = None
+                with loaders:
+                    entry = check._loader_entry(loader)
+                    # Before the iterator exists: with workers, its constructor already draws the first batches.
+                    check.consistency.loader_pass(loader, entry)
                 iterator = original(loader)
-                check._iterator_entries[iterator] = entry
-                check.consistency.iterator_made(iterator)
+                if entry is not None:
+                    with loaders:
+                        check._iterator_entries[iterator] = entry
+                        check.consistency.iterator_made(iterator)
                 return iterator
 
             return __iter__
 
         def make_iterator_next(original):
             def __next__(iterator):
-                check._current_loader = check._iterator_entries.get(iterator)
+                with loaders:
+                    check._current_loader = check._iterator_entries.get(iterator)
                 return original(iterator)
 
             return __next__
 
         def make_sampler_iter(original):
             def __iter__(sampler):
-                key = check._sampler_key(sampler)
-                if len(check.sampler_passes) < MAX_RECORDS:
-                    check.sampler_passes.append({
-                        "sampler": key, "epoch": sampler.epoch, "shuffle": sampler.shuffle, "site": caller_location(),
-                        "set_epoch_calls": check.consistency.set_epoch_calls(sampler),
-                    })
+                with samplers:
+                    key = check._sampler_key(sampler)
+                    if len(check.sampler_passes) < MAX_RECORDS:
+                        check.sampler_passes.append({
+                            "sampler": key, "epoch": sampler.epoch, "shuffle": sampler.shuffle, "site": caller_location(),
+                            "set_epoch_calls": check.consistency.set_epoch_calls(sampler),
+                        })
                 return original(sampler)
 
             return __iter__
@@ -158,9 +177,10 @@ class ScriptCheck:
 
             return __exit__
 
-        patch(DistributedDataParallel, "__init__", make_ddp_init)
-        patch(DistributedDataParallel, "forward", make_ddp_forward)
-        patch(DataLoader, "__iter__", make_loader_iter)
+        patches.wrap(DistributedDataParallel, "__init__", make_ddp_init)
+        patches.wrap(DistributedDataParallel, "forward", make_ddp_forward)
+        patches.wrap(DataLoader, "__iter__", make_loader_iter)
+
         def make_next_index(original):
             def _next_index(iterator):
                 try:
@@ -175,31 +195,34 @@ class ScriptCheck:
 
         iterator_class = compat.DATALOADER_ITERATOR.get()
         if iterator_class is not None:  # else which loader feeds training stays unknown (said at launch)
-            patch(iterator_class, "__next__", make_iterator_next)
+            patches.wrap(iterator_class, "__next__", make_iterator_next)
             if hasattr(iterator_class, "_next_index"):  # which samples each rank draws
-                patch(iterator_class, "_next_index", make_next_index)
-        patch(DistributedSampler, "__iter__", make_sampler_iter)
-        patch(Join, "__enter__", make_join_enter)
-        patch(Join, "__exit__", make_join_exit)
-        self._install_sharding_watches()
-        self.consistency.install()
+                patches.wrap(iterator_class, "_next_index", make_next_index)
+        patches.wrap(DistributedSampler, "__iter__", make_sampler_iter)
+        patches.wrap(Join, "__enter__", make_join_enter)
+        patches.wrap(Join, "__exit__", make_join_exit)
+        self._install_sharding_watches(patches)
+        self.consistency.install(patches)
+        return patches.undo
 
-    def _install_sharding_watches(self) -> None:
+    def _install_sharding_watches(self, patches: Patches) -> None:
         """Wrap `fully_shard` and `parallelize_module` where scripts import them from."""
         import torch.distributed.fsdp as fsdp
         import torch.distributed.tensor.parallel as tensor_parallel
         import torch.distributed.tensor.parallel.api as tensor_parallel_api
 
         check = self
+        sharding = self.bookkeeping["the script check's sharding watch"]
         original_shard = fsdp.fully_shard
         original_parallelize = tensor_parallel.parallelize_module
 
         @functools.wraps(original_shard)
         def fully_shard(module, *args, **kwargs):
             result = original_shard(module, *args, **kwargs)
-            site = caller_location()
-            for unit in module if isinstance(module, (list, tuple)) else [module]:
-                check.fsdp_units.append((unit, site))
+            with sharding:
+                site = caller_location()
+                for unit in module if isinstance(module, (list, tuple)) else [module]:
+                    check.fsdp_units.append((unit, site))
             return result
 
         @functools.wraps(original_parallelize)
@@ -212,15 +235,16 @@ class ScriptCheck:
             finally:
                 check._parallelizing -= 1
             if not check._parallelizing:
-                check._watch_tp_module(result, device_mesh, parallelize_plan)
+                with sharding:
+                    check._watch_tp_module(result, device_mesh, parallelize_plan)
             return result
 
         for owner in (fsdp, sys.modules.get("torch.distributed.fsdp._fully_shard")):
             if owner is not None and getattr(owner, "fully_shard", None) is original_shard:
-                owner.fully_shard = fully_shard
+                patches.replace(owner, "fully_shard", fully_shard)
         for owner in (tensor_parallel, tensor_parallel_api):
             if getattr(owner, "parallelize_module", None) is original_parallelize:
-                owner.parallelize_module = parallelize_module
+                patches.replace(owner, "parallelize_module", parallelize_module)
 
     def _watch_tp_module(self, module: torch.nn.Module, mesh: Any, plan: Any) -> None:
         if len(self.tp_modules) >= TP_MODULES_WATCHED or mesh is None:
@@ -238,12 +262,16 @@ class ScriptCheck:
 
         from torch.distributed.tensor import DTensor
 
+        sharding = self.bookkeeping["the script check's sharding watch"]
+
         def fingerprint_inputs(_module: Any, args: tuple, kwargs: dict) -> None:
-            if not (_module.training and torch.is_grad_enabled()) or len(entry["inputs"]) >= FORWARDS_FINGERPRINTED:
-                return
-            # A DTensor input is distributed already (reading it whole would be a collective): not compared.
-            plain = not any(isinstance(t, DTensor) for t in nested_tensors((args, kwargs)))
-            entry["inputs"].append(inputs_fingerprint(args, kwargs) if plain else None)
+            # A forward pre-hook: inside the user's forward, returning None leaves its inputs alone.
+            with sharding:
+                if not (_module.training and torch.is_grad_enabled()) or len(entry["inputs"]) >= FORWARDS_FINGERPRINTED:
+                    return
+                # A DTensor input is distributed already (reading it whole would be a collective): not compared.
+                plain = not any(isinstance(t, DTensor) for t in nested_tensors((args, kwargs)))
+                entry["inputs"].append(inputs_fingerprint(args, kwargs) if plain else None)
 
         module.register_forward_pre_hook(fingerprint_inputs, with_kwargs=True)
 
@@ -371,10 +399,8 @@ class ScriptCheck:
 
     def write(self) -> None:
         """Leave the facts for the launcher; a failure here must not change how the script ends."""
-        try:
+        with self.bookkeeping[f"the script check's facts file ({self.path})"]:
             write_json(self.path, self.facts())
-        except Exception as error:  # reported, never raised into the user's script
-            print(f"gradsync run: could not write the script check's facts to {self.path}: {error!r}", file=sys.stderr)
 
 
 def _user_class_name(module: torch.nn.Module) -> str:

@@ -8,7 +8,7 @@ Python would, and leaves an exit record saying how it ended
 (returned, raised what where, or was still inside a collective). Under --doctor-steps K it also
 installs the script check (gradsync.run.script_facts), whose facts it writes before the exit
 record, and the rank ends itself after its K-th optimizer step. A process group the script
-left open is destroyed once the script has returned.
+left open is destroyed once the script has returned and its own exit handlers have run.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from gradsync.run.callsite import innermost_user_location, location, stack_summa
 from gradsync.run.options import ATTEMPT_ENV, RunOptions
 from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
+from gradsync.run.harmless import Bookkeeping, exception_text
 from gradsync.run.script_facts import ScriptCheck
 from gradsync.run.stall import CpuReading, made_progress, worked_elsewhere
 from gradsync.rundir import RingWriter, RunDir, inherit, write_json
@@ -123,6 +124,10 @@ class SnapshotWriter(threading.Thread):
         self.flight_path = run.flight(identity["attempt"], identity["rank"])
         self.flight_raw = run.flight_raw(identity["attempt"])
         self.stopped = threading.Event()
+        # Its failures are said once and the thread goes on: a snapshot thread that died would
+        # leave the rank looking stalled, and the launcher would stop a job that trains.
+        self.bookkeeping = recorder.bookkeeping["gradsync run's snapshot and exit records"]
+        self._last_state: dict[str, Any] | None = None  # the last one published
         self._last_stack: list[str] = []
         self._activity = Activity()
         self._backend: str | None = None
@@ -134,12 +139,14 @@ class SnapshotWriter(threading.Thread):
     def run(self) -> None:
         # The first snapshot at once: a rank that dies in its first second still says where it was.
         while True:
-            try:
-                write_json(self.path, self.state())
-                self._log_system()
-                self._dump_when_quiet()
-            except OSError:
-                pass  # a full or vanished disk must not kill training; the launcher sees stale state
+            with self.bookkeeping:
+                try:
+                    self._last_state = self.state()
+                    write_json(self.path, self._last_state)
+                    self._log_system()
+                    self._dump_when_quiet()
+                except OSError:
+                    pass  # a full or vanished disk must not kill training; the launcher sees stale state
             if self.stopped.wait(self.interval_s):
                 return
 
@@ -199,6 +206,7 @@ class SnapshotWriter(threading.Thread):
             "unused_parameters": recorder.unused_parameters(),
             "ddp_parameters": [watch.reducer_order for watch in recorder.ddp_models],
             "meshes": recorder.meshes,
+            "left_group": recorder.left_group,
             "backend": self._backend,
         }
 
@@ -208,18 +216,21 @@ class SnapshotWriter(threading.Thread):
         return self.recorder.in_blocking_collective() or bool(stack and "torch/distributed/" in stack[-1])
 
     def finish(self, outcome: dict[str, Any]) -> None:
+        """Leave the exit record saying how the rank ended (`outcome`). Never raises: how the
+        script ends must not change because gradsync could not record it."""
         self.stopped.set()
-        state = self.state()
-        state["exit"] = outcome
-        with contextlib.suppress(OSError):
+        state = None
+        with self.bookkeeping:
+            state = self.state()
+        state = {**(state or self._last_state or self.identity), "exit": outcome}
+        with self.bookkeeping, contextlib.suppress(OSError):
             self._log_system()  # the steps since the last reading belong to the timeline too
-        try:
+        with self.bookkeeping, contextlib.suppress(OSError):
             # After the state (the dump then covers everything the rank did) and before the exit
             # record (the launcher reads a rank's files once it has ended).
             self.dump_flight()
-        except OSError:
-            pass
-        write_json(self.exit_path, state)
+        with self.bookkeeping:
+            write_json(self.exit_path, state)
 
 
 def _backend() -> str | None:
@@ -234,7 +245,7 @@ def describe_exception(error: BaseException) -> dict[str, Any]:
     frames = traceback.extract_tb(error.__traceback__)
     return {
         "type": type(error).__name__,
-        "message": str(error)[:4000],
+        "message": exception_text(error)[:4000],
         "location": innermost_user_location([(f.filename, f.lineno) for f in frames]),
         "traceback": script_traceback(error)[-8000:],
         "collective": failed_collective(error),
@@ -319,12 +330,18 @@ def main(argv: list[str] | None = None) -> None:
         profile = ProfileWindow(*parse_profile_steps(options.profile_steps), options.run_dir, rank)
     _count_optimizer_steps(recorder, profile)
     writer.start()
+    # What follows the script is gradsync's, and must not change how the process ends.
+    ending = recorder.bookkeeping["gradsync run's end of the script"]
+    teardown = _TearDown(recorder, ending)
+    # Registered before the script runs, so it runs after every exit handler the script registers.
+    atexit.register(teardown)
 
     def finish(outcome: dict[str, Any]) -> None:
         if check is not None:
             check.write()
         if profile is not None:
-            profile.close()
+            with ending:
+                profile.close()
         writer.finish(outcome)
 
     try:
@@ -334,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         code = exiting.code
         if code is None or code == 0:
             finish({"status": "finished", "code": 0, "time": time.time()})
-            _tear_down(recorder)
+            teardown.armed = True
             end_process(0)
         if not isinstance(code, int):
             print(code, file=sys.stderr)  # what Python does with sys.exit("message")
@@ -342,13 +359,17 @@ def main(argv: list[str] | None = None) -> None:
         finish({"status": "exit_code", "code": code, "time": time.time()})
         end_process(code)
     except BaseException as error:
-        described = describe_exception(error)
+        described = {"type": type(error).__name__, "message": exception_text(error)[:4000], "location": None,
+                     "traceback": "", "collective": None}
+        with ending:
+            described = describe_exception(error)
         finish({"status": "exception", "time": time.time(), **described})
         # Not on the console: the diagnosis shows the failing rank's traceback once.
-        output.log_only(described["traceback"])
+        with ending:
+            output.log_only(described["traceback"])
         end_process(130 if isinstance(error, KeyboardInterrupt) else 1)
     finish({"status": "finished", "code": 0, "time": time.time()})
-    _tear_down(recorder)
+    teardown.armed = True
     end_process(0)
 
 
@@ -386,6 +407,7 @@ def _count_optimizer_steps(recorder: CollectiveRecorder, window: ProfileWindow |
     patch_step_function = compat.OPTIMIZER_STEP_COUNT.get(None)
     if patch_step_function is None:
         return  # compat.check_run has said what the timeline counts instead
+    bookkeeping = recorder.bookkeeping["gradsync run's optimizer step counter"]
     depth = 0
 
     def counted(step: Callable) -> Callable:
@@ -398,9 +420,10 @@ def _count_optimizer_steps(recorder: CollectiveRecorder, window: ProfileWindow |
             finally:
                 depth -= 1
             if depth == 0:
-                recorder.optimizer_steps += 1
-                if window is not None:
-                    window.step_finished(recorder.optimizer_steps)
+                with bookkeeping:
+                    recorder.optimizer_steps += 1
+                    if window is not None:
+                        window.step_finished(recorder.optimizer_steps)
             return result
 
         step_then_count.hooked = True  # torch's marker: its own wrapper is already inside
@@ -410,17 +433,34 @@ def _count_optimizer_steps(recorder: CollectiveRecorder, window: ProfileWindow |
     @functools.wraps(patch_step_function)
     def _patch_step_function(optimizer: Optimizer) -> None:
         patch_step_function(optimizer)
-        cls = optimizer.__class__
-        if not getattr(cls.step, "gradsync_counted", False):
-            cls.step = counted(cls.step)
+        with bookkeeping:
+            cls = optimizer.__class__
+            if not getattr(cls.step, "gradsync_counted", False):
+                cls.step = counted(cls.step)
 
     Optimizer._patch_step_function = _patch_step_function
 
 
-def _tear_down(recorder: CollectiveRecorder) -> None:
-    if dist.is_available() and dist.is_initialized():
-        recorder.phase = "teardown"
-        dist.destroy_process_group()
+class _TearDown:
+    """Destroys the process group a script that ended well left open, as an exit handler that runs
+    after the script's own. Those may still communicate on the group (a last metrics flush): they
+    must meet the group, and the error, they meet under plain torchrun, not
+    "Default process group has not been initialized". Armed only once the script ended well: a
+    failed rank may have collectives in flight, which a destroy can wait on for good (NCCL). A
+    failure here is gradsync's, and the rank still ends as the script did."""
+
+    def __init__(self, recorder: CollectiveRecorder, ending: Bookkeeping) -> None:
+        self.recorder = recorder
+        self.ending = ending
+        self.armed = False
+
+    def __call__(self) -> None:
+        if not self.armed:
+            return
+        with self.ending:
+            if dist.is_available() and dist.is_initialized():
+                self.recorder.phase = "teardown"
+                dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ class TolerantReader:
 # -- the ring of collectives --------------------------------------------------------------------
 
 RING_SLOT_BYTES = 512
-_FIXED_FIELDS = RECORD_FIELDS[:7]  # known when a collective is entered; the rest change as it runs
+_FIXED_FIELDS = RECORD_FIELDS[:8]  # known when a collective is entered; the rest change as it runs
 
 
 def _json_number(value: float | int | None) -> str:
@@ -144,7 +144,7 @@ class RingWriter:
             fixed = [getattr(record, name) for name in _FIXED_FIELDS]
             prefix = json.dumps(fixed)[:-1].encode()
             if len(prefix) > RING_SLOT_BYTES - 128:  # an enormous signature: keep what identifies the record
-                fixed[4] = fixed[4][:200]
+                fixed[4], fixed[7] = fixed[4][:200], None
                 prefix = json.dumps(fixed)[:-1].encode()[: RING_SLOT_BYTES - 128]
             record.ring_prefix = prefix
         error = "null" if record.error is None else json.dumps(record.error[:100])

@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 # ranks: recorded (a rank stuck in recv is worth naming) but numbered apart (seq None), outside
 # the compared sequence. Their signature ends with the peer: " src=R" or " dst=R".
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
-RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "state", "entered", "finished", "crc", "error")
+RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "args", "state", "entered", "finished", "crc", "error")
 
 
 class RingRecord(TypedDict):
@@ -30,6 +30,9 @@ class RingRecord(TypedDict):
     signature: str  # what must agree across ranks: dtypes and shapes, root, reduce op
     kind: str  # "", or what issued it ("DDP gradients of a backward pass", ...)
     site: str | None  # the user's file:line
+    # Arguments that legitimately differ between ranks, so they are never compared as the signature
+    # is, but that say what disagreed once the backend found a mismatch: an all_to_all's split sizes.
+    args: dict[str, Any] | None
     state: str  # "entered", "issued", "finished", "failed"
     entered: float
     finished: float | None
@@ -80,6 +83,7 @@ class Snapshot(Identity):
     ddp_parameters: list[list[str]]
     meshes: list[dict[str, Any]]  # init_device_mesh calls: {"shape", "names", "site"}, in order
     backend: str | None  # the default process group's, once created
+    left_group: dict[str, Any] | None  # {"site", "time"} where the script destroyed the default group
 
 
 class SystemReading(TypedDict, total=False):
@@ -200,6 +204,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "shape_mismatch": (ERROR, "the same collective at the same line with different tensors"),
     "rank_exited": (ERROR, "a rank finished its script while others still expected it"),
     "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
+    "out_of_memory": (ERROR, "a rank failed to allocate memory, as its last words say; the others' errors are consequences"),
     "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
     "rank_stuck": (ERROR, "a rank stayed outside any collective (stuck, or busy elsewhere) while the others waited"),
     "hang": (ERROR, "every rank waits in the same matched collective: the network or backend is not delivering"),
@@ -209,6 +214,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "nonfinite_gradients": (WARNING, "where a NaN/inf gradient first appeared, before averaging spread it"),
     "straggler": (WARNING, "a rank typically arrives late at collectives"),
     "teardown_failure": (WARNING, "every rank finished, then a process crashed while shutting down"),
+    "collective_after_peer_left": (WARNING, "a collective failed, and the rank went on, because a peer had finished without it"),
     "restarted": (WARNING, "attempts before the last failed and the workers were restarted"),
     "regrouped": (WARNING, "the workers were restarted to take in a node that joined an elastic job (not a failure)"),
     "fault_not_fired": (WARNING, "an --inject-fault never fired, so nothing was rehearsed"),

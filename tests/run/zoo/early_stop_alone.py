@@ -37,7 +37,7 @@ def main() -> None:
         loss.backward()  # zoo: backward
         opt.step()
 
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # zoo: leave
 
 
 if __name__ == "__main__":

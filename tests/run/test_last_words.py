@@ -1,0 +1,124 @@
+"""A rank's last words (gradsync.run.analysis.last_words) and what they change in the diagnosis.
+
+The texts here are what Gloo and torch print (the end-to-end cases in test_zoo.py read them from
+real aborts); the rules are judged on hand-made rank states, as in test_analysis.py.
+"""
+
+from gradsync.run.analysis.last_words import classify, read_last_words
+from gradsync.run.analysis.rules import diagnose
+from tests.run.test_analysis import exception, record, view
+
+GLOO_MISMATCH = (
+    "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+    "  what():  [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+    "op.preamble.length <= op.nbytes. 96 vs 64. Received data size doesn't match expected size. "
+    "Is there a distributed collective mismatch in your code?\n"
+)
+PEER_LOST = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+    "[127.0.0.1]:40837: Connection reset by peer. This is typically caused by a remote worker hanging\n"
+)
+CPU_ALLOCATION = (
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+    "you tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)\n"
+)
+
+
+def test_each_family_is_known_by_what_its_messages_mean():
+    words = classify("rank 0 step 3\n" + GLOO_MISMATCH)
+    assert words.family == "collective_mismatch" and words.cause
+    assert (words.details["received_bytes"], words.details["expected_bytes"]) == (96, 64)
+    assert words.details["uncaught"] == "gloo::EnforceNotMet"
+    # torch's own check under TORCH_DISTRIBUTED_DEBUG=DETAIL, and NCCL's
+    assert classify("RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running ...").family == "collective_mismatch"
+    assert classify("init.cc:1247 NCCL WARN Mismatched collective detected, please check").family == "collective_mismatch"
+    assert classify(CPU_ALLOCATION).family == "out_of_memory"
+    assert classify("terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc").family == "out_of_memory"
+    assert classify("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB").family == "out_of_memory"
+    assert classify("NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage, ncclInvalidUsage").family == "nccl_error"
+    assert classify(PEER_LOST).family == "peer_lost" and not classify(PEER_LOST).cause
+    assert classify("[E ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed: Timed out waiting").family == "backend_timeout"
+    uncaught = classify("terminate called after throwing an instance of 'c10::Error'\n  what():  bad index")
+    assert uncaught.family == "native_abort" and uncaught.quote().endswith("bad index")
+
+
+def test_a_cause_outranks_the_consequences_printed_with_it_and_the_users_words_name_no_backend():
+    assert classify(PEER_LOST + GLOO_MISMATCH).family == "collective_mismatch"
+    # A script's own "timed out" or "broken pipe" is not the transport speaking.
+    assert classify("reading shard 3 timed out\nBroken pipe writing the report").family is None
+
+
+def test_only_the_end_of_the_log_is_read(tmp_path):
+    log = tmp_path / "rank0.log"
+    log.write_text(GLOO_MISMATCH + "step\n" * 10000)
+    words = read_last_words(log)
+    assert words.family is None and len(words.lines) == 20
+    assert read_last_words(tmp_path / "missing.log") is None
+
+
+def _killed(rank, records, signal, words):
+    killed = view(rank, records, exitcode={"SIGABRT": -6, "SIGKILL": -9, "SIGSEGV": -11}[signal], signal=signal)
+    killed.last_words = classify(words) if words is not None else None
+    return killed
+
+
+def test_an_abort_that_says_collective_mismatch_pairs_its_collective_with_the_peers():
+    # Rank 1's hook all_reduce (#3), issued inside the backward pass (#2), met rank 0's gradients.
+    ddp = dict(op="all_reduce", signature="float32[22026]", kind="DDP gradients of a backward pass", site="train.py:54")
+    views = {
+        0: view(0, [record(1), record(2, state="failed", **ddp)], exit=exception(PEER_LOST, location="train.py:54"), exitcode=1),
+        1: _killed(1, [record(1), record(2, state="entered", **ddp),
+                       record(3, signature="float32[16, 128] op=SUM", site="train.py:29", state="entered")], "SIGABRT", GLOO_MISMATCH),
+    }
+    views[0].last_words = classify(PEER_LOST)
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "collective_mismatch" and finding["ranks"] == [1]
+    assert finding["locations"] == {"0": "train.py:54", "1": "train.py:29"}
+    assert "96 bytes where it had posted room for 64" in finding["message"]
+    assert "dmesg" not in finding["suggestion"]
+
+
+def test_all_to_all_splits_that_disagree_name_the_pair():
+    a2a = dict(op="all_to_all_single", signature="float32", site="moe.py:49")
+    views = {
+        0: _killed(0, [record(1, state="entered", **a2a)], "SIGABRT", GLOO_MISMATCH),
+        1: view(1, [record(1, **a2a), record(2, op="barrier", signature="", site="moe.py:65", state="failed")],
+                exit=exception(PEER_LOST, location="moe.py:65"), exitcode=1),
+    }
+    views[0].records[0]["args"] = {"unit": "rows", "in": [2, 2], "out": [2, 2]}
+    views[1].records[0]["args"] = {"unit": "rows", "in": [3, 2], "out": [2, 2]}
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "shape_mismatch" and finding["ranks"] == [0, 1]
+    assert "rank 1 sends 3 rows to rank 0, which expects 2" in finding["message"]
+
+
+def test_without_words_that_explain_it_only_sigkill_points_at_the_oom_killer():
+    for signal, oom in (("SIGKILL", True), ("SIGABRT", False), ("SIGSEGV", False)):
+        views = {0: _killed(0, [record(1)], signal, None), 1: view(1, [record(1)], alive=True)}
+        (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+        assert finding["category"] == "rank_crashed"
+        assert ("OOM killer" in finding["message"] + finding["suggestion"]) is oom, signal
+    uncaught = "terminate called after throwing an instance of 'c10::Error'\n  what():  index out of range"
+    views = {0: _killed(0, [record(1)], "SIGABRT", uncaught), 1: view(1, [record(1)], alive=True)}
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert "index out of range" in finding["message"] and "OOM" not in finding["message"] + finding["suggestion"]
+
+
+def test_an_allocation_failure_is_a_memory_verdict_whatever_ended_the_rank():
+    raised = view(1, [record(1)], exit=exception(CPU_ALLOCATION.split(": ", 1)[1], location="train.py:29", time=10.0), exitcode=1)
+    raised.last_words = classify(CPU_ALLOCATION)
+    lost = view(0, [record(1), record(2, state="failed")], exit=exception(PEER_LOST, time=11.0), exitcode=1)
+    (finding,) = diagnose({0: lost, 1: raised}, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "out_of_memory" and finding["ranks"] == [1]
+    assert finding["locations"] == {"1": "train.py:29"}
+    aborted = _killed(1, [record(1)], "SIGABRT", "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc")
+    (finding,) = diagnose({0: view(0, [record(1)], alive=True), 1: aborted}, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "out_of_memory" and finding["ranks"] == [1]
+
+
+def test_a_rank_the_backend_took_down_for_a_lost_peer_is_not_the_cause():
+    lost = _killed(0, [record(1), record(2, state="entered")], "SIGABRT",
+                   "terminate called after throwing an instance of 'gloo::IoException'\n  what():  " + PEER_LOST)
+    first = view(1, [record(1)], exit=exception("corrupt sample", "ValueError", "data.py:7", time=10.0), exitcode=1)
+    (finding,) = diagnose({0: lost, 1: first}, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
