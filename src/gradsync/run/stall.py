@@ -209,17 +209,17 @@ def last_progressed(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] 
     return snapshot["last_progress"]
 
 
-def worked_at(snapshot: Mapping[str, Any]) -> float:
+def seen_working_at(snapshot: Mapping[str, Any]) -> float:
     """When the rank's own looks last found it working (0 when never, or before it said)."""
     return float((snapshot.get("activity") or {}).get("worked_at") or 0.0)
 
 
 def last_active(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] | None, now: float, rules: StallRules,
                 ours: AbstractSet[int] = frozenset(), running: AbstractSet[int] = frozenset(),
-                worked: Mapping[int, float] | None = None) -> float:
+                worked_at: Mapping[int, float] | None = None) -> float:
     """When the rank was last active: its last real progress (`last_progressed`) or, while it
     runs, when it was last seen working: by its own looks, or, if its snapshots stopped coming,
-    by its main thread's CPU read from outside (`worked`: PID -> time), whichever is latest.
+    by its main thread's CPU read from outside (`worked_at`: PID -> time), whichever is latest.
 
     A snapshot older than its writer's rhythm tells nothing of the rank since: its writer thread
     was held up (seen on a loaded machine: both ranks of a healthy job silent for 8 s while DDP's
@@ -229,10 +229,10 @@ def last_active(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] | No
     progressed = last_progressed(snapshot, exit_record, now, rules, ours, running)
     if exit_record is not None or not rank_alive(snapshot, now, rules, ours, running):
         return progressed
-    active = max(progressed, worked_at(snapshot))
+    active = max(progressed, seen_working_at(snapshot))
     writer_silent = now - snapshot["time"] > rules.snapshot_max_age_s(remote=False)
-    if writer_silent and not snapshot.get("remote") and worked and snapshot["pid"] in worked:
-        return max(active, worked[snapshot["pid"]])
+    if writer_silent and not snapshot.get("remote") and worked_at and snapshot["pid"] in worked_at:
+        return max(active, worked_at[snapshot["pid"]])
     return active
 
 
