@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,9 +60,9 @@ class SnapshotWriter(threading.Thread):
     moves (`PositionTrail`): the evidence the launcher's two clocks and its verdict use.
 
     A rank neither progressing nor working for half the stall timeout also dumps its Flight
-    Recorder (every half timeout while so), so that the launcher finds each stalled rank's dump when it diagnoses: a rank
-    blocked in the backend cannot be asked, and the dump's cost (up to ~0.3 s for 2,000
-    entries) is then paid by a rank that waits anyway.
+    Recorder (every half timeout while so), so that the launcher finds each stalled rank's dump
+    when it diagnoses: a rank blocked in the backend cannot be asked, and the dump's cost (up to
+    ~0.3 s for 2,000 entries) is then paid by a rank that waits anyway.
     """
 
     def __init__(self, recorder: CollectiveRecorder, options: RunOptions, identity: dict[str, Any], flight_on: bool):
@@ -168,7 +169,7 @@ class SnapshotWriter(threading.Thread):
             "activity": activity,
         }
 
-    def _look(self, frame: Any, stack: list[str], now: float) -> dict[str, Any]:
+    def _look(self, frame: types.FrameType | None, stack: list[str], now: float) -> dict[str, Any]:
         """The rank's state at this look, with its evidence (see the class's docstring)."""
         reading = self._tree_cpu.read()
         worked = reading is not None and tree_worked(self._last_cpu, reading)
@@ -183,7 +184,7 @@ class SnapshotWriter(threading.Thread):
         self._last_stack = stack
         # Even inside a collective call: a blocked backend wait leaves the Python stack still,
         # while Python work around it (DDP's construction imports modules) moves it.
-        state = rank_state(self._blocked_in_collective(stack), worked, moved)
+        state = rank_state(self._blocked_in_collective(stack, native), worked, moved)
         # The trail follows one spell of work without real progress: what the others may be
         # waiting through.
         position = None
@@ -207,10 +208,14 @@ class SnapshotWriter(threading.Thread):
             "position": None if position is None else position.as_dict(),
         }
 
-    def _blocked_in_collective(self, stack: list[str]) -> bool:
+    def _blocked_in_collective(self, stack: list[str], native: bool) -> bool:
         """Recorded as waiting in a collective, or stopped inside torch.distributed's code (a
-        DTensor, functional or compiled collective the recorder does not see)."""
-        return self.recorder.in_blocking_collective() or bool(stack and "torch/distributed/" in stack[-1])
+        DTensor, functional or compiled collective the recorder does not see), or sitting in one
+        native call while an async collective it issued is unfinished: on NCCL, a main thread in
+        `loss.item()` after DDP's bucket all-reduces spins in CUDA's wait for them, burning CPU
+        for a collective that waits on the other ranks."""
+        return (self.recorder.in_blocking_collective() or bool(stack and "torch/distributed/" in stack[-1])
+                or (native and bool(self.recorder.issued)))
 
     def finish(self, outcome: dict[str, Any]) -> None:
         """Leave the exit record saying how the rank ended (`outcome`). Never raises: how the
