@@ -322,6 +322,26 @@ def test_a_rank_that_stopped_working_is_idle_and_stalls_at_the_stall_timeout(wor
     assert (busy is None) is stalled, "busy only while the rank works"
 
 
+@pytest.mark.parametrize("worked", [EPS, TIMEOUT - EPS])
+def test_a_rank_that_just_stopped_working_is_not_busy_but_idle(worked):
+    """It worked until `worked` s ago (past the last progress), and its latest look found it
+    idle (it went to sleep, or into a lock): no note; the stall clock stops it once its last
+    work is the stall timeout old."""
+    sleeper = snapshot(progressed=TIMEOUT + 30, activity={"state": IDLE, "worked_at": NOW - worked})
+    assert busy_judge({0: sleeper, 1: waiting(progressed=TIMEOUT + 20)}) == (False, None)
+
+
+@pytest.mark.parametrize("silent_for, worked_ago, busy", [
+    (LOCAL_MAX_AGE + EPS, 1.0, True),  # its writer is held up (a native call holding the GIL) while its main thread works
+    (LOCAL_MAX_AGE + EPS, LOCAL_MAX_AGE + 2 * EPS, False),  # its main thread last worked before its last snapshot
+])
+def test_a_rank_whose_snapshots_stopped_works_by_its_main_threads_cpu(silent_for, worked_ago, busy):
+    silent = snapshot(seen=silent_for, progressed=TIMEOUT + 30, activity={"state": IDLE, "worked_at": NOW - silent_for})
+    verdict = judge(observe({0: silent, 1: waiting(progressed=TIMEOUT + 20)}, running={OWN, OWN + 1},
+                            worked_at={OWN: NOW - worked_ago}), RULES)
+    assert (verdict.busy is not None) is busy and not verdict.stalled
+
+
 def test_ranks_that_all_work_and_none_waits_are_not_busy():
     """Every rank computing away from collectives (preprocessing, each its own evaluation) is
     healthy however long it lasts: nobody waits."""

@@ -145,8 +145,8 @@ class Busy:
     """Ranks wait in a collective while others keep working without real progress.
 
     `for_s`: since the job's last real progress (a collective entered or finished, an optimizer
-    step, an exit) on any rank; `working`: the ranks that worked within the stall timeout outside
-    any collective; `waiting`: the ranks whose latest look found them waiting in one; `stop`: the
+    step, an exit) on any rank; `working`: the ranks outside any collective that work now
+    (`works_now`); `waiting`: the ranks whose latest look found them waiting in one; `stop`: the
     busy timeout is reached.
     """
 
@@ -241,6 +241,16 @@ def waits_in_collective(snapshot: Mapping[str, Any]) -> bool:
     return (snapshot.get("activity") or {}).get("state") == WAITING
 
 
+def works_now(snapshot: Mapping[str, Any], now: float, rules: StallRules, worked_at: Mapping[int, float] | None = None) -> bool:
+    """Whether the rank's latest look found it working or, its snapshots having stopped coming,
+    the monitor saw its main thread use CPU since. A rank that worked until a moment ago and now
+    sleeps is not working: the stall clock, not the busy one, is its."""
+    writer_silent = now - snapshot["time"] > rules.snapshot_max_age_s(remote=False)
+    if writer_silent and not snapshot.get("remote") and worked_at and snapshot["pid"] in worked_at:
+        return worked_at[snapshot["pid"]] > snapshot["time"]
+    return (snapshot.get("activity") or {}).get("state") == WORKING
+
+
 def judge(seen: Observation, rules: StallRules) -> StallVerdict:
     """The two clocks. Stalled: some rank still runs and none has been active (progressing or
     working) for the stall timeout. Busy: not stalled, no rank made real progress for the stall
@@ -256,8 +266,8 @@ def judge(seen: Observation, rules: StallRules) -> StallVerdict:
                   if rank not in seen.exits and rank_alive(state, now, rules, seen.ours, seen.running))
     stalled = bool(alive) and idle >= timeout
     waiting = tuple(rank for rank in alive if waits_in_collective(seen.snapshots[rank]))
-    working = tuple(rank for rank in alive if rank not in waiting and now - last_active(
-        seen.snapshots[rank], None, now, rules, seen.ours, seen.running, seen.worked_at) < timeout)
+    working = tuple(rank for rank in alive if rank not in waiting and works_now(seen.snapshots[rank], now, rules, seen.worked_at)
+                    and now - last_active(seen.snapshots[rank], None, now, rules, seen.ours, seen.running, seen.worked_at) < timeout)
     busy = None
     if not stalled and progress_idle >= timeout and waiting and working:
         busy = Busy(progress_idle, working, waiting, stop=progress_idle >= rules.busy_timeout_s)
