@@ -107,6 +107,32 @@ def test_rank_running_outside_collectives_while_others_wait_is_stuck():
     assert finding["locations"]["0"] == "train.py:99"
 
 
+@pytest.mark.parametrize("moved, native, evidence", [
+    (True, False, "its Python position moving"),
+    (False, True, "its Python position unchanged for 30 s while its main thread used CPU (one native call"),
+])
+def test_a_rank_that_kept_working_while_others_waited_is_named_at_its_loop_with_the_evidence(moved, native, evidence):
+    """Stopped at the busy timeout: the working rank is named at the loop it never left, with the
+    line it was at, how long, its CPU and whether its position moved; the idle wording and fix
+    are for idle ranks."""
+    views = {
+        0: view(0, [record(1)], alive=True, location="train.py:17"),
+        1: view(1, [record(1), record(2, state="entered", site="train.py:40")], alive=True, location="train.py:40"),
+    }
+    position = {"location": "train.py:17", "loop": "train.py:23", "moved": moved, "since": 10.0, "still_since": 10.0, "looks": 30}
+    views[0].snapshot["activity"] = {"state": "working", "worked_at": 39.5, "working_since": 10.0, "cpu_share": 1.0,
+                                     "native_call": native, "position": position}
+    diagnosis = diagnose(views, trigger="stall", now=40.0)
+    (finding,) = diagnosis["findings"]
+    assert finding["category"] == "rank_stuck" and finding["ranks"] == [0]
+    assert finding["locations"] == {"0": "train.py:23", "1": "train.py:40"}
+    assert ("rank 0 works at train.py:17, within the loop at train.py:23, for 30 s (its process tree at 100% of a core), "
+            + evidence) in finding["message"], finding["message"]
+    assert "never reaches the collective" in finding["suggestion"] and "--busy-timeout" in finding["suggestion"]
+    assert finding["details"]["activity"]["0"]["position"] == position
+    assert diagnosis["ranks"]["0"] == "working outside collectives at train.py:23"
+
+
 def test_crash_after_every_rank_finished_is_only_a_teardown_warning():
     finished = {"status": "finished", "time": 5.0}
     views = {

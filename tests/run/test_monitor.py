@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -17,6 +18,8 @@ from gradsync.run.launcher import _another_node_writes
 from gradsync.run.monitor import Monitor, _main_thread_cpu_s, pid_alive
 from gradsync.run.options import RunOptions
 from gradsync.rundir import RunDir, write_json
+from gradsync.rundir.io import RingWriter
+from gradsync.rundir.records import RECORD_FIELDS
 
 NOW = 1_000_000.0  # the time the monitor judges at (its clock), whatever the test's own pace
 
@@ -173,3 +176,55 @@ def test_a_rank_whose_snapshots_stopped_is_not_stalled_while_its_main_thread_wor
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.launches
+def test_a_rank_that_works_while_the_other_waits_is_noted_then_stopped_at_the_busy_timeout(tmp_path, capsys):
+    """Rank 0 works (its looks say so, at the loop of train.py:23) and rank 1 waits in an
+    all_reduce: at the stall timeout a note is printed and nothing is stopped; at the busy
+    timeout both are stopped and the verdict names rank 0 at its loop. Two sleeping processes
+    stand in for the ranks; the monitor's clock is the test's."""
+    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        run = RunDir(tmp_path)
+        progressed = NOW - 6.0  # the last collective, past the 5 s stall timeout
+
+        def write(now: float) -> None:
+            position = {"location": "train.py:17", "loop": "train.py:23", "moved": True, "since": progressed,
+                        "still_since": now - 1, "looks": 6}
+            write_json(run.snapshot(0, 0), {
+                **_snapshot(0, workers[0].pid, now), "last_progress": progressed, "location": "train.py:17",
+                "activity": {"state": "working", "worked_at": now - 0.5, "working_since": progressed, "cpu_share": 1.0,
+                             "native_call": False, "position": position}})
+            write_json(run.snapshot(0, 1), {
+                **_snapshot(1, workers[1].pid, now), "last_progress": progressed, "location": "train.py:40",
+                "activity": {"state": "waiting", "worked_at": 0.0}})
+
+        ring = RingWriter(run.ring(0, 1), slots=16)  # rank 1 waits in its first collective
+        fields = {**dict.fromkeys(RECORD_FIELDS), "index": 0, "group": "default", "seq": 1, "op": "all_reduce",
+                  "signature": "float32[1]", "site": "train.py:40", "state": "entered", "entered": progressed}
+        ring.write(SimpleNamespace(**fields, ring_prefix=None))
+        clock = [NOW]
+        reports = []
+        monitor = Monitor(RunOptions(run_dir=tmp_path, stall_timeout_s=5, busy_timeout_s=12),
+                          lambda diagnosis, _: reports.append(diagnosis), clock=lambda: clock[0])
+        write(clock[0])
+        monitor.poll()
+        monitor.poll()  # once per spell
+        assert reports == [] and all(worker.poll() is None for worker in workers), "working: not stopped"
+        notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gradsync run: note:")]
+        assert len(notes) == 1 and "rank 0 works at train.py:17, within the loop at train.py:23" in notes[0], notes
+        assert "rank 1 waits in all_reduce #1 (float32[1]) at train.py:40" in notes[0], notes
+        clock[0] = progressed + 12.0
+        write(clock[0])
+        monitor.poll()
+        (diagnosis,) = reports
+        (finding,) = [f for f in diagnosis["findings"] if f["severity"] == "error"]
+        assert (finding["category"], finding["ranks"], finding["locations"]["0"]) == ("rank_stuck", [0], "train.py:23")
+        assert "its Python position moving" in finding["message"], finding
+        assert (diagnosis["stopped_at"], diagnosis["busy_timeout_s"], len(diagnosis["notes"])) == ("busy_timeout", 12, 1)
+        # Stopped: SIGTERM ends a sleeping process within milliseconds; 10 s is a hang guard.
+        assert [worker.wait(timeout=10) for worker in workers] == [-15, -15]
+    finally:
+        for worker in workers:
+            worker.kill()

@@ -8,7 +8,7 @@ import pytest
 from gradsync.errors import ConfigError
 from gradsync.rundir import io as rundir_io
 from gradsync.run.callsite import caller_location, innermost_user_location, is_user_file
-from gradsync.run.options import RunOptions
+from gradsync.run.options import DEFAULT_BUSY_TIMEOUT_S, RunOptions
 
 
 def test_options_round_trip_and_validation(tmp_path):
@@ -25,6 +25,23 @@ def test_options_round_trip_and_validation(tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(ConfigError, match="not a gradsync run options file"):
         RunOptions.load(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("stall, busy, expected", [
+    (120, None, DEFAULT_BUSY_TIMEOUT_S),  # NCCL's own timeout
+    (900, None, 900),  # never below the stall timeout the user chose
+    (5, 5, 5),  # at the stall timeout: a working rank is stopped when an idle one would be
+    (5, 12, 12),
+])
+def test_the_busy_timeout_is_at_least_the_stall_timeout(tmp_path, stall, busy, expected):
+    options = RunOptions(run_dir=tmp_path, stall_timeout_s=stall, busy_timeout_s=busy)
+    assert options.busy_timeout_s == expected
+    assert RunOptions.load(options.save()) == options
+
+
+def test_a_busy_timeout_below_the_stall_timeout_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"--busy-timeout 4: give at least the stall timeout \(5 s\)"):
+        RunOptions(run_dir=tmp_path, stall_timeout_s=5, busy_timeout_s=4)
 
 
 def test_user_frames_skip_torch_gradsync_and_the_standard_library():

@@ -11,24 +11,31 @@ import pytest
 from gradsync.run.options import RunOptions
 from gradsync.run.stall import (
     BUSY_SHARE,
+    IDLE,
+    WAITING,
+    WORKING,
+    Busy,
     CpuReading,
     Observation,
     RemoteRead,
     StallRules,
     ThreadCpu,
+    in_native_call,
     judge,
     last_active,
-    made_progress,
+    last_progressed,
     main_thread_worked,
     progressing,
     rank_alive,
+    rank_state,
     remote_read,
-    worked_elsewhere,
+    tree_worked,
 )
 
 NOW = 1000.0
 TIMEOUT = 8.0
-RULES = StallRules(stall_timeout_s=TIMEOUT, snapshot_interval_s=0.5)
+BUSY_TIMEOUT = 32.0
+RULES = StallRules(stall_timeout_s=TIMEOUT, snapshot_interval_s=0.5, busy_timeout_s=BUSY_TIMEOUT)
 LOCAL_MAX_AGE = 3 * 0.5 + 1  # 2.5 s: a snapshot in this node's (or a shared) run folder
 REMOTE_MAX_AGE = 3 * 0.5 + 1 + 2 * 0.5  # 3.5 s: one read through the job board
 EPS = 0.25
@@ -231,45 +238,134 @@ def test_one_progressing_rank_rules_a_stall_out(state, answer):
     assert progressing(state, NOW, RULES) is answer
 
 
-# -- the rank's side: did it progress since its last look ---------------------------------------
+# -- the rank's side: its state at each look ----------------------------------------------------
 
 
 def test_busy_share_is_exact_in_binary_for_the_cases_below():
     assert BUSY_SHARE * 8.0 == 0.8  # so "at" below is at the threshold, not a rounding away from it
 
 
-@pytest.mark.parametrize("used, busy", [(0.75, False), (0.8, True), (0.875, True)])
-@pytest.mark.parametrize("where", ["threads", "children"])
-def test_work_outside_the_main_thread_counts_from_a_tenth_of_a_core(where, used, busy):
-    # From zero CPU seconds, so that the differences are the exact values given.
-    before = CpuReading(time_s=100.0, threads_s=0.0, children_s=0.0)
-    after = CpuReading(time_s=108.0, threads_s=used if where == "threads" else 0.0,
-                       children_s=used if where == "children" else 0.0)
-    assert worked_elsewhere(before, after) is busy
+@pytest.mark.parametrize("used, worked", [(0.75, False), (0.8, True), (0.875, True)])
+def test_a_process_tree_works_from_a_tenth_of_a_core(used, worked):
+    # From zero CPU seconds, so that the difference is the exact value given.
+    assert tree_worked(CpuReading(100.0, 0.0, 0.0), CpuReading(108.0, used, 0.0)) is worked
 
 
-def test_threads_and_children_are_judged_apart_not_summed():
-    # 0.5 + 0.5 CPU-s in 8 s: together a tenth of a core, each only 6%: two idle helpers are not work.
-    before = CpuReading(100.0, 3.0, 5.0)
-    assert not worked_elsewhere(before, CpuReading(108.0, 3.5, 5.5))
+def test_a_trees_first_reading_or_no_time_passed_judges_nothing():
+    reading = CpuReading(100.0, 3.0, 1.0)
+    assert not tree_worked(None, reading)
+    assert not tree_worked(reading, CpuReading(100.0, 9.0, 1.0))
 
 
-def test_the_first_reading_or_no_time_passed_judges_nothing():
-    reading = CpuReading(100.0, 3.0, 5.0)
-    assert not worked_elsewhere(None, reading)
-    assert not worked_elsewhere(reading, reading)
+@pytest.mark.parametrize("main_used, same_instruction, native", [
+    (0.8, True, True),  # one C call: the main thread burns CPU, its instruction stays
+    (0.75, True, False),  # below a tenth of a core: a wait (a sleep, a lock) is no native work
+    (0.8, False, False),  # the instruction moved: Python runs
+])
+def test_a_native_call_is_main_thread_cpu_at_one_instruction(main_used, same_instruction, native):
+    before, after = CpuReading(100.0, 0.0, 0.0), CpuReading(108.0, main_used, main_used)
+    assert in_native_call(before, after, same_instruction) is native
+    assert not in_native_call(None, after, same_instruction)
 
 
 @pytest.mark.parametrize(
-    "stack_changed, busy_elsewhere, blocked, progressed",
+    "blocked, worked, moved, state",
     [
-        (True, False, False, True),  # Python work moved the stack
-        (True, False, True, True),  # ... even inside a collective call (DDP's construction imports modules)
-        (False, True, False, True),  # its helpers work while the main thread waits on them
-        (False, True, True, False),  # a collective waits for the other ranks, never for this rank's helpers
-        (False, False, False, False),  # a sleep, a deadlock
+        (True, False, False, WAITING),  # blocked in the backend
+        (True, True, False, WAITING),  # ... whatever its helpers, NCCL's threads or CUDA's spin-waits burn
+        (True, False, True, WORKING),  # Python work around a collective call (DDP's construction imports modules)
+        (False, True, False, WORKING),  # a native call, busy DataLoader workers, a child process
+        (False, False, True, WORKING),  # Python that mostly waits on the network moves its position
+        (False, True, True, WORKING),  # an endless Python loop
+        (False, False, False, IDLE),  # a sleep, a lock, a queue nothing fills
     ],
 )
-def test_a_rank_progresses_when_its_stack_moves_or_its_helpers_work_outside_a_collective(
-        stack_changed, busy_elsewhere, blocked, progressed):
-    assert made_progress(stack_changed, busy_elsewhere, blocked) is progressed
+def test_a_rank_is_waiting_working_or_idle(blocked, worked, moved, state):
+    assert rank_state(blocked, worked, moved) == state
+
+
+# -- the busy clock: ranks wait in a collective for a rank that works ----------------------------
+
+
+def working(progressed: float, worked: float = 0.0, pid: int = OWN) -> dict:
+    """A rank outside collectives whose looks last found it working `worked` s before NOW."""
+    return snapshot(pid=pid, progressed=progressed, activity={"state": WORKING, "worked_at": NOW - worked})
+
+
+def waiting(progressed: float, pid: int = OWN + 1) -> dict:
+    return snapshot(pid=pid, progressed=progressed, activity={"state": WAITING, "worked_at": 0.0})
+
+
+def busy_judge(ranks: dict) -> tuple:
+    verdict = judge(observe(ranks, running={OWN, OWN + 1, OWN + 2}), RULES)
+    return verdict.stalled, verdict.busy
+
+
+@pytest.mark.parametrize("no_progress, busy", [
+    (TIMEOUT - EPS, None),  # within the stall timeout: nothing to say
+    (TIMEOUT, Busy(TIMEOUT, (0,), (1,), stop=False)),  # noted, not stopped
+    (BUSY_TIMEOUT - EPS, Busy(BUSY_TIMEOUT - EPS, (0,), (1,), stop=False)),
+    (BUSY_TIMEOUT, Busy(BUSY_TIMEOUT, (0,), (1,), stop=True)),  # stopped at the busy timeout
+    (BUSY_TIMEOUT + EPS, Busy(BUSY_TIMEOUT + EPS, (0,), (1,), stop=True)),
+])
+def test_a_working_rank_others_wait_for_is_noted_at_the_stall_timeout_and_stopped_at_the_busy_timeout(no_progress, busy):
+    stalled, seen = busy_judge({0: working(progressed=no_progress + 30), 1: waiting(progressed=no_progress)})
+    assert (stalled, seen) == (False, busy)
+
+
+@pytest.mark.parametrize("worked, stalled", [(TIMEOUT - EPS, False), (TIMEOUT, True)])
+def test_a_rank_that_stopped_working_is_idle_and_stalls_at_the_stall_timeout(worked, stalled):
+    """The stall clock counts from the last work as well as the last progress: an idle rank
+    (a sleep, a deadlock) that others wait for is stopped at the stall timeout, as before."""
+    seen_stalled, busy = busy_judge({0: working(progressed=TIMEOUT + 30, worked=worked), 1: waiting(progressed=TIMEOUT + 20)})
+    assert seen_stalled is stalled
+    assert (busy is None) is stalled, "busy only while the rank works"
+
+
+@pytest.mark.parametrize("worked", [EPS, TIMEOUT - EPS])
+def test_a_rank_that_just_stopped_working_is_not_busy_but_idle(worked):
+    """It worked until `worked` s ago (past the last progress), and its latest look found it
+    idle (it went to sleep, or into a lock): no note; the stall clock stops it once its last
+    work is the stall timeout old."""
+    sleeper = snapshot(progressed=TIMEOUT + 30, activity={"state": IDLE, "worked_at": NOW - worked})
+    assert busy_judge({0: sleeper, 1: waiting(progressed=TIMEOUT + 20)}) == (False, None)
+
+
+@pytest.mark.parametrize("silent_for, worked_ago, busy", [
+    (LOCAL_MAX_AGE + EPS, 1.0, True),  # its writer is held up (a native call holding the GIL) while its main thread works
+    (LOCAL_MAX_AGE + EPS, LOCAL_MAX_AGE + 2 * EPS, False),  # its main thread last worked before its last snapshot
+])
+def test_a_rank_whose_snapshots_stopped_works_by_its_main_threads_cpu(silent_for, worked_ago, busy):
+    silent = snapshot(seen=silent_for, progressed=TIMEOUT + 30, activity={"state": IDLE, "worked_at": NOW - silent_for})
+    verdict = judge(observe({0: silent, 1: waiting(progressed=TIMEOUT + 20)}, running={OWN, OWN + 1},
+                            worked_at={OWN: NOW - worked_ago}), RULES)
+    assert (verdict.busy is not None) is busy and not verdict.stalled
+
+
+def test_ranks_that_all_work_and_none_waits_are_not_busy():
+    """Every rank computing away from collectives (preprocessing, each its own evaluation) is
+    healthy however long it lasts: nobody waits."""
+    stalled, busy = busy_judge({0: working(progressed=BUSY_TIMEOUT + 30), 1: working(progressed=BUSY_TIMEOUT + 30, pid=OWN + 1)})
+    assert (stalled, busy) == (False, None)
+
+
+def test_one_rank_that_progresses_rules_the_busy_clock_out():
+    ranks = {0: working(progressed=BUSY_TIMEOUT + 30), 1: waiting(progressed=BUSY_TIMEOUT + 30),
+             2: snapshot(pid=OWN + 2, progressed=TIMEOUT - EPS, activity={"state": WORKING, "worked_at": NOW})}
+    assert busy_judge(ranks) == (False, None)
+
+
+def test_the_busy_clock_names_every_working_and_waiting_rank():
+    ranks = {0: working(progressed=TIMEOUT + 30), 1: waiting(progressed=TIMEOUT),
+             2: snapshot(pid=OWN + 2, progressed=TIMEOUT + 5, activity={"state": WAITING})}
+    verdict = judge(observe(ranks, running={OWN, OWN + 1, OWN + 2}), RULES)
+    assert verdict.busy == Busy(TIMEOUT, (0,), (1, 2), stop=False)
+    assert verdict.progress_idle_s == TIMEOUT and verdict.idle_s == 0.0
+    assert "rank(s) 0 work and rank(s) 1, 2 wait" in verdict.reason
+
+
+def test_real_progress_is_the_exit_or_the_last_progress_never_the_work():
+    state = working(progressed=TIMEOUT + 30)
+    assert last_progressed(state, None, NOW, RULES, ours={OWN}, running={OWN}) == NOW - (TIMEOUT + 30)
+    assert last_active(state, None, NOW, RULES, ours={OWN}, running={OWN}) == NOW
+    assert last_progressed(state, exit_record(3.0), NOW, RULES) == NOW - 3.0

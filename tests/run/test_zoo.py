@@ -28,6 +28,10 @@ STALL_TIMEOUT_S = 5
 # Scripts whose job the backend's own timeout (4 s, set by the script) must end: gradsync's stall
 # timeout is kept out of its way, far longer, so that the two never race on a loaded machine.
 STALL_TIMEOUT_S_OF = {"timeout_waiting_for_poller": 30, "init_timeout_skipped_barrier": 30}
+# Scripts whose rank keeps working while the other waits for it, without end: stopped at a busy
+# timeout short enough for the suite, but over twice the stall timeout so that the note comes first.
+BUSY_TIMEOUT_S = 12
+EXTRA_OPTIONS_OF = {"endless_loop": ["--busy-timeout", str(BUSY_TIMEOUT_S)]}
 HEALTHY = [
     "healthy_ddp",
     "healthy_join",
@@ -40,6 +44,9 @@ HEALTHY = [
     "healthy_fsdp2_tp",
     "healthy_p2p_and_functional",
     "healthy_checkpoint_files",
+    "healthy_long_native_call",
+    "healthy_busy_child",
+    "healthy_slow_loader_workers",
 ]
 # Scripts launched with another --nproc-per-node than 2.
 NPROC = {"healthy_spawn": 1}
@@ -83,6 +90,7 @@ BROKEN = [
     "allocation_fails_rank1",
     "atexit_flush_after_peer_left",
     "safe_main_swallows",
+    "endless_loop",
 ]
 # Each zoo job's hang guard; the session's `zoo` fixture runs them AT_A_TIME at a time.
 RUN_TIMEOUT_S = 150
@@ -138,7 +146,8 @@ def _run(name: str, root: Path) -> ZooRun:
     run_dir = root / name
     command = [
         sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", str(NPROC.get(name, 2)),
-        "--stall-timeout", str(STALL_TIMEOUT_S_OF.get(name, STALL_TIMEOUT_S)), "--run-dir", str(run_dir), f"tests/run/zoo/{name}.py",
+        "--stall-timeout", str(STALL_TIMEOUT_S_OF.get(name, STALL_TIMEOUT_S)), *EXTRA_OPTIONS_OF.get(name, []),
+        "--run-dir", str(run_dir), f"tests/run/zoo/{name}.py",
         *_script_args(name, root),
     ]
     done = subprocess.run(
@@ -393,6 +402,42 @@ def test_straggler(zoo):
 def test_rank_stuck_outside_collectives(zoo):
     run = zoo["stuck_rank"]
     _assert_error(run, "rank_stuck", [0], {0: "sleep", 1: "barrier"})
+
+
+def test_an_idle_rank_is_stopped_at_the_stall_timeout_without_a_note(zoo):
+    run = zoo["stuck_rank"]
+    assert run.diagnosis["stopped_at"] == "stall_timeout" and "notes" not in run.diagnosis, run.explain()
+    assert "gradsync run: note:" not in run.output, run.explain()
+
+
+# Healthy scripts where one rank works for 6 s of CPU (so at least 6 s, over the 5 s stall
+# timeout) while the other waits in a collective: rank and tag of the line it works at.
+WORKING_WHILE_OTHERS_WAIT = {
+    "healthy_long_native_call": (0, "native_call"),  # one native call: its stack never moves
+    "healthy_busy_child": (0, "child"),  # a child process works; the rank's own threads wait
+    "healthy_slow_loader_workers": (1, "next_batch"),  # DataLoader worker processes work
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKING_WHILE_OTHERS_WAIT))
+def test_a_rank_that_works_while_the_other_waits_is_noted_not_stopped(zoo, name):
+    run = zoo[name]
+    rank, tag = WORKING_WHILE_OTHERS_WAIT[name]
+    assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
+    # A note of its own (a loaded machine may add one at start-up: a rank waiting in
+    # init_process_group while the other still imports torch).
+    notes = [note for note in run.diagnosis.get("notes") or [] if note["working"] == {str(rank): run.line(tag)}]
+    assert len(notes) == 1 and list(notes[0]["waiting"]) == [str(1 - rank)], run.explain()
+    assert "gradsync run: note: no rank has made progress" in run.output, run.explain()
+
+
+def test_an_endless_python_loop_is_noted_then_stopped_at_the_busy_timeout_at_its_loop(zoo):
+    run = zoo["endless_loop"]
+    finding = _assert_error(run, "rank_stuck", [1], {0: "peer_wait", 1: "loop"})
+    assert run.diagnosis["stopped_at"] == "busy_timeout" and run.diagnosis["busy_timeout_s"] == BUSY_TIMEOUT_S, run.explain()
+    assert f"within the loop at {run.line('loop')}" in finding["message"], run.explain()
+    assert {"1": run.line("loop")} in [note["working"] for note in run.diagnosis["notes"]], run.explain()
+    assert "gradsync run: note:" in run.output, run.explain()
 
 
 def test_a_deadlocked_data_loader_worker_is_named_and_stopped_with_its_rank(zoo):

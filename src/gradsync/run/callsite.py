@@ -111,6 +111,23 @@ def caller_location() -> str | None:
     return location(found)
 
 
+def user_frames(frame: types.FrameType | None) -> list[tuple[str, str, int, int, int]]:
+    """The frames of the user's own files on a stack (failing those, of installed packages),
+    outermost first, as (file, function, the function's first line, current line, current
+    instruction's offset)."""
+    own: list[tuple[str, str, int, int, int]] = []
+    installed: list[tuple[str, str, int, int, int]] = []
+    while frame is not None:
+        code = frame.f_code
+        kind = _kind(code)
+        if kind != NEVER:
+            (own if kind == OWN else installed).append((code.co_filename, code.co_name, code.co_firstlineno, frame.f_lineno, frame.f_lasti))
+        frame = frame.f_back
+    chosen = own or installed
+    chosen.reverse()
+    return chosen
+
+
 def stack_summary(frame: types.FrameType | None, limit: int = 40) -> list[str]:
     """Outermost-first 'file:line in function' lines of a stack, for the diagnosis."""
     lines = []

@@ -62,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds without progress on any rank before the job is diagnosed and stopped (default 120)",
     )
     extra.add_argument(
+        "--busy-timeout",
+        type=float,
+        default=None,
+        help="seconds ranks may wait in a collective for a rank that keeps working (CPU in its process tree) "
+        "without progress: noted at the stall timeout, stopped after this (default 600, NCCL's own timeout, "
+        "or the stall timeout if longer)",
+    )
+    extra.add_argument(
         "--inject-fault",
         action="append",
         default=[],
@@ -200,6 +208,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
     options = RunOptions(
         run_dir=run_dir,
         stall_timeout_s=args.stall_timeout,
+        busy_timeout_s=args.busy_timeout,
         faults=tuple(str(s) for s in specs),
         doctor_steps=args.doctor_steps,
         record_buckets=args.record_buckets,

@@ -34,7 +34,8 @@ from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
 from gradsync.run.jobwide import JobBoard, RoundKey, StoreAddress
 from gradsync.run.options import RunOptions
-from gradsync.run.stall import Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
+from gradsync.run.analysis.working import busy_note
+from gradsync.run.stall import Busy, Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
 from gradsync.doctor.script_findings import script_check_findings
 from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank
 
@@ -66,6 +67,10 @@ def pid_alive(pid: int) -> bool:
 
 class Monitor(threading.Thread):
     """Polls the latest attempt's worker files; on a stall, diagnoses and stops the workers.
+
+    While ranks wait in a collective for a rank that keeps working without progress (the busy
+    clock of gradsync.run.stall.judge), it prints and records a note once that lasted the stall
+    timeout, and diagnoses and stops the workers only at the busy timeout.
 
     Stopping them is what makes torchrun's agent see the attempt fail, so it restarts the group
     when restarts remain; the next attempt's files are watched afresh.
@@ -99,6 +104,8 @@ class Monitor(threading.Thread):
         self.silent: dict[int, set[int]] = {}  # attempt -> other nodes' ranks whose end never reached this node
         self.main_thread_cpu: dict[int, ThreadCpu] = {}  # rank's PID -> its main thread's CPU at the last poll
         self.worked_at: dict[int, float] = {}  # rank's PID -> when its main thread was last seen using CPU
+        self.notes: dict[int, list[dict[str, Any]]] = {}  # attempt -> the busy notes printed, oldest first
+        self.noted: dict[int, float] = {}  # attempt -> the last progress whose busy spell was noted
 
     def run(self) -> None:
         while not self.stopped.wait(self.poll_s):
@@ -138,15 +145,19 @@ class Monitor(threading.Thread):
         now = self.clock()
         self._read_main_threads(snapshots, ours, now)
         verdict = judge(self._observe(snapshots, exits, ours, now), self.rules)
-        read = self._remote_read(attempt, verdict.idle_s, exits)
+        read = self._remote_read(attempt, verdict.progress_idle_s, exits)
         if read is not None:
-            # Whether the job is stuck: a rank on another node that progresses says no, and one
-            # is enough to know it.
+            # Whether the job is stuck or kept busy: a rank on another node that progresses says
+            # no, and one is enough to know it.
             until = (lambda s: progressing(s, now, self.rules)) if read.until_progress else None
             snapshots, exits = self._job_wide(attempt, snapshots, exits, read.max_age_s, until=until)
             verdict = judge(self._observe(snapshots, exits, ours, now), self.rules)
         if verdict.stalled:
             self._on_stall(attempt, snapshots, exits, verdict.alive, now, ours)
+        elif verdict.busy is not None and verdict.busy.stop:
+            self._on_stall(attempt, snapshots, exits, verdict.alive, now, ours, busy=verdict.busy)
+        elif verdict.busy is not None:
+            self._note_busy(attempt, snapshots, exits, verdict.busy, now)
 
     def _observe(self, snapshots, exits, ours: set[int], now: float) -> Observation:
         """What the stall rule judges: the states as read and, of the ranks this launcher runs
@@ -222,7 +233,23 @@ class Monitor(threading.Thread):
                     )
                     return
 
-    def _on_stall(self, attempt: int, snapshots, exits, alive: Sequence[int], now: float, ours: set[int]) -> None:
+    def _note_busy(self, attempt: int, snapshots, exits, busy: Busy, now: float) -> None:
+        """Print and record, once per spell without progress, who works where and who waits where."""
+        progressed = round(now - busy.for_s, 3)
+        if self.noted.get(attempt) == progressed:
+            return
+        self.noted[attempt] = progressed
+        views = build_views(snapshots, exits, failures={}, stopped=set(), fired={})
+        note = busy_note(views, busy, now, attempt, self.options.stall_timeout_s, self.rules.busy_timeout_s).as_dict()
+        self.notes.setdefault(attempt, []).append(note)
+        try:
+            print(f"gradsync run: note: {note['message']}", file=sys.stderr, flush=True)
+        except OSError:  # a closed console must not stop the watch
+            pass
+
+    def _on_stall(self, attempt: int, snapshots, exits, alive: Sequence[int], now: float, ours: set[int],
+                  busy: Busy | None = None) -> None:
+        """Diagnose and stop the attempt: stalled, or kept busy past the busy timeout (`busy`)."""
         views = build_views(snapshots, exits, failures={}, stopped=set(), fired=self._faults(attempt))
         self._read_last_words(attempt, views)
         for rank in alive:
@@ -243,7 +270,12 @@ class Monitor(threading.Thread):
             script_check=script_check_findings(self._script_checks(attempt)),
         )
         diagnosis["stall_timeout_s"] = self.options.stall_timeout_s
+        diagnosis["busy_timeout_s"] = self.rules.busy_timeout_s
+        diagnosis["stopped_at"] = "stall_timeout" if busy is None else "busy_timeout"
+        if busy is not None:
+            diagnosis["busy_for_s"] = round(busy.for_s, 1)
         diagnosis["attempt"] = attempt
+        self._add_notes(diagnosis, attempt)
         self.stall_diagnoses[attempt] = diagnosis
         try:
             self.report(diagnosis, self.run_dir)
@@ -389,6 +421,7 @@ class Monitor(threading.Thread):
                 script_check=script_check_findings(self._script_checks(attempt)),
             )
         diagnosis["attempt"] = attempt
+        self._add_notes(diagnosis, attempt)
         return diagnosis
 
     def _read_last_words(self, attempt: int, views: dict[int, RankView]) -> None:
@@ -396,6 +429,11 @@ class Monitor(threading.Thread):
         for rank, view in views.items():
             if not (view.snapshot or {}).get("remote"):
                 view.last_words = read_last_words(self.folder.log(attempt, rank))
+
+    def _add_notes(self, diagnosis: dict[str, Any], attempt: int) -> None:
+        """The busy notes printed during the attempt, recorded with its diagnosis."""
+        if self.notes.get(attempt):
+            diagnosis["notes"] = list(self.notes[attempt])
 
     def _faults(self, attempt: int) -> dict[int, dict[str, Any]]:
         """The injected faults that fired in `attempt`, by rank."""

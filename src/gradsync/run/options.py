@@ -22,6 +22,14 @@ from gradsync.rundir import RunDir, read_json, write_json
 # Set by gradsync run for its own workers; without it a worker takes TORCHELASTIC_RESTART_COUNT.
 ATTEMPT_ENV = "GRADSYNC_ATTEMPT"
 
+# How long ranks may wait in a collective for a rank that keeps working without progress before
+# the job is stopped: NCCL's own default timeout. On NCCL a job kept busy that long fails then
+# anyway (the waiting ranks' collectives time out), so stopping it costs nothing and names the
+# line; on Gloo (30 min) it ends an endless loop 20 minutes sooner. A rank that legitimately
+# works alone longer (an evaluation of its own while the others wait at a barrier) needs a
+# longer --busy-timeout, as it needs a longer process-group timeout on NCCL.
+DEFAULT_BUSY_TIMEOUT_S = 600.0
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -29,7 +37,11 @@ class RunOptions:
 
     `stall_timeout_s`: a job in which no rank makes progress for this long is stopped and
     diagnosed; well below the backend's own timeout (Gloo: 30 min, NCCL: 10 min), above the
-    longest legitimate pause (evaluation or checkpointing while the other ranks wait).
+    longest legitimate pause (evaluation or checkpointing while the other ranks wait). A rank
+    that keeps working (CPU in its process tree) is not stalled: see `busy_timeout_s`.
+    `busy_timeout_s`: ranks waiting in a collective for a rank that keeps working without real
+    progress are noted at the stall timeout and stopped after this long; None: DEFAULT_BUSY_TIMEOUT_S,
+    or the stall timeout where that is longer.
     `straggler_ratio`: a rank whose typical lateness at collectives exceeds this share of the
     typical step is reported as a straggler (when also over `straggler_min_s`).
     `faults`: the `--inject-fault` specs, as checked canonical text (see gradsync.run.faults).
@@ -51,6 +63,7 @@ class RunOptions:
 
     run_dir: Path
     stall_timeout_s: float = 120.0
+    busy_timeout_s: float | None = None
     ring_size: int = 256
     straggler_ratio: float = 0.2
     straggler_min_s: float = 0.05
@@ -66,6 +79,14 @@ class RunOptions:
             raise ConfigError(
                 f"--stall-timeout {self.stall_timeout_s:g}: give at least 1 second (the default, "
                 "120 s, leaves room for evaluation or checkpointing on one rank)."
+            )
+        if self.busy_timeout_s is None:
+            object.__setattr__(self, "busy_timeout_s", max(DEFAULT_BUSY_TIMEOUT_S, self.stall_timeout_s))
+        if not self.busy_timeout_s >= self.stall_timeout_s:
+            raise ConfigError(
+                f"--busy-timeout {self.busy_timeout_s:g}: give at least the stall timeout "
+                f"({self.stall_timeout_s:g} s): a rank that works is noted at the stall timeout and stopped at the "
+                f"busy timeout, never sooner than an idle one (the default, {DEFAULT_BUSY_TIMEOUT_S:g} s, is NCCL's own timeout)."
             )
         if self.ring_size < 16:
             raise ConfigError(f"ring_size={self.ring_size}: keep at least 16 collectives per rank.")

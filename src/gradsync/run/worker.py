@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,76 +38,31 @@ from gradsync.metrics.system import SystemSampler
 from gradsync.netif import backend_interface
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
 from gradsync.run import faults, flight, injector
-from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame
+from gradsync.run.activity import PositionTrail, TreeCpu
+from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame, user_frames
 from gradsync.run.options import ATTEMPT_ENV, RunOptions
 from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.harmless import Bookkeeping, exception_text
 from gradsync.run.script_facts import ScriptCheck
-from gradsync.run.stall import CpuReading, made_progress, worked_elsewhere
+from gradsync.run.stall import WORKING, CpuReading, in_native_call, rank_state, tree_worked
 from gradsync.rundir import RingWriter, RunDir, inherit, write_json
 
 
 
-class Activity:
-    """Whether a rank whose main thread stands still is working elsewhere: in another Python
-    thread of its own, or in its child processes.
-
-    The main thread parked in one long call (`join()` on spawned children, a subprocess, a save
-    in a background thread) is not stalled while that work goes on. Measured as CPU time, not
-    as stacks that change, since helper threads that wake now and then would otherwise hide
-    every hang. Deliberately not counted: the worker's native threads (NCCL's proxy threads
-    and CUDA's spin-waits burn CPU while a collective hangs) and gradsync's own threads.
-    """
-
-    def __init__(self) -> None:
-        self._process = psutil.Process()
-        self._last: CpuReading | None = None
-
-    def busy(self) -> bool:
-        """Whether they worked since the last call (stall.worked_elsewhere)."""
-        reading = CpuReading(time.monotonic(), self._threads_cpu(), self._children_cpu())
-        before, self._last = self._last, reading
-        return worked_elsewhere(before, reading)
-
-    def _threads_cpu(self) -> float:
-        theirs = {
-            t.native_id for t in threading.enumerate()
-            if t is not threading.main_thread() and not t.name.startswith("gradsync")
-        }
-        if not theirs:
-            return 0.0
-        try:
-            return sum(t.user_time + t.system_time for t in self._process.threads() if t.id in theirs)
-        except psutil.Error:
-            return 0.0
-
-    def _children_cpu(self) -> float:
-        total = 0.0
-        try:
-            children = self._process.children(recursive=True)
-        except psutil.Error:
-            return total
-        for child in children:
-            try:
-                times = child.cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system
-        return total
-
-
 class SnapshotWriter(threading.Thread):
-    """Publishes the recorder's state every interval; also decides if a quiet main thread is busy.
+    """Publishes the recorder's state every interval, with the rank's state at that look.
 
-    A rank makes progress when it enters or leaves a collective, when its main thread's stack
-    changes between two looks (a long evaluation loop does; a thread blocked in the backend, a
-    deadlock or a sleep does not), or when its other threads or its children work (`Activity`).
+    A rank makes real progress when it enters or leaves a collective or ends an optimizer step
+    (the recorder's `last_progress`). Between those, each look classifies it (stall.rank_state)
+    from whether it waits in a collective, whether its process tree used CPU (`TreeCpu`) and
+    whether its main thread's Python position moved, and follows where that position stays or
+    moves (`PositionTrail`): the evidence the launcher's two clocks and its verdict use.
 
-    A rank quiet for half the stall timeout also dumps its Flight Recorder (every half timeout
-    while quiet), so that the launcher finds each stalled rank's dump when it diagnoses: a rank
-    blocked in the backend cannot be asked, and the dump's cost (up to ~0.3 s for 2,000
-    entries) is then paid by a rank that waits anyway.
+    A rank neither progressing nor working for half the stall timeout also dumps its Flight
+    Recorder (every half timeout while so), so that the launcher finds each stalled rank's dump
+    when it diagnoses: a rank blocked in the backend cannot be asked, and the dump's cost (up to
+    ~0.3 s for 2,000 entries) is then paid by a rank that waits anyway.
     """
 
     def __init__(self, recorder: CollectiveRecorder, options: RunOptions, identity: dict[str, Any], flight_on: bool):
@@ -129,7 +85,13 @@ class SnapshotWriter(threading.Thread):
         self.bookkeeping = recorder.bookkeeping["gradsync run's snapshot and exit records"]
         self._last_state: dict[str, Any] | None = None  # the last one published
         self._last_stack: list[str] = []
-        self._activity = Activity()
+        self._tree_cpu = TreeCpu()
+        self._last_cpu: CpuReading | None = None
+        self._instruction: tuple[int, int] | None = None  # the main thread's innermost (code, instruction) at the last look
+        self._trail = PositionTrail()
+        self.worked_at = 0.0  # when a look last found the rank working
+        self._working_since: float | None = None  # the first look of the current spell of work without progress
+        self._progress_seen = recorder.last_progress  # the real progress that spell followed
         self._backend: str | None = None
         # What the machine under this rank does, one reading per snapshot (~0.1 ms each), for
         # `gradsync report` on scripts that do not use gradsync's trainer.
@@ -155,7 +117,8 @@ class SnapshotWriter(threading.Thread):
             return
         self._groups = flight.process_groups() or self._groups
         now = time.time()
-        if now - self.recorder.last_progress >= self.quiet_dump_s and now - self._dumped >= self.quiet_dump_s:
+        active = max(self.recorder.last_progress, self.worked_at)
+        if now - active >= self.quiet_dump_s and now - self._dumped >= self.quiet_dump_s:
             self._dumped = now
             self.dump_flight()
 
@@ -186,12 +149,8 @@ class SnapshotWriter(threading.Thread):
         frame = sys._current_frames().get(threading.main_thread().ident)
         stack = stack_summary(frame)
         now = time.time()
-        # Even inside a collective call: a blocked backend wait leaves the Python stack still,
-        # while Python work around it (DDP's construction imports modules) moves it.
         self._backend = _backend() or self._backend  # remembered past the script's destroy_process_group
-        if made_progress(stack != self._last_stack, self._activity.busy(), self._blocked_in_collective(stack)):
-            recorder.last_progress = now
-        self._last_stack = stack
+        activity = self._look(frame, stack, now)
         return {
             **self.identity,
             "time": now,
@@ -208,12 +167,56 @@ class SnapshotWriter(threading.Thread):
             "meshes": recorder.meshes,
             "left_group": recorder.left_group,
             "backend": self._backend,
+            "activity": activity,
         }
 
-    def _blocked_in_collective(self, stack: list[str]) -> bool:
+    def _look(self, frame: types.FrameType | None, stack: list[str], now: float) -> dict[str, Any]:
+        """The rank's state at this look, with its evidence (see the class's docstring)."""
+        reading = self._tree_cpu.read()
+        worked = reading is not None and tree_worked(self._last_cpu, reading)
+        instruction = (id(frame.f_code), frame.f_lasti) if frame is not None else None
+        native = reading is not None and in_native_call(self._last_cpu, reading, instruction is not None and instruction == self._instruction)
+        share = None
+        if reading is not None and self._last_cpu is not None and reading.time_s > self._last_cpu.time_s:
+            share = round((reading.tree_s - self._last_cpu.tree_s) / (reading.time_s - self._last_cpu.time_s), 3)
+        self._last_cpu = reading or self._last_cpu
+        self._instruction = instruction
+        moved = stack != self._last_stack
+        self._last_stack = stack
+        # Even inside a collective call: a blocked backend wait leaves the Python stack still,
+        # while Python work around it (DDP's construction imports modules) moves it.
+        state = rank_state(self._blocked_in_collective(stack, native), worked, moved)
+        # The trail follows one spell of work without real progress: what the others may be
+        # waiting through.
+        position = None
+        if state == WORKING:
+            self.worked_at = now
+            if self._working_since is None or self._progress_seen != self.recorder.last_progress:
+                self._working_since = now
+                self._progress_seen = self.recorder.last_progress
+                self._trail.reset(now)
+            self._trail.look(user_frames(frame), now)
+            position = self._trail.position(now)
+        else:
+            self._working_since = None
+        return {
+            "state": state,
+            "worked_at": self.worked_at,
+            "working_since": self._working_since,
+            "tree_cpu_s": None if reading is None else round(reading.tree_s, 3),
+            "cpu_share": share,  # of one core, by the process tree since the last look
+            "native_call": native,
+            "position": None if position is None else position.as_dict(),
+        }
+
+    def _blocked_in_collective(self, stack: list[str], native: bool) -> bool:
         """Recorded as waiting in a collective, or stopped inside torch.distributed's code (a
-        DTensor, functional or compiled collective the recorder does not see)."""
-        return self.recorder.in_blocking_collective() or bool(stack and "torch/distributed/" in stack[-1])
+        DTensor, functional or compiled collective the recorder does not see), or sitting in one
+        native call while an async collective it issued is unfinished: on NCCL, a main thread in
+        `loss.item()` after DDP's bucket all-reduces spins in CUDA's wait for them, burning CPU
+        for a collective that waits on the other ranks."""
+        return (self.recorder.in_blocking_collective() or bool(stack and "torch/distributed/" in stack[-1])
+                or (native and bool(self.recorder.issued)))
 
     def finish(self, outcome: dict[str, Any]) -> None:
         """Leave the exit record saying how the rank ended (`outcome`). Never raises: how the
@@ -393,7 +396,8 @@ def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, 
 
 
 def _count_optimizer_steps(recorder: CollectiveRecorder, window: ProfileWindow | None) -> None:
-    """An unmodified script's optimizer steps: counted for the report's timeline and, under
+    """An unmodified script's optimizer steps: counted for the report's timeline, as the rank's
+    real progress (gradsync.run.stall) and, under
     --profile-steps A:B, to open and close the profiling window.
 
     A step is one outermost optimizer step (an optimizer stepping inside another's step, like
@@ -422,6 +426,7 @@ def _count_optimizer_steps(recorder: CollectiveRecorder, window: ProfileWindow |
             if depth == 0:
                 with bookkeeping:
                     recorder.optimizer_steps += 1
+                    recorder.last_progress = time.time()  # a step is real progress, with or without collectives
                     if window is not None:
                         window.step_finished(recorder.optimizer_steps)
             return result

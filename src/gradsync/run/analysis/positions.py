@@ -10,6 +10,7 @@ import bisect
 from gradsync.run.analysis.exits import ended_at, where_it_ended
 from gradsync.run.analysis.rank_lines import rank_line
 from gradsync.run.analysis.views import P2P_PEER, RankView, group_members, last_position, reached_on, unrecorded_wait, where_is
+from gradsync.run.analysis.working import SUGGEST_BUSY, activity, is_working, working_location, working_text
 from gradsync.run.analysis.wording import NEVER_HEARD_OF, SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
 
@@ -83,18 +84,26 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
             locations=locations,
         )
     if running and waiting:
-        stuck = listing([(r, f"rank {r} at {v.location or '?'}") for r, v in sorted(running.items())])
+        # A rank that kept working is named where it worked (the loop it moved within, or the line
+        # it stayed at), with that evidence; an idle one where it stands.
+        busy = {r for r, v in running.items() if is_working(v)}
+        stuck = listing([(r, f"rank {r} {working_text(v, now)}" if r in busy else f"rank {r} at {v.location or '?'}")
+                         for r, v in sorted(running.items())])
+        details = {"stacks": {str(r): (v.snapshot or {}).get("stack", [])[-12:] for r, v in sorted(running.items())}}
+        if busy:
+            details["activity"] = {str(r): activity(running[r]) for r in sorted(busy)}
         return Finding(
             "rank_stuck",
             "error",
             sorted(running),
             f"{ranks_text(running)} stayed outside any collective ({stuck}) while the others "
             f"waited for it ({waits}).",
+            SUGGEST_BUSY if busy else
             "Look at what that rank runs at that line (its full stack is in diagnosis.json): a "
             "blocking call only it makes (sleep, input, a lock, a file or network read, a data "
             "loader worker that died).",
-            locations=locations,
-            details={"stacks": {str(r): (v.snapshot or {}).get("stack", [])[-12:] for r, v in sorted(running.items())}},
+            locations=locations | {str(r): working_location(running[r]) or locations[str(r)] for r in busy},
+            details=details,
         )
     elsewhere = _waiting_for_ranks_elsewhere(waiting, views)
     if elsewhere:

@@ -1,0 +1,168 @@
+"""What a rank does between two real progresses, as its own snapshot thread sees it: the CPU
+time of its whole process tree, and where its main thread's Python position stays or moves.
+
+This is the evidence behind the rank's state (gradsync.run.stall.rank_state) and behind the
+verdict on a rank that keeps working while the others wait for it: the line it has been at, and
+whether its position stayed there (one native call, a one-line loop) or moved (a loop that never
+ends, named by the loop's own line, found in the source's syntax tree rather than guessed from
+the lines seen, which a sample of one look per second rarely puts on the loop's header).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from gradsync.run.callsite import short_path
+from gradsync.run.stall import CpuReading
+
+# One frame of the user's code, as gradsync.run.callsite.user_frames gives it: (file, function,
+# the function's first line, current line, current instruction). The instruction counts: the
+# snapshot thread mostly gets the GIL when the main thread releases it inside a native op, so a
+# loop whose ops all sit on one line is seen on that line at every look, at different ops.
+Frame = tuple[str, str, int, int, int]
+
+
+class TreeCpu:
+    """Reads the CPU seconds this rank's process tree has used (CpuReading), from inside the rank.
+
+    The process's own time covers all its threads, native ones included (a BLAS call, a DataLoader
+    pin-memory thread); gradsync's threads are taken out, since the snapshot thread's Flight
+    Recorder dump alone can cost a tenth of a core when it happens. Descendants count with the
+    children they reaped, and the rank with the children it reaped, so a subprocess that ended
+    between two looks still counts as the work it was.
+    """
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+
+    def read(self) -> CpuReading | None:
+        """The current reading; None when the process table could not be read this time."""
+        now = time.monotonic()
+        try:
+            times = self._process.cpu_times()
+            threads = {t.id: t.user_time + t.system_time for t in self._process.threads()}
+            children = self._process.children(recursive=True)
+        except psutil.Error:
+            return None
+        own = {t.native_id for t in threading.enumerate() if t.name.startswith("gradsync")}
+        tree = times.user + times.system + times.children_user + times.children_system
+        tree -= sum(threads.get(native_id, 0.0) for native_id in own)
+        for child in children:
+            try:
+                used = child.cpu_times()
+            except psutil.Error:
+                continue  # ended since it was listed: its time is its parent's once reaped
+            tree += used.user + used.system + used.children_user + used.children_system
+        return CpuReading(now, tree, threads.get(threading.main_thread().native_id, 0.0))
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a rank's main thread has been during one spell of work without real progress.
+
+    `location`: file:line of the user's innermost frame at the latest look. `loop`: file:line of
+    the innermost `for`/`while` loop that holds every line seen in the deepest function all looks
+    passed through (None when there is none): the loop the rank has not left. `moved`: its
+    position kept changing rather than staying at one place, to the instruction, for the latter
+    half of the spell. `since`: when the spell began (its first look); `still_since`: since when
+    every look found exactly the same frames; `looks`: how many looks there were.
+
+    Where "stayed" comes from: the look is taken by a thread that must hold the GIL, and it
+    mostly gets it when the main thread releases it inside a native op, so a loop that spends its
+    time in one op can look as still as one native call. Both are then named by the line, and
+    the loop around it by `loop`, which the source's syntax tree gives whatever the looks saw.
+    """
+
+    location: str
+    loop: str | None
+    moved: bool
+    since: float
+    still_since: float
+    looks: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class PositionTrail:
+    """The user frames of each look at the main thread during one spell of work: what
+    stays (the frames every look passed through, with the lines seen in each) and how long the
+    stack has been exactly the same."""
+
+    def __init__(self, since: float = 0.0) -> None:
+        self.reset(since)
+
+    def reset(self, since: float) -> None:
+        """Start afresh: a spell of work began at `since`."""
+        self.since = since
+        self._looks = 0
+        self._last: list[Frame] = []
+        self._still_since = since
+        self._common: list[tuple[str, str, int]] = []
+        self._lines: list[set[int]] = []
+
+    def look(self, frames: list[Frame], at: float) -> None:
+        """One look at the main thread's user frames (outermost first), taken at `at`. A look
+        without any (the main thread in the interpreter's start-up, or gradsync's own code)
+        tells nothing of where the user's code is."""
+        if not frames:
+            return
+        functions = [frame[:3] for frame in frames]
+        if self._looks == 0:
+            self._common, self._lines = functions, [{frame[3]} for frame in frames]
+            self._still_since = at
+        else:
+            if frames != self._last:
+                self._still_since = at
+            depth = 0
+            while depth < min(len(self._common), len(functions)) and self._common[depth] == functions[depth]:
+                self._lines[depth].add(frames[depth][3])
+                depth += 1
+            del self._common[depth:], self._lines[depth:]
+        self._last = list(frames)
+        self._looks += 1
+
+    def position(self, now: float) -> Position | None:
+        """Where the rank has been, judged at `now`; None before any look of the user's code."""
+        if not self._looks:
+            return None
+        # Stayed: exactly one place for at least the latter half of the spell (a native call that
+        # came after a little Python work is still one call).
+        moved = now - self._still_since < (now - self.since) / 2
+        file, _, _, line, _ = self._last[-1]
+        return Position(f"{short_path(file)}:{line}", self._loop(), moved, self.since, self._still_since, self._looks)
+
+    def _loop(self) -> str | None:
+        """The innermost loop holding every line seen in the deepest function common to all looks."""
+        for (file, _, first_line), lines in zip(reversed(self._common), reversed(self._lines)):
+            loop = enclosing_loop(file, first_line, lines)
+            if loop is not None:
+                return f"{short_path(file)}:{loop}"
+        return None
+
+
+def enclosing_loop(file: str, first_line: int, lines: set[int]) -> int | None:
+    """The first line of the innermost `for` or `while` loop of `file` that starts at or after
+    `first_line` (inside the function that begins there) and spans every line of `lines`; None
+    when there is none, or the file cannot be read or parsed."""
+    spans = [(start, end) for start, end in _loops(file) if first_line <= start <= min(lines) and end >= max(lines)]
+    return max(spans)[0] if spans else None
+
+
+@functools.lru_cache(maxsize=64)
+def _loops(file: str) -> tuple[tuple[int, int], ...]:
+    """(first line, last line) of every loop in a source file; cached, asked once a look at most."""
+    try:
+        with open(file, encoding="utf-8") as source:
+            tree = ast.parse(source.read(), file)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return ()
+    return tuple((node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
+                 if isinstance(node, (ast.For, ast.AsyncFor, ast.While)))

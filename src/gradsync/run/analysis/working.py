@@ -1,0 +1,107 @@
+"""A rank that keeps working while the others wait for it, in words: where it works, for how
+long, and whether its Python position stayed (one native call, a one-line loop) or moved (a loop
+that never reaches the collective). Read from the activity the rank's own looks published
+(gradsync.run.worker, gradsync.run.activity); used by the live note the monitor prints when the
+busy clock passes the stall timeout, and by the `rank_stuck` finding when it stops the job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gradsync.run.analysis.views import RankView
+from gradsync.run.analysis.wording import describe, listing
+from gradsync.run.stall import WORKING, Busy
+
+SUGGEST_BUSY = (
+    "That rank computes but never reaches the collective the others wait in: look at the loop or call "
+    "at that line (a loop whose exit condition never holds, e.g. a NaN compared with a tolerance or a "
+    "quota that cannot be met; a computation far larger than intended). If that rank legitimately works "
+    "alone that long, raise --busy-timeout (and, on NCCL, the process group's timeout)."
+)
+
+
+def activity(view: RankView) -> dict[str, Any]:
+    return (view.snapshot or {}).get("activity") or {}
+
+
+def is_working(view: RankView) -> bool:
+    """Whether the rank's latest look found it working."""
+    return activity(view).get("state") == WORKING
+
+
+def working_location(view: RankView) -> str | None:
+    """The line a working rank has been at: the loop it has not left, else the line it is at."""
+    position = activity(view).get("position") or {}
+    return position.get("loop") or position.get("location") or view.location
+
+
+def working_text(view: RankView, now: float) -> str:
+    """'works at x.py:17, within the loop at x.py:23, for 42 s (its process tree at 100% of a
+    core), its Python position moving'."""
+    seen = activity(view)
+    position = seen.get("position") or {}
+    text = f"works at {position.get('location') or view.location or '?'}"
+    if position.get("loop") and position["loop"] != position.get("location"):
+        text += f", within the loop at {position['loop']},"
+    since = seen.get("working_since")
+    text += f" for {now - since:.0f} s" if since else ""
+    share = seen.get("cpu_share")
+    if isinstance(share, (int, float)) and share > 0:
+        text += f" (its process tree at {share:.0%} of a core)"
+    if position.get("moved"):
+        text += ", its Python position moving"
+    elif position:
+        text += f", its Python position unchanged for {now - position['still_since']:.0f} s"
+        if seen.get("native_call"):
+            text += " while its main thread used CPU (one native call, or a loop that spends its time in one)"
+    return text
+
+
+@dataclass(frozen=True)
+class BusyNote:
+    """What the monitor prints and records once the busy clock passes the stall timeout: who
+    works where and for how long, who waits where, and when the job will be stopped."""
+
+    time: float
+    attempt: int
+    busy_for_s: float
+    busy_timeout_s: float
+    working: dict[str, str]  # rank -> the line it works at
+    waiting: dict[str, str]  # rank -> the line it waits at
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def busy_note(views: dict[int, RankView], busy: Busy, now: float, attempt: int, stall_timeout_s: float,
+              busy_timeout_s: float) -> BusyNote:
+    working = [views[r] for r in busy.working if r in views]
+    waiting = [views[r] for r in busy.waiting if r in views]
+    works = listing([(v.rank, f"rank {v.rank} {working_text(v, now)}") for v in working])
+    waits = listing([(v.rank, f"rank {v.rank} waits in {_waits_in(v)}") for v in waiting])
+    message = (
+        f"no rank has made progress for {busy.for_s:.0f} s, past the stall timeout ({stall_timeout_s:g} s), but the "
+        f"job is not stalled: {works}; {waits}. Not stopped while it works: the job is stopped after "
+        f"--busy-timeout ({busy_timeout_s:g} s) without progress, in {max(0.0, busy_timeout_s - busy.for_s):.0f} s."
+    )
+    return BusyNote(
+        time=now, attempt=attempt, busy_for_s=round(busy.for_s, 1), busy_timeout_s=busy_timeout_s,
+        working={str(v.rank): working_location(v) or "?" for v in working},
+        waiting={str(v.rank): _waits_at(v) for v in waiting},
+        message=message,
+    )
+
+
+def _waits_in(view: RankView) -> str:
+    record = view.waiting_on()
+    if record is None:
+        return f"a collective at {view.location or '?'}"
+    return f"{describe(record)} at {record.get('site') or view.location or '?'}"
+
+
+def _waits_at(view: RankView) -> str:
+    record = view.waiting_on() or {}
+    return record.get("site") or view.location or "?"

@@ -1,0 +1,122 @@
+"""Where a working rank's Python position stays or moves (gradsync.run.activity), on given looks.
+
+The looks are injected frames of a small source file written by the test: no thread is sampled,
+so what the sampler happens to see on a loaded machine decides nothing here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gradsync.run.activity import PositionTrail, TreeCpu, enclosing_loop
+
+SOURCE = textwrap.dedent('''\
+    def trial(x):
+        return x * 2
+
+
+    def search(x):
+        done = False
+        while not done:
+            y = trial(x)
+            done = y != y
+            x = y
+        return x
+
+
+    def main():
+        for epoch in range(3):
+            search(epoch)
+        big_native_call()
+''')
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE)
+    return str(path)
+
+
+def frames(script: str, *where: tuple[str, int, int, int]) -> list:
+    """User frames outermost first: (function, its first line, line, instruction) in `script`."""
+    return [(script, function, first, line, instruction) for function, first, line, instruction in where]
+
+
+def test_the_innermost_loop_holding_every_line_seen_is_named(script):
+    assert enclosing_loop(script, 5, {8, 9, 10}) == 7  # the while, not main's for
+    assert enclosing_loop(script, 5, {8}) == 7
+    assert enclosing_loop(script, 14, {16}) == 15
+    assert enclosing_loop(script, 14, {17}) is None, "after the loop"
+    assert enclosing_loop(script, 1, {2}) is None, "a function without a loop"
+    assert enclosing_loop(script, 14, {15, 17}) is None, "lines both in and after the loop"
+    assert enclosing_loop(script + ".missing", 1, {2}) is None
+
+
+def test_a_loop_whose_looks_move_is_named_by_its_loop(script):
+    trail = PositionTrail(100.0)
+    for at, (line, inner) in enumerate([(8, (2, 4)), (9, None), (8, (2, 8)), (10, None)]):
+        look = [("main", 14, 16, 30), ("search", 5, line, line * 2)] + ([("trial", 1, *inner)] if inner else [])
+        trail.look(frames(script, *look), 100.0 + at)
+    position = trail.position(104.0)
+    assert position.moved and position.loop.endswith("train.py:7"), position
+    assert position.location.endswith("train.py:10") and position.looks == 4
+
+
+def test_a_loop_seen_always_at_the_same_line_is_still_named_by_its_loop(script):
+    """The sampler gets the GIL where the main thread releases it, often the same op each time:
+    the loop around it comes from the source, not from the looks."""
+    trail = PositionTrail(100.0)
+    for at in range(4):
+        trail.look(frames(script, ("main", 14, 16, 30), ("search", 5, 8, 16), ("trial", 1, 2, 4 + 2 * (at % 2))), 100.0 + at)
+    position = trail.position(104.0)
+    assert position.moved, "the instruction moved"
+    assert position.location.endswith("train.py:2") and position.loop.endswith("train.py:7")
+
+
+@pytest.mark.parametrize("still_from, moved", [(102.0, False), (102.25, True)])
+def test_one_place_for_the_latter_half_of_the_spell_stayed(script, still_from, moved):
+    """A native call after some Python work: from `still_from` every look is the same frames."""
+    trail = PositionTrail(100.0)
+    trail.look(frames(script, ("main", 14, 16, 30)), 100.0)
+    trail.look(frames(script, ("main", 14, 15, 10)), 101.0)
+    for at in (still_from, 103.0, 104.0):
+        trail.look(frames(script, ("main", 14, 17, 40)), at)
+    position = trail.position(104.0)
+    assert position.moved is moved
+    assert position.location.endswith("train.py:17") and position.still_since == still_from
+
+
+def test_looks_without_user_frames_tell_nothing(script):
+    trail = PositionTrail(100.0)
+    trail.look([], 100.0)
+    assert trail.position(101.0) is None
+    trail.look(frames(script, ("main", 14, 17, 40)), 101.0)
+    trail.look([], 102.0)
+    assert trail.position(102.0).location.endswith("train.py:17")
+
+
+def test_a_reset_starts_a_new_spell(script):
+    trail = PositionTrail(100.0)
+    trail.look(frames(script, ("main", 14, 16, 30), ("search", 5, 8, 16)), 100.0)
+    trail.reset(200.0)
+    trail.look(frames(script, ("main", 14, 17, 40)), 200.0)
+    position = trail.position(201.0)
+    assert (position.since, position.looks, position.loop) == (200.0, 1, None)
+
+
+@pytest.mark.launches
+def test_the_tree_counts_the_cpu_of_a_child_it_reaped():
+    """A child spinning for 0.5 s of CPU shows in this process's tree reading; the check waits
+    for the child's own CPU count, so it holds however loaded the machine is."""
+    reader = TreeCpu()
+    before = reader.read()
+    child = subprocess.run([sys.executable, "-c", "import time\nwhile time.process_time() < 0.5: pass"], timeout=120)
+    assert child.returncode == 0
+    after = reader.read()
+    assert after.tree_s - before.tree_s >= 0.5, "the reaped child's CPU counts"
+    assert after.time_s > before.time_s and after.main_s >= before.main_s
