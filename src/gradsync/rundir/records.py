@@ -72,7 +72,7 @@ class Snapshot(Identity):
 
     time: float
     phase: str  # "starting", "running", "teardown"
-    last_progress: float  # when it last entered or left a collective, or its stack moved
+    last_progress: float  # when it last made real progress: entered or left a collective, or stepped an optimizer
     groups: dict[str, Any]  # group -> {"ranks", "seq", "crc", "checkpoints": [[seq, crc], ...]}
     stack: list[str]  # the main thread's "file:line in function", outermost first
     location: str | None  # the user's innermost line
@@ -84,6 +84,9 @@ class Snapshot(Identity):
     meshes: list[dict[str, Any]]  # init_device_mesh calls: {"shape", "names", "site"}, in order
     backend: str | None  # the default process group's, once created
     left_group: dict[str, Any] | None  # {"site", "time"} where the script destroyed the default group
+    # Its state at this look and the evidence (gradsync.run.stall.rank_state): "state" (waiting,
+    # working, idle), "worked_at", "working_since", "tree_cpu_s", "cpu_share", "native_call", "position".
+    activity: dict[str, Any]
 
 
 class SystemReading(TypedDict, total=False):
