@@ -209,9 +209,24 @@ def last_progressed(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] 
     return snapshot["last_progress"]
 
 
+def activity_of(snapshot: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The rank's latest look as its snapshot carries it (empty before its first look)."""
+    return snapshot.get("activity") or {}
+
+
 def seen_working_at(snapshot: Mapping[str, Any]) -> float:
     """When the rank's own looks last found it working (0 when never, or before it said)."""
-    return float((snapshot.get("activity") or {}).get("worked_at") or 0.0)
+    return float(activity_of(snapshot).get("worked_at") or 0.0)
+
+
+def _worked_at_from_outside(snapshot: Mapping[str, Any], now: float, rules: StallRules,
+                            worked_at: Mapping[int, float] | None) -> float | None:
+    """When the monitor last saw the main thread of this node's rank use CPU, if the rank's
+    snapshots stopped coming (its writer thread held up); None while they come, or unknown."""
+    writer_silent = now - snapshot["time"] > rules.snapshot_max_age_s(remote=False)
+    if writer_silent and not snapshot.get("remote") and worked_at and snapshot["pid"] in worked_at:
+        return worked_at[snapshot["pid"]]
+    return None
 
 
 def last_active(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] | None, now: float, rules: StallRules,
@@ -230,25 +245,23 @@ def last_active(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] | No
     if exit_record is not None or not rank_alive(snapshot, now, rules, ours, running):
         return progressed
     active = max(progressed, seen_working_at(snapshot))
-    writer_silent = now - snapshot["time"] > rules.snapshot_max_age_s(remote=False)
-    if writer_silent and not snapshot.get("remote") and worked_at and snapshot["pid"] in worked_at:
-        return max(active, worked_at[snapshot["pid"]])
-    return active
+    outside = _worked_at_from_outside(snapshot, now, rules, worked_at)
+    return active if outside is None else max(active, outside)
 
 
 def waits_in_collective(snapshot: Mapping[str, Any]) -> bool:
     """Whether the rank's latest look found it waiting in a collective (rank_state)."""
-    return (snapshot.get("activity") or {}).get("state") == WAITING
+    return activity_of(snapshot).get("state") == WAITING
 
 
 def works_now(snapshot: Mapping[str, Any], now: float, rules: StallRules, worked_at: Mapping[int, float] | None = None) -> bool:
     """Whether the rank's latest look found it working or, its snapshots having stopped coming,
     the monitor saw its main thread use CPU since. A rank that worked until a moment ago and now
     sleeps is not working: the stall clock, not the busy one, is its."""
-    writer_silent = now - snapshot["time"] > rules.snapshot_max_age_s(remote=False)
-    if writer_silent and not snapshot.get("remote") and worked_at and snapshot["pid"] in worked_at:
-        return worked_at[snapshot["pid"]] > snapshot["time"]
-    return (snapshot.get("activity") or {}).get("state") == WORKING
+    outside = _worked_at_from_outside(snapshot, now, rules, worked_at)
+    if outside is not None:
+        return outside > snapshot["time"]
+    return activity_of(snapshot).get("state") == WORKING
 
 
 def judge(seen: Observation, rules: StallRules) -> StallVerdict:

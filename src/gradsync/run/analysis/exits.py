@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradsync.run.analysis.views import P2P_PEER, RankView, group_members, reached_on
-from gradsync.run.analysis.wording import describe, first_line, listing, ranks_text
+from gradsync.run.analysis.wording import clipped, describe, first_line, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
 
 
@@ -125,8 +125,7 @@ def late_collective_finding(late: list[LateCollective], views: dict[int, RankVie
 
 def backend_words(error: str, limit: int = 240) -> str:
     """The first line of a recorded error, at most `limit` characters."""
-    words = first_line(error)
-    return words if len(words) <= limit else words[: limit - 3] + "..."
+    return clipped(first_line(error), limit)
 
 
 def _first_site_per_rank(late: list[LateCollective]) -> dict[str, str]:

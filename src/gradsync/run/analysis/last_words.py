@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradsync.run.analysis.wording import clipped
+
 KEPT_LINES = 20  # of a rank's log: enough for an abort's few lines after a traceback of its own
 TAIL_BYTES = 16384  # read from the end of the log, whatever its size
 LINE_CHARS = 400  # of one kept line: a message with a tensor's contents is cut
@@ -111,7 +113,7 @@ class LastWords:
         said = self.said.strip()
         if "what" in self.details:
             said = f"{said}: {self.details['what']}"
-        return said if len(said) <= 240 else said[:237] + "..."
+        return clipped(said)
 
     def sizes(self) -> str:
         """'it received 96 bytes where it had posted room for 64' when the backend said the sizes."""

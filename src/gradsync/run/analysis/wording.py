@@ -57,6 +57,11 @@ def first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else ""
 
 
+def clipped(text: str, limit: int = 240) -> str:
+    """`text`, cut to `limit` characters with '...' when longer: a quote inside a message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 SUGGEST_SAME_COLLECTIVES = (
     "Every rank must call the same collectives in the same order. Keep collectives out of "
     "rank-dependent branches (e.g. move dist.barrier() out of `if rank == 0:`), give every rank "

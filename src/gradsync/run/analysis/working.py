@@ -8,11 +8,11 @@ busy clock passes the stall timeout, and by the `rank_stuck` finding when it sto
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from gradsync.run.analysis.views import RankView
 from gradsync.run.analysis.wording import describe, listing
-from gradsync.run.stall import WORKING, Busy
+from gradsync.run.stall import WORKING, Busy, activity_of
 
 SUGGEST_BUSY = (
     "That rank computes but never reaches the collective the others wait in: look at the loop or call "
@@ -22,8 +22,8 @@ SUGGEST_BUSY = (
 )
 
 
-def activity(view: RankView) -> dict[str, Any]:
-    return (view.snapshot or {}).get("activity") or {}
+def activity(view: RankView) -> Mapping[str, Any]:
+    return activity_of(view.snapshot or {})
 
 
 def is_working(view: RankView) -> bool:
