@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test test-fast test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-slow-links bench-side-by-side gpu-check clean
+.PHONY: demo test test-fast test-zoo zoo-record test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-slow-links bench-side-by-side gpu-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,21 @@ demo: $(STAMP)
 # left the longest few-test files (chaos, the bench, the demos) to run alone at the end.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder tests
+
+# The zoos of scripts run under `gradsync run` (tests/run/zoo, tests/run/doctor_zoo). `make test`
+# launches only those whose tests need a launch (exit codes, the terminal, timing, processes) and
+# makes the other diagnoses again from their recordings in tests/run/zoo_recorded.
+ZOO_TESTS := tests/run/test_zoo.py tests/run/test_doctor_script.py tests/run/test_doctor_consistency.py
+
+# Not part of `make test`: every zoo script launched (~15 min on 2 cores).
+test-zoo: $(STAMP)
+	$(BIN)/python -m pytest -n 3 --dist loadfile --zoo=live $(ZOO_TESTS)
+
+# Every zoo script launched and recorded again: after a zoo script, or what the ranks record
+# (gradsync.run.worker, rundir.records, the doctor's facts), changed. `git diff tests/run/zoo_recorded`
+# then shows what did.
+zoo-record: $(STAMP)
+	$(BIN)/python -m pytest -n 3 --dist loadfile --zoo=record $(ZOO_TESTS)
 
 # The inner loop (~40 s on 2 cores): the tests that stay inside pytest's own process, unit tests
 # and single-process tests of real objects. Tests that start processes (ranks, launchers, CLIs)

@@ -13,30 +13,36 @@ import psutil
 import pytest
 
 from tests.harness import WORLD_SIZES
+from tests.once_per_run import once_per_run
 
 
 # `make test` hands whole files to its workers in collection order (--no-loadscope-reorder), the
 # next file to whichever worker is free; each worker holds one file queued behind the one it runs.
 # The longest files go first (longest-first is the classic greedy for balancing jobs across
 # machines); collected late, as their paths sort, they ran while the other workers had little or
-# nothing left. The three session fixtures (the zoo's ~50 jobs, the script checks' ~20 each) lead,
-# then the rest by their wall time in a 3-worker run on 2 cores, 2026-12-05.
+# nothing left. Ordered by their wall time in a 3-worker run on 2 cores, 2026-12-05, the zoos'
+# files by what they take now that they launch only the scripts their tests need launched.
 STARTED_FIRST = (
-    "tests/run/test_zoo.py",
-    "tests/run/test_doctor_script.py",
-    "tests/run/test_doctor_consistency.py",
-    "tests/parallel/test_checkpoints.py",
-    "tests/checkpoint/test_chaos.py",
-    "tests/checkpoint/test_resume.py",
     "tests/cli/test_demo.py",
-    "tests/comm/test_compression.py",
+    "tests/parallel/test_checkpoints.py",
     "tests/bench/test_train.py",
+    "tests/checkpoint/test_resume.py",
+    "tests/run/test_zoo.py",
+    "tests/checkpoint/test_chaos.py",
+    "tests/comm/test_compression.py",
     "tests/report/test_report.py",
     "tests/doctor/test_cli.py",
     "tests/parallel/test_strategies.py",
     "tests/run/test_faults.py",
+    "tests/test_bucket_layout.py",
     "tests/comm/test_periodic.py",
     "tests/bench/test_allreduce.py",
+    "tests/test_host_memory.py",
+    "tests/run/test_doctor_script.py",
+    "tests/test_accumulation.py",
+    "tests/comm/test_auto_on_links.py",
+    "tests/checkpoint/test_elastic.py",
+    "tests/run/test_doctor_consistency.py",
 )
 
 
@@ -58,9 +64,18 @@ class StartsAProcess(Exception):
     """Raised where an unmarked test starts a process under --in-process."""
 
 
+# tests/run/test_zoo.py: which zoo scripts are launched. "recorded": those the tests need launched,
+# the others re-diagnosed from their recordings (make test); "live": every one (make test-zoo);
+# "record": every one, and their recordings written again (make zoo-record).
+ZOO_OPTION = "--zoo"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(IN_PROCESS_OPTION, action="store_true",
                      help="fail any test not marked `launches` that starts a process (make test-fast)")
+    parser.addoption(ZOO_OPTION, choices=("recorded", "live", "record"), default="recorded",
+                     help="zoo scripts: launch those the tests need and re-diagnose the rest from their "
+                          "recordings (recorded), launch all (live), or launch all and record them again (record)")
 
 
 def _refusal(item: pytest.Item) -> str:
@@ -171,10 +186,14 @@ class DemoRun:
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> DemoRun:
-    """One `gradsync demo` (the main job, ~25 s here), shared by the demo's and the report's tests."""
-    scratch = tmp_path_factory.mktemp("demo")
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "gradsync"), "demo", "--run-dir", str(scratch / "run")],
-        cwd=scratch, capture_output=True, text=True, timeout=180,
-    )
-    return DemoRun(scratch / "run", done.returncode, done.stdout, done.stderr)
+    """One `gradsync demo` (the main job, ~25 s here), shared by the demo's and the report's tests
+    (which copy its run folder before they change anything in it)."""
+
+    def demo(scratch: Path) -> DemoRun:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "gradsync"), "demo", "--run-dir", str(scratch / "run")],
+            cwd=scratch, capture_output=True, text=True, timeout=180,
+        )
+        return DemoRun(scratch / "run", done.returncode, done.stdout, done.stderr)
+
+    return once_per_run(tmp_path_factory, "demo", demo)

@@ -2,12 +2,14 @@ import pytest
 
 from tests.checkpoint.train_script import train
 from tests.harness import launch
+from tests.once_per_run import once_per_run
 
 
 @pytest.fixture(scope="session")
-def uninterrupted() -> dict:
-    """The reference: train_script's training on 2 ranks, never stopped, never checkpointed."""
-    return launch(train, 2, checkpoint_dir=None)[0]
+def uninterrupted(tmp_path_factory) -> dict:
+    """The reference: train_script's training on 2 ranks, never stopped, never checkpointed
+    (made once for the five test files that compare with it)."""
+    return once_per_run(tmp_path_factory, "uninterrupted", lambda _: launch(train, 2, checkpoint_dir=None)[0])
 
 
 @pytest.fixture

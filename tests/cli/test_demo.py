@@ -125,7 +125,7 @@ def test_the_demo_trains_sharded_and_tensor_parallel(tmp_path):
     steps = {}
     for strategy in ("fsdp", "tp"):
         done = subprocess.run(
-            [str(BIN / "gradsync"), "demo", "--epochs", "2", "--parallel", strategy, "--profile-steps", "none",
+            [str(BIN / "gradsync"), "demo", "--epochs", "1", "--parallel", strategy, "--profile-steps", "none",
              "--run-dir", str(tmp_path / strategy)],
             cwd=tmp_path, capture_output=True, text=True, timeout=DEMO_TIMEOUT_S,
         )
@@ -134,8 +134,8 @@ def test_the_demo_trains_sharded_and_tensor_parallel(tmp_path):
         rows = [json.loads(line) for line in (tmp_path / strategy / "metrics.jsonl").read_text().splitlines()]
         steps[strategy] = rows
     samples = {strategy: sum(row["samples"] for row in rows) for strategy, rows in steps.items()}
-    # Two epochs of the same training set: FSDP splits it over 2 ranks (padding at most one sample
-    # an epoch), TP's ranks share it; counted twice, TP's would be twice FSDP's.
-    assert samples["tp"] <= samples["fsdp"] <= samples["tp"] + 2
+    # One epoch of the same training set: FSDP splits it over 2 ranks (padding at most one sample),
+    # TP's ranks share it; counted twice, TP's would be twice FSDP's.
+    assert samples["tp"] <= samples["fsdp"] <= samples["tp"] + 1
     assert 2 * steps["tp"][0]["samples"] == steps["fsdp"][0]["samples"], "one data-parallel rank: half the global batch"
     assert all(row["reductions"] == 1 for row in steps["fsdp"]) and all(row["reductions"] == 0 for row in steps["tp"])

@@ -3,7 +3,9 @@ what each run left: its diagnosis, its facts files, its output, the lines its sc
 
 Lines are found by their `# doctor: <tag>` (tests/run/doctor_zoo) or `# zoo: <tag>` (tests/run/zoo)
 markers. Two test files use it (test_doctor_script.py, test_doctor_consistency.py), each with its own
-session of runs, so that `make test`'s two workers can run them side by side.
+session of runs, so that `make test`'s workers can run them side by side. Each launches only its
+LIVE scripts under `make test` and makes the others' diagnoses again from their recordings
+(tests/run/recordings.py); `make test-zoo` launches them all.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from gradsync.run.analysis.evidence import Evidence
+from gradsync.run.publish import render
 from tests.harness import REPO_ROOT, fixture_timeout_s
+from tests.run.recordings import Runs, launched_names, record, recorded
 from tests.timed_findings import untimed
 
 RUN_TESTS = Path(__file__).parent
@@ -27,13 +32,21 @@ RUN_TESTS = Path(__file__).parent
 
 @dataclass
 class DoctorRun:
+    """A script's run under --doctor-steps: launched (`live`), or made again from its recording,
+    which has no exit code, no run folder and, for output, the terminal block of its diagnosis."""
+
     name: str
     script: str  # under tests/run
     steps: int  # K
-    returncode: int
+    returncode: int | None
     output: str
     diagnosis: dict
-    run_dir: Path
+    run_dir: Path | None
+    evidence: Evidence | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.run_dir is not None
 
     def line(self, tag: str) -> str:
         """'tests/run/<script>:LINE' of the line marked `# doctor: tag` (or `# zoo: tag`)."""
@@ -53,13 +66,18 @@ class DoctorRun:
         return self.findings()[0]
 
     def facts(self, rank: int) -> dict:
+        if not self.live:
+            return self.evidence.script_checks[rank]
         return json.loads((self.run_dir / "workers" / "attempt0" / f"script-check-rank{rank}.json").read_text())
 
     def exit_record(self, rank: int) -> dict:
+        if not self.live:
+            return self.evidence.views[rank].exit
         return json.loads((self.run_dir / "workers" / "attempt0" / f"rank{rank}.exit.json").read_text())["exit"]
 
     def explain(self) -> str:
-        return f"{self.name}: exit {self.returncode}\n{json.dumps(self.diagnosis, indent=1)}\n{self.output[-3000:]}"
+        how = f"exit {self.returncode}" if self.live else "made again from its recording"
+        return f"{self.name}: {how}\n{json.dumps(self.diagnosis, indent=1)}\n{self.output[-3000:]}"
 
 
 # Each run's hang guard; `run_all` runs them AT_A_TIME at a time.
@@ -72,11 +90,15 @@ def guard_of(scripts: dict[str, tuple[str, int]]) -> pytest.MarkDecorator:
     return pytest.mark.timeout(fixture_timeout_s(len(scripts), AT_A_TIME, RUN_TIMEOUT_S))
 
 
+def _options(steps: int) -> list[str]:
+    return ["--nproc-per-node", "2", "--doctor-steps", str(steps), "--stall-timeout", "20"]
+
+
 def run_one(name: str, script: str, steps: int, root: Path) -> DoctorRun:
     run_dir = root / name
     command = [
-        sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "2", "--doctor-steps", str(steps),
-        "--stall-timeout", "20", "--run-dir", str(run_dir), f"tests/run/{script}",
+        sys.executable, "-m", "gradsync", "run", "--standalone", *_options(steps),
+        "--run-dir", str(run_dir), f"tests/run/{script}",
     ]
     # A script stopped after K steps never reaches its own clean-up: its temporary files go to `root`.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(root)}
@@ -86,21 +108,36 @@ def run_one(name: str, script: str, steps: int, root: Path) -> DoctorRun:
     return DoctorRun(name, script, steps, done.returncode, done.stdout + done.stderr, diagnosis, run_dir)
 
 
-def run_all(scripts: dict[str, tuple[str, int]], root: Path) -> dict[str, DoctorRun]:
-    """Every script of `scripts` (name -> (script under tests/run, K)), AT_A_TIME at a time."""
+def run_all(scripts: dict[str, tuple[str, int]], live: list[str], folder: str, mode: str, root: Path) -> Runs:
+    """The runs of `scripts` (name -> (script under tests/run, K)): those `mode` launches (the
+    `live` ones under --zoo=recorded), AT_A_TIME at a time, the others from their recordings
+    under tests/run/zoo_recorded/`folder`."""
     start = time.monotonic()
+    names = launched_names(mode, list(scripts), live)
     with ThreadPoolExecutor(max_workers=AT_A_TIME) as pool:
-        runs = list(pool.map(lambda item: run_one(item[0], *item[1], root), scripts.items()))
+        runs = list(pool.map(lambda name: run_one(name, *scripts[name], root), names))
     print(f"\n{len(runs)} --doctor-steps runs in {time.monotonic() - start:.0f} s", file=sys.stderr)
-    return {run.name: run for run in runs}
+    if mode == "record":
+        for run in runs:
+            record(f"{folder}/{run.name}", RUN_TESTS / run.script, _options(run.steps), run.run_dir)
+
+    def from_recording(name: str) -> DoctorRun:
+        script, steps = scripts[name]
+        evidence = recorded(f"{folder}/{name}", RUN_TESTS / script, _options(steps))
+        diagnosis = evidence.diagnose()
+        return DoctorRun(name, script, steps, None, render(diagnosis), diagnosis, None, evidence)
+
+    return Runs({run.name: run for run in runs}, list(scripts), from_recording)
 
 
 
 def assert_failed(run: DoctorRun, category: str) -> None:
-    assert run.returncode == 1 and run.diagnosis["status"] == "failed", run.explain()
+    assert not run.live or run.returncode == 1, run.explain()
+    assert run.diagnosis["status"] == "failed", run.explain()
     assert f"gradsync run: FAILED: {category} (ranks 0, 1)" in run.output, run.explain()
 
 
 def assert_warned(run: DoctorRun, category: str) -> None:
-    assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
+    assert not run.live or run.returncode == 0, run.explain()
+    assert run.diagnosis["status"] == "ok", run.explain()
     assert f"warning: {category} (ranks [0, 1])" in run.output, run.explain()

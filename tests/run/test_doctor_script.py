@@ -1,9 +1,9 @@
 """`gradsync run --doctor-steps K`: the script check, on unmodified scripts and on hand-made facts.
 
-Each script of tests/run/doctor_zoo (one mistake each) and a few of tests/run/zoo runs once per
-session under the real launcher (torchrun's agent, Gloo, 2 processes), two at a time
-(tests/run/doctor_harness.py); the tests read each run's diagnosis.json, facts files and terminal
-output. The rules themselves are then checked on hand-made facts, for the cases a correct script
+Each script of tests/run/doctor_zoo (one mistake each) and a few of tests/run/zoo run under the
+real launcher (torchrun's agent, Gloo, 2 processes), two at a time, or are made again from their
+recordings (tests/run/doctor_harness.py); the tests read each run's diagnosis.json, facts files
+and terminal output. The rules themselves are then checked on hand-made facts, for the cases a correct script
 must not be blamed for. The consistency checks' scripts are in test_doctor_consistency.py.
 """
 
@@ -23,7 +23,9 @@ from gradsync.run.check_primitives import (
     tensor_hash,
 )
 from gradsync.doctor.script_findings import script_check_findings
-from tests.run.doctor_harness import DoctorRun, assert_failed, assert_warned, guard_of, run_all
+from tests.conftest import ZOO_OPTION
+from tests.run.doctor_harness import assert_failed, assert_warned, guard_of, run_all
+from tests.run.recordings import Runs, fields_not_recorded
 from tests.timed_findings import untimed_warning_lines
 
 # name -> (script under tests/run, K)
@@ -51,10 +53,21 @@ pytestmark = guard_of(SCRIPTS)
 HEALTHY = ["healthy_ddp", "healthy_accumulation", "healthy_gradsync", "healthy_fsdp2_tp"]
 
 
-@pytest.fixture(scope="session")
-def doctor(tmp_path_factory) -> dict[str, DoctorRun]:
-    return run_all(SCRIPTS, tmp_path_factory.mktemp("doctor"))
+# Launched under `make test`: a failure (exit code 1, the terminal block) and a healthy run (exit
+# code 0); the others are made again from their recordings (tests/run/recordings.py).
+LIVE = ["rank_local_update", "healthy_ddp"]
 
+
+@pytest.fixture(scope="session")
+def doctor(request, tmp_path_factory) -> Runs:
+    return run_all(SCRIPTS, LIVE, "doctor_script", request.config.getoption(ZOO_OPTION), tmp_path_factory.mktemp("doctor"))
+
+
+
+@pytest.mark.launches
+def test_the_recordings_have_every_field_the_ranks_record_now(doctor):
+    missing = fields_not_recorded([run.run_dir for run in doctor.live_runs()], "doctor_script")
+    assert not missing, f"the ranks now record {sorted(missing)}, which no recording has: run `make zoo-record`"
 
 # -- one script per mistake ---------------------------------------------------------------------
 
@@ -113,7 +126,8 @@ def test_rank_local_parameter_update(doctor):
     assert finding["details"] == {"differs": "parameters", "optimizer": 0}
     assert finding["locations"] == {"1": run.line("step")}
     assert "rank 1 changed them after optimizer step 1" in finding["message"]
-    assert run.returncode == 1 and "gradsync run: FAILED: update_differs (rank 1)" in run.output, run.explain()
+    assert not run.live or run.returncode == 1, run.explain()
+    assert "gradsync run: FAILED: update_differs (rank 1)" in run.output, run.explain()
 
 
 @pytest.mark.launches
@@ -179,8 +193,8 @@ def test_fsdp_on_the_root_alone_is_a_warning(doctor):
 @pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_scripts_get_no_findings(doctor, name):
     run = doctor[name]
-    assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
-    assert run.findings() == [], run.explain()
+    assert not run.live or run.returncode == 0, run.explain()
+    assert run.diagnosis["status"] == "ok" and run.findings() == [], run.explain()
     assert "gradsync run: ok: 2 ranks finished" in run.output and untimed_warning_lines(run.output) == [], run.explain()
 
 

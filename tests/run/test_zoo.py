@@ -1,8 +1,18 @@
 """`gradsync run` on a zoo of broken and healthy unmodified scripts (tests/run/zoo), 2 processes each.
 
-Every script runs once per session under the real launcher (torchrun's agent, Gloo), two at a
-time; the tests then read each run's diagnosis.json and terminal output. Lines are found by
-their `# zoo: <tag>` markers, so the assertions name the exact line a user would fix.
+The scripts in LIVE run once per session under the real launcher (torchrun's agent, Gloo), three
+at a time; the tests then read each run's diagnosis.json and terminal output. They are the ways a
+job ends that only a launched run shows: exit codes, the terminal, ranks stopped and cleaned up,
+how soon a hang is stopped, what plain torchrun does with the same script.
+
+Every other script's diagnosis is made again from its recording, tests/run/zoo_recorded/zoo/NAME.json
+(tests/run/recordings.py): a launched zoo script costs ~20 s of CPU, and the zoo launched whole
+was a third of `make test`'s CPU, while its diagnoses are pure functions of what was recorded.
+`make test-zoo` launches every script (--zoo=live); `make zoo-record` launches them all and
+records them again (--zoo=record).
+
+Lines are found by their `# zoo: <tag>` markers, so the assertions name the exact line a user
+would fix.
 """
 
 from __future__ import annotations
@@ -12,15 +22,20 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-from gradsync.run.analysis.last_words import read_last_words
+from gradsync.run.analysis.evidence import Evidence, read_evidence
+from gradsync.run.analysis.last_words import LastWords, read_last_words
+from gradsync.run.publish import render
+from gradsync.rundir import RunDir
+from tests.conftest import ZOO_OPTION
 from tests.harness import REPO_ROOT, fixture_timeout_s
+from tests.run.recordings import Runs, fields_not_recorded, launched_names, record, recorded
 from tests.timed_findings import untimed, untimed_warning_lines
 
 ZOO = Path(__file__).parent / "zoo"
@@ -92,13 +107,41 @@ BROKEN = [
     "safe_main_swallows",
     "endless_loop",
 ]
+# tests/run/zoo/redteam: scripts written from public failure reports by a helper that had not read
+# gradsync (see its README), with what `gradsync run` must say of each (REDTEAM_VERDICTS, below).
+# Run as their author measured them: a 10 s stall timeout, over rank1_io_sleep_barrier's 8 s
+# sleep; the endless spinners stopped at a 30 s busy timeout.
+REDTEAM = sorted(path.stem for path in (ZOO / "redteam").glob("*.py"))
+ALL = BROKEN + HEALTHY + [f"redteam/{name}" for name in REDTEAM]
+STALL_TIMEOUT_S_OF.update({f"redteam/{name}": 10 for name in REDTEAM})
+EXTRA_OPTIONS_OF.update({f"redteam/{name}": ["--busy-timeout", "30"] for name in ("spin_convergence", "spin_rebalance_sampler")})
+NPROC.update({f"redteam/{name}": 3 for name in REDTEAM if (ZOO / "redteam" / f"{name}.py").read_text().startswith("# nproc: 3")})
+# Launched by `make test` (the rest are re-diagnosed from their recordings): healthy runs whose
+# script output and files are compared with plain torchrun's or whose ranks work while others
+# wait (the busy notes); failures whose exit code, terminal block, timing or clean-up is checked.
+LIVE = [
+    "healthy_objects",
+    "healthy_p2p_and_functional",
+    "healthy_checkpoint_files",
+    "healthy_long_native_call",
+    "healthy_busy_child",
+    "healthy_slow_loader_workers",
+    "atexit_flush_after_peer_left",
+    "raise_on_rank1",
+    "teardown_crash",
+    "stuck_rank",
+    "endless_loop",
+    "dataloader_worker_hang",
+    "busy_thread_masks_hang",
+    "timed_hang",
+]
 # Each zoo job's hang guard; the session's `zoo` fixture runs them AT_A_TIME at a time.
 RUN_TIMEOUT_S = 150
 AT_A_TIME = 3
 # The fixture runs inside whichever test asks for it first, so that test's guard is the one its
 # runs' own guards add up to: ~300 s quiet, ~1,230 s on a 2-core machine at load 15, where the
 # former 900 s ran out (its runs took 22-63 s each, under their 150 s).
-pytestmark = [pytest.mark.launches, pytest.mark.timeout(fixture_timeout_s(len(BROKEN + HEALTHY), AT_A_TIME, RUN_TIMEOUT_S))]
+pytestmark = [pytest.mark.launches, pytest.mark.timeout(fixture_timeout_s(len(ALL), AT_A_TIME, RUN_TIMEOUT_S))]
 # Scripts that write files into the folder given as `--out DIR`: a folder of their own under
 # `gradsync run` and under plain torchrun, so the two can be compared.
 WRITES_FILES = ["healthy_checkpoint_files"]
@@ -110,24 +153,34 @@ def _script_args(name: str, root: Path) -> list[str]:
 
 @dataclass
 class ZooRun:
+    """A zoo script's run: launched (`live`), or re-diagnosed from its recording, which has no exit
+    code, no run folder and, for output, the terminal block of its diagnosis alone."""
+
     name: str
-    returncode: int
+    returncode: int | None
     output: str
     diagnosis: dict
-    run_dir: Path
+    run_dir: Path | None
     stdout: str = ""
+    evidence: Evidence | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.run_dir is not None
 
     @property
     def out_dir(self) -> Path:
         """The folder a script in WRITES_FILES wrote into (next to its run directory)."""
         return self.run_dir.parent / f"{self.name}.out"
 
-    def line(self, tag: str) -> str:
-        """'tests/run/zoo/NAME.py:LINE' of the line marked `# zoo: tag`."""
-        path = ZOO / f"{self.name}.py"
+    def line(self, tag: str, script: str | None = None) -> str:
+        """'tests/run/zoo/NAME.py:LINE' of the line marked `# zoo: tag` (in `script`, a path under
+        tests/run/zoo without .py, when the line is in a module the script imports)."""
+        script = script or self.name
+        path = ZOO / f"{script}.py"
         numbers = [i for i, text in enumerate(path.read_text().splitlines(), 1) if text.rstrip().endswith(f"# zoo: {tag}")]
         assert len(numbers) == 1, f"{path} must mark exactly one line with '# zoo: {tag}'"
-        return f"tests/run/zoo/{self.name}.py:{numbers[0]}"
+        return f"tests/run/zoo/{script}.py:{numbers[0]}"
 
     def findings(self, severity: str | None = None) -> list[dict]:
         """The findings, but those judged from timings (tests/timed_findings.py)."""
@@ -138,15 +191,27 @@ class ZooRun:
         assert len(errors) == 1, self.explain()
         return errors[0]
 
+    def last_words(self, rank: int) -> LastWords | None:
+        """What the rank's log said last: read from the log of a launched run, else as recorded."""
+        if self.live:
+            return read_last_words(RunDir(self.run_dir).log(0, rank))
+        return self.evidence.views[rank].last_words
+
     def explain(self) -> str:
-        return f"{self.name}: exit {self.returncode}\n{json.dumps(self.diagnosis, indent=1)}\n{self.output[-3000:]}"
+        how = f"exit {self.returncode}" if self.live else "re-diagnosed from its recording"
+        return f"{self.name}: {how}\n{json.dumps(self.diagnosis, indent=1)}\n{self.output[-3000:]}"
+
+
+def _options(name: str) -> list[str]:
+    """The launcher options the script runs with (its run folder aside)."""
+    return ["--nproc-per-node", str(NPROC.get(name, 2)), "--stall-timeout", str(STALL_TIMEOUT_S_OF.get(name, STALL_TIMEOUT_S)),
+            *EXTRA_OPTIONS_OF.get(name, [])]
 
 
 def _run(name: str, root: Path) -> ZooRun:
     run_dir = root / name
     command = [
-        sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", str(NPROC.get(name, 2)),
-        "--stall-timeout", str(STALL_TIMEOUT_S_OF.get(name, STALL_TIMEOUT_S)), *EXTRA_OPTIONS_OF.get(name, []),
+        sys.executable, "-m", "gradsync", "run", "--standalone", *_options(name),
         "--run-dir", str(run_dir), f"tests/run/zoo/{name}.py",
         *_script_args(name, root),
     ]
@@ -199,19 +264,56 @@ def under_torchrun(tmp_path_factory) -> dict[str, PlainRun]:
         return dict(zip(SAME_AS_TORCHRUN, pool.map(lambda name: _plain_torchrun(name, root), SAME_AS_TORCHRUN)))
 
 
+def _recorded(name: str) -> ZooRun:
+    """The script's run as its recording has it: its diagnosis made again by the current rules."""
+    evidence = recorded(f"zoo/{name}", ZOO / f"{name}.py", _options(name))
+    diagnosis = evidence.diagnose()
+    return ZooRun(name, None, render(diagnosis), diagnosis, None, evidence=evidence)
+
+
 @pytest.fixture(scope="session")
-def zoo(tmp_path_factory) -> dict[str, ZooRun]:
+def zoo(request, tmp_path_factory) -> Runs:
+    mode = request.config.getoption(ZOO_OPTION)
     root = tmp_path_factory.mktemp("zoo")
     # Three at a time on two cores: half the scripts spend STALL_TIMEOUT_S blocked in a hang.
     with ThreadPoolExecutor(max_workers=AT_A_TIME) as pool:
-        runs = list(pool.map(lambda name: _run(name, root), BROKEN + HEALTHY))
-    return {run.name: run for run in runs}
+        runs = list(pool.map(lambda name: _run(name, root), launched_names(mode, ALL, LIVE)))
+    if mode == "record":
+        for run in runs:
+            record(f"zoo/{run.name}", ZOO / f"{run.name}.py", _options(run.name), run.run_dir)
+    return Runs({run.name: run for run in runs}, ALL, _recorded)
+
+
+def test_the_launched_scripts_are_zoo_scripts():
+    assert set(LIVE) <= set(ALL) and len(set(LIVE)) == len(LIVE)
+
+
+@pytest.mark.parametrize("name", sorted(set(ALL) - set(LIVE)))
+def test_a_script_not_launched_has_a_recording_of_its_current_version(zoo, name):
+    run = zoo[name]  # a missing or stale recording fails here, naming `make zoo-record`
+    assert run.live or run.evidence is not None
+
+
+@pytest.mark.parametrize("name", LIVE)
+def test_a_launched_runs_diagnosis_is_made_again_from_what_it_kept(zoo, name):
+    """The evidence a run keeps is all its diagnosis was made from: made again, it is the same."""
+    run = zoo.launched(name)
+    evidence = read_evidence(RunDir(run.run_dir).attempt_evidence(0))
+    assert evidence is not None, run.explain()
+    again = Evidence.from_dict(json.loads(json.dumps(evidence.as_dict()))).diagnose()
+    for key in ("status", "trigger", "findings", "ranks"):
+        assert again[key] == run.diagnosis[key], (key, again[key], run.explain())
+
+
+def test_the_recordings_have_every_field_the_ranks_record_now(zoo):
+    missing = fields_not_recorded([run.run_dir for run in zoo.live_runs()], "zoo")
+    assert not missing, f"the ranks now record {sorted(missing)}, which no recording has: run `make zoo-record`"
 
 
 @pytest.mark.parametrize("name", HEALTHY)
 def test_healthy_scripts_get_no_findings(zoo, name):
     run = zoo[name]
-    assert run.returncode == 0, run.explain()
+    assert not run.live or run.returncode == 0, run.explain()
     assert run.diagnosis["status"] == "ok" and run.findings() == [], run.explain()
     ranks = NPROC.get(name, 2)
     assert f"gradsync run: ok: {ranks} rank{'s' if ranks > 1 else ''} finished" in run.output
@@ -230,7 +332,7 @@ def _script_lines(stdout: str) -> list[str]:
 
 @pytest.mark.parametrize("name", SAME_AS_TORCHRUN)
 def test_a_healthy_script_prints_and_ends_as_under_plain_torchrun(zoo, under_torchrun, name):
-    plain, run = under_torchrun[name], zoo[name]
+    plain, run = under_torchrun[name], zoo.launched(name)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     assert run.returncode == plain.returncode, run.explain()
     assert _script_lines(run.stdout) == _script_lines(plain.stdout) != [], run.explain()
@@ -253,7 +355,7 @@ def _written(folder: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", WRITES_FILES)
 def test_a_healthy_script_writes_the_same_files_as_under_plain_torchrun(zoo, under_torchrun, name):
-    plain, run = under_torchrun[name], zoo[name]
+    plain, run = under_torchrun[name], zoo.launched(name)
     assert plain.returncode == 0 and run.returncode == 0, plain.stderr + run.explain()
     written = _written(run.out_dir)
     assert written == _written(plain.out_dir) and written, (written, _written(plain.out_dir))
@@ -267,13 +369,13 @@ def test_a_healthy_script_writes_the_same_files_as_under_plain_torchrun(zoo, und
 
 
 def _assert_error(run: ZooRun, category: str, ranks: list[int], locations: dict[int, str] | None = None) -> dict:
-    assert run.returncode != 0, run.explain()
+    assert not run.live or run.returncode != 0, run.explain()
     assert run.diagnosis["status"] == "failed", run.explain()
     finding = run.findings("error")[0]
     assert finding["category"] == category, run.explain()
     assert finding["ranks"] == ranks, run.explain()
-    for rank, tag in (locations or {}).items():
-        assert finding["locations"][str(rank)] == run.line(tag), run.explain()
+    for rank, tag in (locations or {}).items():  # a tag, or the line already found
+        assert finding["locations"][str(rank)] == (tag if ".py:" in tag else run.line(tag)), run.explain()
     assert f"FAILED: {category}" in run.output, run.explain()
     return finding
 
@@ -330,7 +432,7 @@ def _exit_handler_error(output: str) -> tuple[str, bool] | None:
 
 
 def test_a_collective_an_exit_handler_runs_after_the_peer_left_is_a_warning_and_fails_as_without_gradsync(zoo, under_torchrun):
-    run, plain = zoo["atexit_flush_after_peer_left"], under_torchrun["atexit_flush_after_peer_left"]
+    run, plain = zoo.launched("atexit_flush_after_peer_left"), under_torchrun["atexit_flush_after_peer_left"]
     assert run.returncode == plain.returncode == 0, run.explain()
     assert run.diagnosis["status"] == "ok" and "gradsync run: ok: 2 ranks finished" in run.output, run.explain()
     (finding,) = run.findings()
@@ -367,7 +469,7 @@ def test_exception_on_one_rank_names_it_and_labels_the_others_consequences(zoo):
 
 def test_unused_parameter_crash_names_the_parameters(zoo):
     run = zoo["unused_parameter"]
-    assert run.returncode != 0, run.explain()
+    assert not run.live or run.returncode != 0, run.explain()
     finding = run.findings("error")[0]
     assert finding["category"] == "unused_parameters", run.explain()
     assert finding["details"]["parameters"] == ["unused_head.weight", "unused_head.bias"], run.explain()
@@ -375,7 +477,8 @@ def test_unused_parameter_crash_names_the_parameters(zoo):
 
 def test_unused_parameters_with_find_unused_is_a_warning(zoo):
     run = zoo["unused_parameter_find"]
-    assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
+    assert not run.live or run.returncode == 0, run.explain()
+    assert run.diagnosis["status"] == "ok", run.explain()
     (finding,) = run.findings()
     assert finding["category"] == "unused_parameters" and finding["severity"] == "warning"
     assert finding["details"]["parameters"] == ["unused_head.weight", "unused_head.bias"]
@@ -383,7 +486,7 @@ def test_unused_parameters_with_find_unused_is_a_warning(zoo):
 
 def test_nan_on_one_rank_is_traced_to_that_rank_and_step(zoo):
     run = zoo["nan_on_rank1"]
-    assert run.returncode == 0, run.explain()
+    assert not run.live or run.returncode == 0, run.explain()
     (finding,) = [f for f in run.findings() if f["category"] == "nonfinite_gradients"]
     assert finding["ranks"] == [1] and finding["step"] == 4, run.explain()
     assert finding["locations"]["1"] == run.line("backward")
@@ -393,7 +496,7 @@ def test_straggler(zoo):
     # Rank 1's 0.3 s sleep per step makes it late by at least that: the limit is 20% of the
     # ~0.3 s step (50 ms at least), so only a step slowed past 1.2 s of work could hide it.
     run = zoo["straggler"]
-    assert run.returncode == 0, run.explain()
+    assert not run.live or run.returncode == 0, run.explain()
     (finding,) = run.diagnosis["findings"]
     assert finding["category"] == "straggler" and finding["ranks"] == [1], run.explain()
     assert finding["severity"] == "warning"
@@ -405,7 +508,7 @@ def test_rank_stuck_outside_collectives(zoo):
 
 
 def test_an_idle_rank_is_stopped_at_the_stall_timeout_without_a_note(zoo):
-    run = zoo["stuck_rank"]
+    run = zoo.launched("stuck_rank")
     assert run.diagnosis["stopped_at"] == "stall_timeout" and "notes" not in run.diagnosis, run.explain()
     assert "gradsync run: note:" not in run.output, run.explain()
 
@@ -421,7 +524,7 @@ WORKING_WHILE_OTHERS_WAIT = {
 
 @pytest.mark.parametrize("name", sorted(WORKING_WHILE_OTHERS_WAIT))
 def test_a_rank_that_works_while_the_other_waits_is_noted_not_stopped(zoo, name):
-    run = zoo[name]
+    run = zoo.launched(name)
     rank, tag = WORKING_WHILE_OTHERS_WAIT[name]
     assert run.returncode == 0 and run.diagnosis["status"] == "ok", run.explain()
     # A note of its own (a loaded machine may add one at start-up: a rank waiting in
@@ -432,7 +535,7 @@ def test_a_rank_that_works_while_the_other_waits_is_noted_not_stopped(zoo, name)
 
 
 def test_an_endless_python_loop_is_noted_then_stopped_at_the_busy_timeout_at_its_loop(zoo):
-    run = zoo["endless_loop"]
+    run = zoo.launched("endless_loop")
     finding = _assert_error(run, "rank_stuck", [1], {0: "peer_wait", 1: "loop"})
     assert run.diagnosis["stopped_at"] == "busy_timeout" and run.diagnosis["busy_timeout_s"] == BUSY_TIMEOUT_S, run.explain()
     assert f"within the loop at {run.line('loop')}" in finding["message"], run.explain()
@@ -441,7 +544,7 @@ def test_an_endless_python_loop_is_noted_then_stopped_at_the_busy_timeout_at_its
 
 
 def test_a_deadlocked_data_loader_worker_is_named_and_stopped_with_its_rank(zoo):
-    run = zoo["dataloader_worker_hang"]
+    run = zoo.launched("dataloader_worker_hang")
     _assert_error(run, "rank_stuck", [1], {0: "backward", 1: "next_batch"})
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if "zoo/dataloader_worker_hang.py" in " ".join(p.info["cmdline"] or [])]
     assert left == [], "the ranks' DataLoader workers are stopped with them (the deadlocked one never exits alone)"
@@ -571,7 +674,7 @@ def _printed_times(run: ZooRun, marker: str) -> list[float]:
 
 def test_a_hang_under_a_busy_thread_is_diagnosed_at_the_stall_timeout(zoo):
     # The prefetcher threads' CPU is not progress while the main threads wait in collectives.
-    run = zoo["busy_thread_masks_hang"]
+    run = zoo.launched("busy_thread_masks_hang")
     _assert_error(run, "collective_mismatch", [0], {0: "barrier", 1: "backward"})
     assert run.diagnosis["trigger"] == "stall", run.explain()
     diagnosed = (run.run_dir / "diagnosis.json").stat().st_mtime
@@ -582,7 +685,7 @@ def test_a_hang_under_a_busy_thread_is_diagnosed_at_the_stall_timeout(zoo):
 
 
 def test_crash_after_the_script_finished_is_a_teardown_failure(zoo):
-    run = zoo["teardown_crash"]
+    run = zoo.launched("teardown_crash")
     assert run.returncode == 0, run.explain()
     (finding,) = run.findings()
     assert finding["category"] == "teardown_failure" and finding["ranks"] == [1], run.explain()
@@ -590,7 +693,7 @@ def test_crash_after_the_script_finished_is_a_teardown_failure(zoo):
 
 
 def test_stall_is_diagnosed_within_the_timeout_plus_10_seconds(zoo):
-    run = zoo["timed_hang"]
+    run = zoo.launched("timed_hang")
     _assert_error(run, "collective_mismatch", [1], {1: "barrier"})
     hang_started = float(next(line.split()[-1] for line in run.output.splitlines() if "HANG STARTS AT" in line))
     diagnosed = (run.run_dir / "diagnosis.json").stat().st_mtime
@@ -601,8 +704,8 @@ def test_stall_is_diagnosed_within_the_timeout_plus_10_seconds(zoo):
 
 
 def test_every_failure_writes_a_readable_terminal_block(zoo):
-    for name in ("uneven_batches_barrier", "raise_on_rank1"):
-        run = zoo[name]
+    for name in ("stuck_rank", "raise_on_rank1"):  # without a traceback, and with one
+        run = zoo.launched(name)
         block = run.output[run.output.index("gradsync run: FAILED") :]
         lines = block.splitlines()
         assert lines[0].startswith("gradsync run: FAILED: ")
@@ -636,19 +739,21 @@ def test_options_torchrun_cannot_diagnose_are_refused(tmp_path):
 
 
 def test_every_run_gets_a_report_that_leads_with_what_went_wrong(zoo):
-    """Per class, over the whole zoo: a failed run's page opens with the diagnosis (before any
+    """Per class, over the launched runs: a failed run's page opens with the diagnosis (before any
     plot), quotes each named line of the user's script and lists each rank's last collectives;
     a healthy run's page opens with its plots. Advice lines end only a healthy `gradsync run`."""
     from gradsync.report import write_report
     from gradsync.rundir import read_ring
     from tests.report.browser import CHROMIUM, open_in_chromium
 
-    for run in zoo.values():
+    measured = set()  # the first failed and the first healthy page are also laid out by Chromium
+    for run in zoo.live_runs():
         if run.diagnosis.get("missing"):
             continue
         page = write_report(run.run_dir, run.run_dir.parent / f"{run.name}.report.html")[0]
         html = page.read_text()
-        if CHROMIUM is not None:  # the findings, quotes and last collectives fit the window
+        if CHROMIUM is not None and run.diagnosis["status"] not in measured:  # the findings, quotes and last collectives fit the window
+            measured.add(run.diagnosis["status"])
             assert 'data-wider-than-window="false"' in open_in_chromium(page), f"{run.name}: the page runs off the right edge"
         first_plot = html.find("<img")
         diagnosis_at = html.index("<h2>Diagnosis</h2>")
@@ -672,16 +777,12 @@ def test_every_run_gets_a_report_that_leads_with_what_went_wrong(zoo):
 # -- the backend's last words (gradsync.run.analysis.last_words), from real Gloo aborts ------------
 
 
-def _last_words(run: ZooRun, rank: int):
-    return read_last_words(run.run_dir / "workers" / "attempt0" / f"rank{rank}.log")
-
-
 def test_all_to_all_splits_that_disagree_are_a_shape_mismatch_naming_the_pair(zoo):
     run = zoo["alltoall_splits_disagree"]
     finding = _assert_error(run, "shape_mismatch", [0, 1], {0: "a2a", 1: "a2a"})
     assert "rank 1 sends 3 rows to rank 0, which expects 2" in finding["message"], run.explain()
     # The words Gloo printed as it aborted rank 0, as the rank's log kept them.
-    words = _last_words(run, 0)
+    words = run.last_words(0)
     assert words.family == "collective_mismatch", words
     assert (words.details["received_bytes"], words.details["expected_bytes"]) == (48, 32), words
     assert finding["details"]["last_words"]["0"]["received_bytes"] == 48
@@ -692,7 +793,7 @@ def test_object_lists_of_different_lengths_are_a_shape_mismatch(zoo):
     run = zoo["broadcast_object_list_lengths"]
     finding = _assert_error(run, "shape_mismatch", [0, 1], {0: "broadcast_objects", 1: "broadcast_objects"})
     assert "3 objects" in finding["message"] and "2 objects" in finding["message"], run.explain()
-    assert _last_words(run, 1).family == "collective_mismatch"
+    assert run.last_words(1).family == "collective_mismatch"
     assert "24 bytes where it had posted room for 16" in finding["message"], run.explain()
 
 
@@ -701,13 +802,88 @@ def test_an_all_reduce_from_a_backward_hook_is_paired_with_the_ddp_bucket_it_met
     # Only the abort's words show this pairing: the records number the hook's all_reduce after
     # the backward pass it runs inside.
     finding = _assert_error(run, "collective_mismatch", [1], {0: "backward", 1: "hook_all_reduce"})
-    assert _last_words(run, 1).family == "collective_mismatch"
+    assert run.last_words(1).family == "collective_mismatch"
     assert "DDP gradients of a backward pass" in finding["message"], run.explain()
 
 
 def test_a_failed_allocation_is_a_memory_verdict(zoo):
     run = zoo["allocation_fails_rank1"]
     finding = _assert_error(run, "out_of_memory", [1], {1: "allocate"})
-    assert _last_words(run, 1).family == "out_of_memory"
-    assert _last_words(run, 0).family == "peer_lost"  # rank 0's own words: the consequence
+    assert run.last_words(1).family == "out_of_memory"
+    assert run.last_words(0).family == "peer_lost"  # rank 0's own words: the consequence
     assert "consequence" in finding["message"], run.explain()
+
+
+# -- scripts written from public failure reports (tests/run/zoo/redteam) ----------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `gradsync run` must say of a script: nothing (no category: a healthy run, no finding), or
+    its first error, or its one warning, naming `ranks`, each rank in `at` at its tagged line (a tag
+    'MODULE:tag' is in a module under tests/run/zoo/redteam that the script imports)."""
+
+    category: str | None = None
+    ranks: tuple[int, ...] = ()
+    at: dict[int, str] = field(default_factory=dict)
+    severity: str = "error"
+
+
+REDTEAM_VERDICTS = {
+    # Healthy, though one rank works (or sleeps, under the stall timeout) while the others wait.
+    "alltoall_consistent_uneven": Verdict(),
+    "checkpointed_blocks_ddp": Verdict(),
+    "gather_object_ragged_sizes": Verdict(),
+    "heavy_getitem_ddp": Verdict(),
+    "numpy_whitening_stats": Verdict(),
+    "persistent_workers_epochs": Verdict(),
+    "rank0_eval_then_barrier": Verdict(),
+    "rank1_io_sleep_barrier": Verdict(),
+    "shell_out_feature_cache": Verdict(),
+    "slow_worker_init_loader": Verdict(),
+    "spectral_init_linalg": Verdict(),
+    # A rank that never comes: spinning, or idle on something of its own.
+    "spin_convergence": Verdict("rank_stuck", (1,), {1: "spin", 0: "peer-wait"}),
+    "spin_rebalance_sampler": Verdict("rank_stuck", (0,), {0: "rtlib/balanced:spin", 1: "peer-wait"}),
+    "prefetch_queue_dead_thread": Verdict("rank_stuck", (0,), {0: "idle-get", 1: "peer-wait"}),
+    "event_never_set_ckpt": Verdict("rank_stuck", (1,), {1: "idle-event", 0: "peer-wait"}),
+    "future_lock_deadlock": Verdict("rank_stuck", (1,), {1: "idle-future", 0: "peer-wait", 2: "peer-wait"}),
+    # Sizes that disagree, and a collective paired with another.
+    "alltoall_expert_routing": Verdict("shape_mismatch", (0, 1), {0: "a2a", 1: "a2a"}),
+    "broadcast_resume_state": Verdict("shape_mismatch", (0,), {0: "bcast-obj"}),
+    "grad_norm_probe_hook": Verdict("collective_mismatch", (0, 1), {0: "hook-allreduce", 1: "grad-sync"}),
+    "ddp_module_hook_probe": Verdict("collective_mismatch", (1,), {1: "hook-allreduce", 0: "backward"}),
+    "gather_metrics_short_list": Verdict("rank_crashed", (1,), {1: "gather-obj"}),
+    # A group destroyed while the training still needs it.
+    "teardown_helper_then_backward": Verdict("script_failed", (0, 1), {0: "backward-after-destroy", 1: "backward-after-destroy"}),
+    "eval_rank_closes_world": Verdict("rank_crashed", (1,), {1: "backward-after-destroy"}),
+    # A collective after the peer left: in an exit handler, a `finally`, a __del__.
+    "atexit_metric_flush": Verdict("collective_after_peer_left", (0,), {0: "atexit-collective"}, "warning"),
+    "finally_barrier_after_peer_left": Verdict("collective_after_peer_left", (0,), {0: "finally-barrier"}, "warning"),
+    "del_flush_stats": Verdict("collective_after_peer_left", (0,), {0: "del-collective"}, "warning"),
+    # A rank that swallowed its error and left.
+    "swallowed_shard_error_return": Verdict("rank_exited", (1,), {0: "peer-wait"}),
+}
+
+
+def test_every_redteam_script_has_a_verdict():
+    assert sorted(REDTEAM_VERDICTS) == REDTEAM
+
+
+@pytest.mark.parametrize("name", REDTEAM)
+def test_a_script_written_from_a_public_report_gets_its_verdict(zoo, name):
+    run, verdict = zoo[f"redteam/{name}"], REDTEAM_VERDICTS[name]
+
+    def line(tag: str) -> str:
+        module, _, tag_in_module = tag.rpartition(":")
+        return run.line(tag_in_module, f"redteam/{module}" if module else None)
+
+    if verdict.category is None:
+        assert run.diagnosis["status"] == "ok" and run.findings() == [], run.explain()
+    elif verdict.severity == "warning":
+        assert run.diagnosis["status"] == "ok", run.explain()
+        (finding,) = [f for f in run.findings() if f["category"] == verdict.category]
+        assert finding["severity"] == "warning" and finding["ranks"] == list(verdict.ranks), run.explain()
+        assert all(finding["locations"][str(rank)] == line(tag) for rank, tag in verdict.at.items()), run.explain()
+    else:
+        _assert_error(run, verdict.category, list(verdict.ranks), {rank: line(tag) for rank, tag in verdict.at.items()})

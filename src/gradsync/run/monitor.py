@@ -29,15 +29,14 @@ import psutil
 from gradsync.run import faults
 from gradsync.run.analysis.attempts import earlier_attempts_finding, regrouped_finding, unfired_fault_findings
 from gradsync.run.analysis.last_words import read_last_words
-from gradsync.run.analysis.rules import diagnose
+from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
 from gradsync.run.jobwide import JobBoard, RoundKey, StoreAddress
 from gradsync.run.options import RunOptions
 from gradsync.run.analysis.working import busy_note
 from gradsync.run.stall import Busy, Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
-from gradsync.doctor.script_findings import script_check_findings
-from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank
+from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank, write_json
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping a stalled job
 # Polls a node waits, after finding a stall that involves other nodes' ranks, before stopping its
@@ -261,14 +260,14 @@ class Monitor(threading.Thread):
             # The store the nodes share did not answer: the ranks never heard of are out of reach.
             for rank in set(range(_world_size(snapshots))) - set(views):
                 views[rank] = RankView(rank, unreachable=True)
-        diagnosis = diagnose(
+        diagnosis = self._diagnose_kept(attempt, Evidence(
             views,
             trigger="stall",
             now=now,
             world_size=_world_size(snapshots),
             stragglers=self.tracker(attempt).findings(),
-            script_check=script_check_findings(self._script_checks(attempt)),
-        )
+            script_checks=self._script_checks(attempt),
+        ))
         diagnosis["stall_timeout_s"] = self.options.stall_timeout_s
         diagnosis["busy_timeout_s"] = self.rules.busy_timeout_s
         diagnosis["stopped_at"] = "stall_timeout" if busy is None else "busy_timeout"
@@ -412,17 +411,25 @@ class Monitor(threading.Thread):
                 view.unreachable = view.exit is None and view.exitcode is None
             tracker = self.tracker(attempt)
             tracker.observe(local)  # as while the job ran: this node's ranks
-            diagnosis = diagnose(
+            diagnosis = self._diagnose_kept(attempt, Evidence(
                 views,
                 trigger="failure" if failures else "exit",
                 now=self.clock(),
                 world_size=_world_size({**snapshots, **exits}),
                 stragglers=tracker.findings(),
-                script_check=script_check_findings(self._script_checks(attempt)),
-            )
+                script_checks=self._script_checks(attempt),
+            ))
         diagnosis["attempt"] = attempt
         self._add_notes(diagnosis, attempt)
         return diagnosis
+
+    def _diagnose_kept(self, attempt: int, evidence: Evidence) -> dict[str, Any]:
+        """The diagnosis made from `evidence`, which is kept beside it so that it can be made again."""
+        try:
+            write_json(self.folder.attempt_evidence(attempt), evidence.as_dict())
+        except (OSError, TypeError, ValueError):  # a full disk or an odd record must not cost the diagnosis
+            pass
+        return evidence.diagnose()
 
     def _read_last_words(self, attempt: int, views: dict[int, RankView]) -> None:
         """Each rank's last words, from its log on this node (another node's ranks keep theirs)."""

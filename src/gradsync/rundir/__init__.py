@@ -17,6 +17,7 @@ group (which may be the stuck thing).
         fault-rankR.json             an injected fault that fired
         script-check-rankR.json      what --doctor-steps saw
         diagnosis.json             the monitor: that attempt's diagnosis
+        evidence.json              the monitor: what it was made from   tests, bug reports
       diagnosis.json               the launcher                    gradsync report, tools
       report.html, report_files/   gradsync report                 people
       previous/<time>/             an earlier launch's records, moved aside

@@ -134,6 +134,10 @@ class RunDir:
         """Each attempt's own diagnosis; `diagnosis` is the latest one."""
         return self.attempt(attempt) / "diagnosis.json"
 
+    def attempt_evidence(self, attempt: int) -> Path:
+        """What the attempt's diagnosis was made from (gradsync.run.analysis.evidence), to make it again."""
+        return self.attempt(attempt) / "evidence.json"
+
     def ranks_with(self, attempt: int, pattern: str) -> dict[int, Path]:
         """rank -> path of the attempt's files named like `pattern` (SNAPSHOT, FAULT, ...)."""
         return by_rank(self.attempt(attempt), pattern)

@@ -17,6 +17,7 @@ job a module:
 - `wording`: how findings say records and lists of ranks
 - `attempts`: the job across attempts (restarts, regroupings, faults that never fired, a stop from outside)
 - `stragglers`: StragglerTracker, which keeps state across the monitor's polls, and its finding
+- `evidence`: Evidence, the inputs of one `diagnose` call, kept beside the diagnosis so that it can be made again
 """
 
 from gradsync.run.analysis.alignment import find_divergence

@@ -1,0 +1,1 @@
+"""Helper package used by some red-team scripts (not a script itself)."""
