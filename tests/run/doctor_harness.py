@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from gradsync.run.analysis.evidence import Evidence
-from gradsync.run.publish import render
 from tests.harness import REPO_ROOT, fixture_timeout_s
-from tests.run.recordings import Runs, launched_names, record, recorded
+from tests.run.recordings import Runs, launched_names, record, remade
 from tests.timed_findings import untimed
 
 RUN_TESTS = Path(__file__).parent
@@ -123,9 +122,8 @@ def run_all(scripts: dict[str, tuple[str, int]], live: list[str], folder: str, m
 
     def from_recording(name: str) -> DoctorRun:
         script, steps = scripts[name]
-        evidence = recorded(f"{folder}/{name}", RUN_TESTS / script, _options(steps))
-        diagnosis = evidence.diagnose()
-        return DoctorRun(name, script, steps, None, render(diagnosis), diagnosis, None, evidence)
+        evidence, diagnosis, output = remade(f"{folder}/{name}", RUN_TESTS / script, _options(steps))
+        return DoctorRun(name, script, steps, None, output, diagnosis, None, evidence)
 
     return Runs({run.name: run for run in runs}, list(scripts), from_recording)
 

@@ -1,9 +1,10 @@
 """Recorded runs of the test zoos' scripts (tests/run/zoo, tests/run/doctor_zoo).
 
 A launched `gradsync run` keeps what its diagnosis was made from (evidence.json, see
-gradsync.run.analysis.evidence). Kept here as FOLDER/NAME.json with the version of the script and
-the launcher options it ran with (under its test file's folder), it lets `make test` make that diagnosis again, by the current
-rules, without launching the script: three Python processes that import torch, ~20 s of CPU each.
+gradsync.run.analysis.evidence). Kept here as FOLDER/NAME.json (a folder per test file) with the
+version of the script and the launcher options it ran with, it lets `make test` make that
+diagnosis again, by the current rules, without launching the script: three Python processes that
+import torch, ~20 s of CPU each.
 A recording of another version of its script, or of other options, is stale: the test that reads
 it fails and names `make zoo-record`, which launches every zoo script and records it again.
 
@@ -21,7 +22,8 @@ from typing import Any, Callable
 import pytest
 
 from gradsync.run.analysis.evidence import Evidence, read_evidence
-from gradsync.rundir import RunDir
+from gradsync.run.publish import render
+from gradsync.rundir import RunDir, read_json
 
 RECORDED = Path(__file__).parent / "zoo_recorded"
 
@@ -52,6 +54,14 @@ def recorded(key: str, script: Path, options: list[str]) -> Evidence:
     if recording["options"] != options:
         pytest.fail(f"{path} was recorded with options {recording['options']}, the test now uses {options}: run `make zoo-record`")
     return Evidence.from_dict(recording["evidence"])
+
+
+def remade(key: str, script: Path, options: list[str]) -> tuple[Evidence, dict[str, Any], str]:
+    """`key`'s recorded evidence, the diagnosis made again from it, and that diagnosis's terminal
+    block (what a recorded run has for output)."""
+    evidence = recorded(key, script, options)
+    diagnosis = evidence.diagnose()
+    return evidence, diagnosis, render(diagnosis)
 
 
 class Runs(dict):
@@ -98,14 +108,15 @@ def _shape(evidence: dict[str, Any]) -> set[str]:
     return fields
 
 
-def fields_not_recorded(launched: list[Path], folder: str) -> set[str]:
-    """Fields the ranks of the `launched` runs (their run folders) record that no recording of
-    `folder` has: the recordings were made before the ranks recorded them, and are stale."""
+def assert_every_field_recorded(runs: Runs, folder: str) -> None:
+    """Fails when the ranks of the launched `runs` record a field that no recording of `folder`
+    has: the recordings were made before the ranks recorded it, and are stale."""
     live = set()
-    for run_dir in launched:
-        evidence = read_evidence(RunDir(run_dir).attempt_evidence(0))
-        live |= _shape(evidence.as_dict()) if evidence else set()
+    for run in runs.live_runs():
+        kept = read_json(RunDir(run.run_dir).attempt_evidence(0))
+        live |= _shape(kept) if kept else set()
     recorded_fields = set()
     for path in (RECORDED / folder).glob("*.json"):
         recorded_fields |= _shape(json.loads(path.read_text())["evidence"])
-    return live - recorded_fields
+    missing = live - recorded_fields
+    assert not missing, f"the ranks now record {sorted(missing)}, which no recording has: run `make zoo-record`"

@@ -25,7 +25,7 @@ from gradsync.run.check_primitives import (
 from gradsync.doctor.script_findings import script_check_findings
 from tests.conftest import ZOO_OPTION
 from tests.run.doctor_harness import assert_failed, assert_warned, guard_of, run_all
-from tests.run.recordings import Runs, fields_not_recorded
+from tests.run.recordings import Runs, assert_every_field_recorded
 from tests.timed_findings import untimed_warning_lines
 
 # name -> (script under tests/run, K)
@@ -63,11 +63,10 @@ def doctor(request, tmp_path_factory) -> Runs:
     return run_all(SCRIPTS, LIVE, "doctor_script", request.config.getoption(ZOO_OPTION), tmp_path_factory.mktemp("doctor"))
 
 
-
 @pytest.mark.launches
 def test_the_recordings_have_every_field_the_ranks_record_now(doctor):
-    missing = fields_not_recorded([run.run_dir for run in doctor.live_runs()], "doctor_script")
-    assert not missing, f"the ranks now record {sorted(missing)}, which no recording has: run `make zoo-record`"
+    assert_every_field_recorded(doctor, "doctor_script")
+
 
 # -- one script per mistake ---------------------------------------------------------------------
 

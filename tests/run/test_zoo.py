@@ -31,11 +31,10 @@ import torch
 
 from gradsync.run.analysis.evidence import Evidence, read_evidence
 from gradsync.run.analysis.last_words import LastWords, read_last_words
-from gradsync.run.publish import render
 from gradsync.rundir import RunDir
 from tests.conftest import ZOO_OPTION
 from tests.harness import REPO_ROOT, fixture_timeout_s
-from tests.run.recordings import Runs, fields_not_recorded, launched_names, record, recorded
+from tests.run.recordings import Runs, assert_every_field_recorded, launched_names, record, remade
 from tests.timed_findings import untimed, untimed_warning_lines
 
 ZOO = Path(__file__).parent / "zoo"
@@ -173,10 +172,11 @@ class ZooRun:
         """The folder a script in WRITES_FILES wrote into (next to its run directory)."""
         return self.run_dir.parent / f"{self.name}.out"
 
-    def line(self, tag: str, script: str | None = None) -> str:
-        """'tests/run/zoo/NAME.py:LINE' of the line marked `# zoo: tag` (in `script`, a path under
-        tests/run/zoo without .py, when the line is in a module the script imports)."""
-        script = script or self.name
+    def line(self, tag: str) -> str:
+        """'tests/run/zoo/NAME.py:LINE' of the line marked `# zoo: tag`; a tag 'MODULE:tag' marks a
+        line of a module beside the script (MODULE: its path from the script's folder, without .py)."""
+        module, _, tag = tag.rpartition(":")
+        script = (Path(self.name).parent / module).as_posix() if module else self.name
         path = ZOO / f"{script}.py"
         numbers = [i for i, text in enumerate(path.read_text().splitlines(), 1) if text.rstrip().endswith(f"# zoo: {tag}")]
         assert len(numbers) == 1, f"{path} must mark exactly one line with '# zoo: {tag}'"
@@ -264,11 +264,15 @@ def under_torchrun(tmp_path_factory) -> dict[str, PlainRun]:
         return dict(zip(SAME_AS_TORCHRUN, pool.map(lambda name: _plain_torchrun(name, root), SAME_AS_TORCHRUN)))
 
 
+def _recording(name: str) -> tuple[str, Path, list[str]]:
+    """The script's recording: its key, its script and the options it runs with."""
+    return f"zoo/{name}", ZOO / f"{name}.py", _options(name)
+
+
 def _recorded(name: str) -> ZooRun:
     """The script's run as its recording has it: its diagnosis made again by the current rules."""
-    evidence = recorded(f"zoo/{name}", ZOO / f"{name}.py", _options(name))
-    diagnosis = evidence.diagnose()
-    return ZooRun(name, None, render(diagnosis), diagnosis, None, evidence=evidence)
+    evidence, diagnosis, output = remade(*_recording(name))
+    return ZooRun(name, None, output, diagnosis, None, evidence=evidence)
 
 
 @pytest.fixture(scope="session")
@@ -280,7 +284,7 @@ def zoo(request, tmp_path_factory) -> Runs:
         runs = list(pool.map(lambda name: _run(name, root), launched_names(mode, ALL, LIVE)))
     if mode == "record":
         for run in runs:
-            record(f"zoo/{run.name}", ZOO / f"{run.name}.py", _options(run.name), run.run_dir)
+            record(*_recording(run.name), run.run_dir)
     return Runs({run.name: run for run in runs}, ALL, _recorded)
 
 
@@ -300,14 +304,13 @@ def test_a_launched_runs_diagnosis_is_made_again_from_what_it_kept(zoo, name):
     run = zoo.launched(name)
     evidence = read_evidence(RunDir(run.run_dir).attempt_evidence(0))
     assert evidence is not None, run.explain()
-    again = Evidence.from_dict(json.loads(json.dumps(evidence.as_dict()))).diagnose()
+    again = evidence.diagnose()
     for key in ("status", "trigger", "findings", "ranks"):
         assert again[key] == run.diagnosis[key], (key, again[key], run.explain())
 
 
 def test_the_recordings_have_every_field_the_ranks_record_now(zoo):
-    missing = fields_not_recorded([run.run_dir for run in zoo.live_runs()], "zoo")
-    assert not missing, f"the ranks now record {sorted(missing)}, which no recording has: run `make zoo-record`"
+    assert_every_field_recorded(zoo, "zoo")
 
 
 @pytest.mark.parametrize("name", HEALTHY)
@@ -374,8 +377,8 @@ def _assert_error(run: ZooRun, category: str, ranks: list[int], locations: dict[
     finding = run.findings("error")[0]
     assert finding["category"] == category, run.explain()
     assert finding["ranks"] == ranks, run.explain()
-    for rank, tag in (locations or {}).items():  # a tag, or the line already found
-        assert finding["locations"][str(rank)] == (tag if ".py:" in tag else run.line(tag)), run.explain()
+    for rank, tag in (locations or {}).items():
+        assert finding["locations"][str(rank)] == run.line(tag), run.explain()
     assert f"FAILED: {category}" in run.output, run.explain()
     return finding
 
@@ -820,8 +823,8 @@ def test_a_failed_allocation_is_a_memory_verdict(zoo):
 @dataclass(frozen=True)
 class Verdict:
     """What `gradsync run` must say of a script: nothing (no category: a healthy run, no finding), or
-    its first error, or its one warning, naming `ranks`, each rank in `at` at its tagged line (a tag
-    'MODULE:tag' is in a module under tests/run/zoo/redteam that the script imports)."""
+    its first error, or its one warning, naming `ranks`, each rank in `at` at its tagged line (see
+    ZooRun.line)."""
 
     category: str | None = None
     ranks: tuple[int, ...] = ()
@@ -873,17 +876,12 @@ def test_every_redteam_script_has_a_verdict():
 @pytest.mark.parametrize("name", REDTEAM)
 def test_a_script_written_from_a_public_report_gets_its_verdict(zoo, name):
     run, verdict = zoo[f"redteam/{name}"], REDTEAM_VERDICTS[name]
-
-    def line(tag: str) -> str:
-        module, _, tag_in_module = tag.rpartition(":")
-        return run.line(tag_in_module, f"redteam/{module}" if module else None)
-
     if verdict.category is None:
         assert run.diagnosis["status"] == "ok" and run.findings() == [], run.explain()
     elif verdict.severity == "warning":
         assert run.diagnosis["status"] == "ok", run.explain()
         (finding,) = [f for f in run.findings() if f["category"] == verdict.category]
         assert finding["severity"] == "warning" and finding["ranks"] == list(verdict.ranks), run.explain()
-        assert all(finding["locations"][str(rank)] == line(tag) for rank, tag in verdict.at.items()), run.explain()
+        assert all(finding["locations"][str(rank)] == run.line(tag) for rank, tag in verdict.at.items()), run.explain()
     else:
-        _assert_error(run, verdict.category, list(verdict.ranks), {rank: line(tag) for rank, tag in verdict.at.items()})
+        _assert_error(run, verdict.category, list(verdict.ranks), verdict.at)

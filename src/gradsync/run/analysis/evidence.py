@@ -26,7 +26,8 @@ from gradsync.rundir.records import Finding
 
 # Bumped when what is kept changes shape: evidence of another format is refused, not misread.
 FORMAT = 1
-_VIEW_FIELDS = [f.name for f in fields(RankView) if f.name != "last_words"]
+# A view's fields kept as they are: its rank is the key it is kept under, its last words are kept as lines.
+_KEPT_FIELDS = [f.name for f in fields(RankView) if f.name not in ("rank", "last_words")]
 
 
 @dataclass
@@ -83,13 +84,13 @@ def read_evidence(path: Path) -> Evidence | None:
 
 
 def _view_as_dict(view: RankView) -> dict[str, Any]:
-    kept = {name: getattr(view, name) for name in _VIEW_FIELDS if name != "rank"}
+    kept = {name: getattr(view, name) for name in _KEPT_FIELDS}
     kept["last_words"] = None if view.last_words is None else list(view.last_words.lines)
     return kept
 
 
 def _view_from_dict(rank: int, kept: dict[str, Any]) -> RankView:
     lines = kept.get("last_words")
-    view = RankView(rank, **{name: kept[name] for name in _VIEW_FIELDS if name in kept})
+    view = RankView(rank, **{name: kept[name] for name in _KEPT_FIELDS if name in kept})
     view.last_words = None if lines is None else classify("\n".join(lines))
     return view
