@@ -42,7 +42,8 @@ test-zoo: $(STAMP)
 
 # Every zoo script launched and recorded again: after a zoo script, or what the ranks record
 # (gradsync.run.worker, rundir.records, the doctor's facts), changed. `git diff tests/run/zoo_recorded`
-# then shows what did.
+# then shows what did. Plain torchrun's runs of the zoo (the differential test's other side) are
+# recorded where missing or stale (another version of the script, or of torch): ~20 min more for all 82.
 zoo-record: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist loadfile --zoo=record $(ZOO_TESTS)
 

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -206,6 +206,13 @@ def _progress(path: Path) -> int:
         return int(path.read_text() or 0)
     except (OSError, ValueError):
         return 0
+
+
+def _reached(progress: Path, checkpoints: Path) -> int:
+    """The step a job has reached: the last it reported, or a later one whose checkpoint was
+    committed (a fault that strikes after a save's commit, before the step's report, loses nothing)."""
+    committed = [int(manifest.parent.name.removeprefix("step-")) for manifest in checkpoints.glob("step-*/manifest.json")]
+    return max([_progress(progress), *committed])
 
 
 # -- references ----------------------------------------------------------------------------------
@@ -389,13 +396,13 @@ def _host_trial(trial: Trial, work: Path, outcome: Outcome) -> None:
             host = cluster.hosts[1]
             subprocess.run(["ip", "-n", host.name, "link", "set", host.interface, "down"], check=True)
             time.sleep(STALL_TIMEOUT_S + 5)  # longer than the stall timeout: both sides must give up on the other
-            fault_step = _progress(progress)
+            fault_step = _reached(progress, work / "ckpt")
             subprocess.run(["ip", "-n", host.name, "link", "set", host.interface, "up"], check=True)
             codes = [launch.wait(deadline) for launch in launches]
         else:
             cluster.kill_host(1)  # the host dies with its launcher and its worker
             launches[1].wait(deadline)
-            fault_step = _progress(progress)
+            fault_step = _reached(progress, work / "ckpt")
             time.sleep(2)
             launches.append(start(1))  # the host comes back and its launcher is started again
             codes = [launches[0].wait(deadline), launches[2].wait(deadline)]

@@ -32,28 +32,47 @@ def _version(script: Path) -> str:
     return hashlib.sha256(script.read_bytes()).hexdigest()
 
 
-def record(key: str, script: Path, options: list[str], run_dir: Path) -> None:
+def record(key: str, script: Path, options: list[str], run_dir: Path, user_view: dict[str, Any] | None = None) -> None:
     """Keep the evidence of the run in `run_dir` (of `script`, launched with `options`) as `key`'s
-    ('FOLDER/NAME': a folder per test file, whose names may be another file's)."""
+    ('FOLDER/NAME': a folder per test file, whose names may be another file's), with what its user
+    saw (tests/run/user_view.py) where the test file compares that with plain torchrun."""
     evidence = read_evidence(RunDir(run_dir).attempt_evidence(0))
     assert evidence is not None, f"{run_dir} kept no evidence of its diagnosis"
-    recording = {"script_sha256": _version(script), "options": options, "evidence": evidence.as_dict()}
+    keep(key, script, options, {"evidence": evidence.as_dict(), **({"user_view": user_view} if user_view else {})})
+
+
+def keep(key: str, script: Path, options: list[str], content: dict[str, Any]) -> None:
+    """Write `content` as `key`'s recording, of this version of `script` run with `options`."""
     path = RECORDED / f"{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(recording, indent=1, sort_keys=True) + "\n")
+    path.write_text(json.dumps({"script_sha256": _version(script), "options": options, **content}, indent=1, sort_keys=True) + "\n")
+
+
+def is_current(key: str, script: Path, options: list[str]) -> bool:
+    """Whether `key` has a recording of this version of `script` run with `options`."""
+    path = RECORDED / f"{key}.json"
+    if not path.exists():
+        return False
+    kept = json.loads(path.read_text())
+    return kept["script_sha256"] == _version(script) and kept["options"] == options
 
 
 def recorded(key: str, script: Path, options: list[str]) -> Evidence:
     """The evidence recorded as `key`'s; fails the test when it is missing or stale."""
+    return Evidence.from_dict(recording(key, script, options)["evidence"])
+
+
+def recording(key: str, script: Path, options: list[str]) -> dict[str, Any]:
+    """All that was recorded as `key`'s; fails the test when it is missing or stale."""
     path = RECORDED / f"{key}.json"
     if not path.exists():
         pytest.fail(f"{key} has no recording ({path}): run `make zoo-record`")
-    recording = json.loads(path.read_text())
-    if recording["script_sha256"] != _version(script):
+    kept = json.loads(path.read_text())
+    if kept["script_sha256"] != _version(script):
         pytest.fail(f"{path} was recorded from another version of {script.name}: run `make zoo-record`")
-    if recording["options"] != options:
-        pytest.fail(f"{path} was recorded with options {recording['options']}, the test now uses {options}: run `make zoo-record`")
-    return Evidence.from_dict(recording["evidence"])
+    if kept["options"] != options:
+        pytest.fail(f"{path} was recorded with options {kept['options']}, the test now uses {options}: run `make zoo-record`")
+    return kept
 
 
 def remade(key: str, script: Path, options: list[str]) -> tuple[Evidence, dict[str, Any], str]:

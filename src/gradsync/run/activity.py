@@ -11,6 +11,7 @@ the lines seen, which a sample of one look per second rarely puts on the loop's 
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import functools
 import threading
@@ -69,7 +70,9 @@ class Position:
 
     `location`: file:line of the user's innermost frame at the latest look. `loop`: file:line of
     the innermost `for`/`while` loop that holds every line seen in the deepest function all looks
-    passed through (None when there is none): the loop the rank has not left. `moved`: its
+    of the latter half of the spell passed through (None when there is none): the loop the rank
+    has not left. Only the latter half, because the spell often begins before the loop does (in
+    set-up, or the step before it), and the looks from then would hide the loop. `moved`: its
     position kept changing rather than staying at one place, to the instruction, for the latter
     half of the spell. `since`: when the spell began (its first look); `still_since`: since when
     every look found exactly the same frames; `looks`: how many looks there were.
@@ -92,9 +95,11 @@ class Position:
 
 
 class PositionTrail:
-    """The user frames of each look at the main thread during one spell of work: what
-    stays (the frames every look passed through, with the lines seen in each) and how long the
-    stack has been exactly the same."""
+    """The user frames of each look at the main thread during one spell of work: the recent
+    looks (for the loop the rank has not left) and how long the stack has been exactly the same."""
+
+    # Looks kept for the loop; at one look a second, the latest quarter hour of a spell.
+    KEPT_LOOKS = 1024
 
     def __init__(self, since: float = 0.0) -> None:
         self.reset(since)
@@ -102,11 +107,9 @@ class PositionTrail:
     def reset(self, since: float) -> None:
         """Start afresh: a spell of work began at `since`."""
         self.since = since
-        self._looks = 0
-        self._last: list[Frame] = []
+        self._looks: collections.deque[tuple[float, list[Frame]]] = collections.deque(maxlen=self.KEPT_LOOKS)
+        self._count = 0
         self._still_since = since
-        self._common: list[tuple[str, str, int]] = []
-        self._lines: list[set[int]] = []
 
     def look(self, frames: list[Frame], at: float) -> None:
         """One look at the main thread's user frames (outermost first), taken at `at`. A look
@@ -114,20 +117,10 @@ class PositionTrail:
         tells nothing of where the user's code is."""
         if not frames:
             return
-        functions = [frame[:3] for frame in frames]
-        if self._looks == 0:
-            self._common, self._lines = functions, [{frame[3]} for frame in frames]
+        if not self._looks or frames != self._looks[-1][1]:
             self._still_since = at
-        else:
-            if frames != self._last:
-                self._still_since = at
-            depth = 0
-            while depth < min(len(self._common), len(functions)) and self._common[depth] == functions[depth]:
-                self._lines[depth].add(frames[depth][3])
-                depth += 1
-            del self._common[depth:], self._lines[depth:]
-        self._last = list(frames)
-        self._looks += 1
+        self._looks.append((at, list(frames)))
+        self._count += 1
 
     def position(self, now: float) -> Position | None:
         """Where the rank has been, judged at `now`; None before any look of the user's code."""
@@ -135,17 +128,27 @@ class PositionTrail:
             return None
         # Stayed: exactly one place for at least the latter half of the spell (a native call that
         # came after a little Python work is still one call).
-        moved = now - self._still_since < (now - self.since) / 2
-        file, _, _, line, _ = self._last[-1]
-        return Position(f"{short_path(file)}:{line}", self._loop(), moved, self.since, self._still_since, self._looks)
+        half = self.since + (now - self.since) / 2
+        moved = self._still_since > half
+        file, _, _, line, _ = self._looks[-1][1][-1]
+        recent = [frames for at, frames in self._looks if at >= half] or [self._looks[-1][1]]
+        return Position(f"{short_path(file)}:{line}", _loop(recent), moved, self.since, self._still_since, self._count)
 
-    def _loop(self) -> str | None:
-        """The innermost loop holding every line seen in the deepest function common to all looks."""
-        for (file, _, first_line), lines in zip(reversed(self._common), reversed(self._lines)):
-            loop = enclosing_loop(file, first_line, lines)
-            if loop is not None:
-                return f"{short_path(file)}:{loop}"
-        return None
+
+def _loop(looks: list[list[Frame]]) -> str | None:
+    """The innermost loop holding every line seen in the deepest function common to all `looks`."""
+    common = [frame[:3] for frame in looks[0]]
+    for frames in looks[1:]:
+        depth = 0
+        while depth < min(len(common), len(frames)) and common[depth] == frames[depth][:3]:
+            depth += 1
+        del common[depth:]
+    for depth in reversed(range(len(common))):
+        file, _, first_line = common[depth]
+        loop = enclosing_loop(file, first_line, {frames[depth][3] for frames in looks})
+        if loop is not None:
+            return f"{short_path(file)}:{loop}"
+    return None
 
 
 def enclosing_loop(file: str, first_line: int, lines: set[int]) -> int | None:
