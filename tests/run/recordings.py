@@ -50,11 +50,20 @@ def keep(key: str, script: Path, options: list[str], content: dict[str, Any]) ->
 
 def is_current(key: str, script: Path, options: list[str]) -> bool:
     """Whether `key` has a recording of this version of `script` run with `options`."""
+    return _stale(key, script, options) is None
+
+
+def _stale(key: str, script: Path, options: list[str]) -> str | None:
+    """Why `key`'s recording cannot stand for this version of `script` run with `options`; None when it can."""
     path = RECORDED / f"{key}.json"
     if not path.exists():
-        return False
+        return f"{key} has no recording ({path})"
     kept = json.loads(path.read_text())
-    return kept["script_sha256"] == _version(script) and kept["options"] == options
+    if kept["script_sha256"] != _version(script):
+        return f"{path} was recorded from another version of {script.name}"
+    if kept["options"] != options:
+        return f"{path} was recorded with options {kept['options']}, the test now uses {options}"
+    return None
 
 
 def recorded(key: str, script: Path, options: list[str]) -> Evidence:
@@ -64,15 +73,10 @@ def recorded(key: str, script: Path, options: list[str]) -> Evidence:
 
 def recording(key: str, script: Path, options: list[str]) -> dict[str, Any]:
     """All that was recorded as `key`'s; fails the test when it is missing or stale."""
-    path = RECORDED / f"{key}.json"
-    if not path.exists():
-        pytest.fail(f"{key} has no recording ({path}): run `make zoo-record`")
-    kept = json.loads(path.read_text())
-    if kept["script_sha256"] != _version(script):
-        pytest.fail(f"{path} was recorded from another version of {script.name}: run `make zoo-record`")
-    if kept["options"] != options:
-        pytest.fail(f"{path} was recorded with options {kept['options']}, the test now uses {options}: run `make zoo-record`")
-    return kept
+    stale = _stale(key, script, options)
+    if stale is not None:
+        pytest.fail(f"{stale}: run `make zoo-record`")
+    return json.loads((RECORDED / f"{key}.json").read_text())
 
 
 def remade(key: str, script: Path, options: list[str]) -> tuple[Evidence, dict[str, Any], str]:

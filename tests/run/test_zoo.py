@@ -36,7 +36,7 @@ from tests.conftest import ZOO_OPTION
 from tests.harness import REPO_ROOT, fixture_timeout_s
 from tests.run import user_view
 from tests.run.recordings import Runs, assert_every_field_recorded, is_current, keep, launched_names, record, recording, remade
-from tests.run.user_view import UserView, differences, plain_key, recorded_plain
+from tests.run.user_view import TEARDOWN_ABORT, UserView, differences, plain_key, recorded_plain
 from tests.timed_findings import untimed, untimed_warning_lines
 
 ZOO = Path(__file__).parent / "zoo"
@@ -247,9 +247,6 @@ class PlainRun:
 # Gloo's teardown race (../shared/README.md): a torch-only script can abort after its last line,
 # in the process group's destructor. Under plain torchrun nothing prevents it, so a reference run
 # that ended that way is run again (at most twice) rather than failing gradsync's comparison.
-GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
-
-
 def _plain_torchrun(name: str, root: Path) -> PlainRun:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC.get(name, 2)),
@@ -260,7 +257,7 @@ def _plain_torchrun(name: str, root: Path) -> PlainRun:
             command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
             env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
         )
-        if done.returncode == 0 or GLOO_TEARDOWN_ABORT not in done.stderr:
+        if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr:
             break
     return PlainRun(done.returncode, done.stdout, done.stderr, root / f"{name}.out")
 

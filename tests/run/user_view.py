@@ -65,10 +65,6 @@ class UserView:
     # things (timings, work done in a given time), so that no run can be compared by them.
     stdout: list[str] | None = field(default_factory=list)
 
-    @property
-    def hung(self) -> bool:
-        return any(end.code is HUNG for end in self.ranks.values())
-
     def as_dict(self) -> dict[str, Any]:
         return {"ranks": {str(rank): end.as_dict() for rank, end in sorted(self.ranks.items())}, "stdout": self.stdout}
 
