@@ -34,7 +34,7 @@ test: $(STAMP)
 # The zoos of scripts run under `gradsync run` (tests/run/zoo, tests/run/doctor_zoo). `make test`
 # launches only those whose tests need a launch (exit codes, the terminal, timing, processes) and
 # makes the other diagnoses again from their recordings in tests/run/zoo_recorded.
-ZOO_TESTS := tests/run/test_zoo.py tests/run/test_doctor_script.py tests/run/test_doctor_consistency.py
+ZOO_TESTS := tests/run/test_zoo.py tests/run/test_doctor_script.py tests/run/test_doctor_consistency.py tests/run/test_doctor_invariants.py
 
 # Not part of `make test`: every zoo script launched (~15 min on 2 cores).
 test-zoo: $(STAMP)

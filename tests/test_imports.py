@@ -9,6 +9,8 @@ them each need the other, which is how a package ends up importing everything at
 from __future__ import annotations
 
 import ast
+import sys
+from collections import deque
 from pathlib import Path
 
 from tests.harness import REPO_ROOT
@@ -92,6 +94,48 @@ def _loops(edges: dict[str, set[str]]) -> list[list[str]]:
     return loops
 
 
+def _module_edges() -> dict[str, set[str]]:
+    """Importing module -> the gradsync modules it imports: `from gradsync.x import y` is an edge
+    to gradsync.x.y when y is a module and to gradsync.x (its __init__) otherwise."""
+    submodules = _submodules()
+    edges: dict[str, set[str]] = {}
+    for importer, imported, names in imports():
+        targets = {f"{imported}.{name}" if f"{imported}.{name}" in submodules else imported for name in names or [""]}
+        edges.setdefault(importer, set()).update(targets - {importer})
+    return edges
+
+
+def _cycle_through(start: str, edges: dict[str, set[str]], among: set[str]) -> list[str]:
+    """The shortest path of imports from start back to start, staying inside `among` (a strongly
+    connected part, so the path is there)."""
+    came_from = {start: start}
+    queue = deque([start])
+    while True:
+        node = queue.popleft()
+        for other in sorted(edges.get(node, set()) & among):
+            if other == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if other not in came_from:
+                came_from[other] = node
+                queue.append(other)
+
+
+def _file_loops(edges: dict[str, set[str]]) -> list[str]:
+    """Each loop as 'a -> b -> a', enough of them that every file in a knot of files is on one."""
+    loops = []
+    for component in _loops(edges):
+        shown: set[str] = set()
+        for node in component:
+            if node not in shown:
+                cycle = _cycle_through(node, edges, set(component))
+                shown.update(cycle)
+                loops.append(" -> ".join(cycle))
+    return loops
+
+
 def test_the_parts_of_gradsync_import_each_other_without_loops():
     edges: dict[str, set[str]] = {}
     for importer, imported, names in imports():
@@ -128,3 +172,31 @@ def test_nothing_inside_imports_the_package_root():
 def test_the_checker_finds_a_loop():
     assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _loops({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_files_of_gradsync_import_each_other_without_loops():
+    """Two files that need each other are one piece split in two: neither can be read, tested or
+    loaded alone, and which one Python loads first decides what the other sees half-built. The
+    graph counts imports inside functions (a loop that waits for the first call is still a loop)
+    and under `if TYPE_CHECKING:` (a type-only import still ties the two files together: neither
+    can be type-checked or moved without the other)."""
+    loops = _file_loops(_module_edges())
+    assert loops == [], (
+        "files of gradsync that import each other (directly or through others):\n  "
+        + "\n  ".join(loops)
+        + "\nMove the piece both need into a module that both import, or pass it in (an argument) "
+        "instead of importing it."
+    )
+
+
+def test_the_file_checker_finds_a_loop_made_by_an_import_inside_a_function(tmp_path, monkeypatch):
+    package = tmp_path / "gradsync"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    # The __init__ imports its submodule, which imports a name from the package back, in a function.
+    (package / "sub" / "__init__.py").write_text("from gradsync.sub import helpers\n\nLIMIT = 3\n")
+    (package / "sub" / "helpers.py").write_text("def helper():\n    from gradsync.sub import LIMIT\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert _file_loops(_module_edges()) == ["gradsync.sub -> gradsync.sub.helpers -> gradsync.sub"]
+    (package / "sub" / "helpers.py").write_text("def helper():\n    pass\n")
+    assert _file_loops(_module_edges()) == []

@@ -190,3 +190,23 @@ def test_a_script_is_checked_under_gradsync_run_with_its_findings(tmp_path):
 def test_script_check_options_need_a_script(capsys):
     assert main(["doctor", "--steps", "5"]) == 2
     assert "add the SCRIPT to run" in capsys.readouterr().err
+    assert main(["doctor", "--checks", "same_file"]) == 2
+    assert "add the SCRIPT to run" in capsys.readouterr().err
+
+
+def test_an_unknown_check_is_refused_before_the_script_runs(tmp_path, capsys):
+    assert main(["doctor", "--checks", "same_file,nope", "--run-dir", str(tmp_path / "run"), "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gradsync doctor: --checks nope: no such check; choose among identical_batches, "), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_checks_are_passed_to_gradsync_run(monkeypatch):
+    from gradsync.run import launcher
+
+    passed = []
+    monkeypatch.setattr(launcher, "main", lambda argv: passed.append(argv) or 0)
+    assert main(["doctor", "--nproc-per-node", "2", "--checks", "same_file, identical_batches", "train.py", "--lr", "1"]) == 0
+    (argv,) = passed
+    assert argv[argv.index("--doctor-checks") + 1] == "identical_batches,same_file"
+    assert argv[-3:] == ["train.py", "--lr", "1"]

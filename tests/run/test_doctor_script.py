@@ -3,8 +3,9 @@
 Each script of tests/run/doctor_zoo (one mistake each) and a few of tests/run/zoo run under the
 real launcher (torchrun's agent, Gloo, 2 processes), two at a time, or are made again from their
 recordings (tests/run/doctor_harness.py); the tests read each run's diagnosis.json, facts files
-and terminal output. The rules themselves are then checked on hand-made facts, for the cases a correct script
-must not be blamed for. The consistency checks' scripts are in test_doctor_consistency.py.
+and terminal output. The checks' rules themselves are checked on hand-made facts, for the cases a
+correct script must not be blamed for, in tests/run/scriptcheck/. The consistency checks' scripts
+are in test_doctor_consistency.py.
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ import torch
 
 from gradsync.errors import ConfigError
 from gradsync.run import launcher
-from gradsync.rundir.records import Finding
 from gradsync.run.options import RunOptions
 from gradsync.run.check_primitives import (
     inputs_fingerprint,
     tensor_fingerprint,
     tensor_hash,
 )
-from gradsync.doctor.script_findings import script_check_findings
 from tests.conftest import ZOO_OPTION
 from tests.run.doctor_harness import assert_failed, assert_warned, guard_of, run_all
 from tests.run.recordings import Runs, assert_every_field_recorded
@@ -229,9 +228,12 @@ def test_bad_values_of_doctor_steps_are_refused_with_exit_code_2(tmp_path, capsy
         RunOptions(run_dir=tmp_path, doctor_steps=-3)
 
 
-def test_doctor_steps_reach_the_workers_through_the_options_file(tmp_path):
+def test_doctor_steps_and_checks_reach_the_workers_through_the_options_file(tmp_path):
     assert RunOptions.load(RunOptions(run_dir=tmp_path, doctor_steps=7).save()).doctor_steps == 7
     assert RunOptions.load(RunOptions(run_dir=tmp_path).save()).doctor_steps is None
+    selected = RunOptions(run_dir=tmp_path, doctor_steps=7, doctor_checks=["same_file"])
+    assert RunOptions.load(selected.save()).doctor_checks == ["same_file"]
+    assert RunOptions.load(RunOptions(run_dir=tmp_path).save()).doctor_checks is None
 
 
 # -- fingerprints -------------------------------------------------------------------------------
@@ -255,160 +257,3 @@ def test_input_fingerprints_cover_nested_arguments():
     assert inputs_fingerprint((x,), {"mask": mask}) == inputs_fingerprint((x.clone(),), {"mask": mask.clone()})
     assert inputs_fingerprint(({"x": x},), {}) != inputs_fingerprint(({"x": x + 1},), {})
     assert inputs_fingerprint((3, "text"), {}) is None  # nothing to compare
-
-
-# -- the rules on hand-made facts ---------------------------------------------------------------
-
-
-def _facts(**overrides) -> dict:
-    facts = {
-        "doctor_steps": 4,
-        "steps": 4,
-        "syncs_per_step": [1, 1, 1, 1],
-        "backward_site": "train.py:30",
-        "forwards": [],
-        "loaders": [],
-        "sampler_passes": [],
-        "models": [],
-    }
-    return {**facts, **overrides}
-
-
-def _forward(fingerprint: int | None) -> dict:
-    return {"fingerprint": fingerprint, "site": "train.py:28", "loader": None}
-
-
-def _loader(batches: int, **overrides) -> dict:
-    loader = {"key": "train.py:27#0", "site": "train.py:27", "batches": batches, "samples": None, "sampler": 0,
-              "feeds_training": True, "under_join": False}
-    return {**loader, **overrides}
-
-
-def _model(parameters: dict, buffers: dict | None = None, **overrides) -> dict:
-    model = {"site": "train.py:20", "find_unused_parameters": False, "usage_checked_passes": 0, "incomplete_passes": 0,
-             "buffers_synced": True, "parameters": parameters, "buffers": buffers or {}}
-    return {**model, **overrides}
-
-
-def _categories(checks: dict[int, dict]) -> list[str]:
-    return [finding.category for finding in script_check_findings(checks)]
-
-
-def test_identical_inputs_count_only_when_every_compared_forward_agrees():
-    same = [_forward(1), _forward(2)]
-    assert _categories({0: _facts(forwards=same), 1: _facts(forwards=same)}) == ["no_distributed_sampler"]
-    assert _categories({0: _facts(forwards=same), 1: _facts(forwards=[_forward(1), _forward(3)])}) == []
-    # Forwards without comparable tensors are left out; with none left there is nothing to say.
-    assert _categories({0: _facts(forwards=[_forward(None)]), 1: _facts(forwards=[_forward(None)])}) == []
-    assert _categories({0: _facts(forwards=same)}) == []  # one rank: nothing to compare with
-
-
-def test_uneven_loaders_count_only_when_they_feed_training_outside_join():
-    assert _categories({0: _facts(loaders=[_loader(5)]), 1: _facts(loaders=[_loader(4)])}) == ["uneven_batches"]
-    assert _categories({0: _facts(loaders=[_loader(5)]), 1: _facts(loaders=[_loader(5)])}) == []
-    evaluation = {0: _facts(loaders=[_loader(5, feeds_training=False)]), 1: _facts(loaders=[_loader(4, feeds_training=False)])}
-    assert _categories(evaluation) == []  # uneven evaluation runs no collective per batch
-    joined = {0: _facts(loaders=[_loader(5, under_join=True)]), 1: _facts(loaders=[_loader(4, under_join=True)])}
-    assert _categories(joined) == []
-    three = {0: _facts(loaders=[_loader(5)]), 1: _facts(loaders=[_loader(5)]), 2: _facts(loaders=[_loader(4)])}
-    assert [f.ranks for f in script_check_findings(three)] == [[2]]
-
-
-def test_a_repeated_epoch_counts_only_for_a_shuffling_sampler_that_feeds_training():
-    passes = [{"sampler": 0, "epoch": 0, "shuffle": True, "site": "train.py:27"}] * 2
-    assert _categories({0: _facts(sampler_passes=passes, loaders=[_loader(4)])}) == ["sampler_epoch_not_set"]
-    assert _categories({0: _facts(sampler_passes=passes)}) == ["sampler_epoch_not_set"]  # no DataLoader seen
-    assert _categories({0: _facts(sampler_passes=passes, loaders=[_loader(4, feeds_training=False)])}) == []
-    unshuffled = [{**p, "shuffle": False} for p in passes]
-    assert _categories({0: _facts(sampler_passes=unshuffled, loaders=[_loader(4)])}) == []
-    set_epoch = [passes[0], {**passes[0], "epoch": 1}, {**passes[0], "epoch": 2}]
-    assert _categories({0: _facts(sampler_passes=set_epoch, loaders=[_loader(4)])}) == []
-
-
-def test_a_sampler_iterated_twice_in_one_epoch_at_two_lines_is_not_a_missing_set_epoch():
-    # set_epoch(e), list(sampler) to warm a cache (one line), then the DataLoader's pass (another).
-    def passes(epoch, calls):
-        return [{"sampler": 0, "epoch": epoch, "shuffle": True, "site": site, "set_epoch_calls": calls}
-                for site in ("train.py:40", "train.py:41")]
-
-    warmed = passes(0, 1) + passes(1, 2)
-    assert _categories({0: _facts(sampler_passes=warmed, loaders=[_loader(4)])}) == []
-    # The same line passing again with the same epoch and no set_epoch in between: the order repeats.
-    repeated = passes(0, 1) + passes(0, 1)
-    assert _categories({0: _facts(sampler_passes=repeated, loaders=[_loader(4)])}) == ["sampler_epoch_not_set"]
-
-
-def test_accumulation_is_judged_on_the_typical_step():
-    assert _categories({0: _facts(syncs_per_step=[4, 4, 4])}) == ["accumulation_without_no_sync"]
-    # A GradScaler that skipped a step leaves one step with two synchronised passes: not accumulation.
-    assert _categories({0: _facts(syncs_per_step=[1, 2, 1, 1])}) == []
-    # Two optimizers stepping after one backward: half a pass per step.
-    assert _categories({0: _facts(syncs_per_step=[1, 0, 1, 0])}) == []
-
-
-def test_replicas_are_compared_only_at_the_same_step_and_name_the_odd_rank():
-    equal, other = {"w": 1, "b": 2}, {"w": 1, "b": 3}
-    three = {0: _facts(models=[_model(equal)]), 1: _facts(models=[_model(equal)]), 2: _facts(models=[_model(other)])}
-    (finding,) = script_check_findings(three)
-    assert (finding.category, finding.ranks, finding.details) == ("parameters_diverged", [2], {"parameters": ["b"]})
-    assert "on rank 2 from the other ranks'" in finding.message
-    different_steps = {0: _facts(models=[_model(equal)]), 1: _facts(steps=3, models=[_model(other)])}
-    assert _categories(different_steps) == []
-
-
-def test_buffers_count_only_when_ddp_does_not_sync_them():
-    synced = {0: _facts(models=[_model({}, {"bn.running_mean": 1})]), 1: _facts(models=[_model({}, {"bn.running_mean": 2})])}
-    assert _categories(synced) == []  # the next forward starts from rank 0's buffers
-    unsynced = {r: _facts(models=[_model({}, {"bn.running_mean": r}, buffers_synced=False)]) for r in (0, 1)}
-    assert _categories(unsynced) == ["buffers_diverged"]
-
-
-def test_find_unused_parameters_is_needed_when_a_pass_missed_a_gradient():
-    def checks(incomplete: int) -> dict:
-        model = _model({}, find_unused_parameters=True, usage_checked_passes=4, incomplete_passes=incomplete)
-        return {0: _facts(models=[model]), 1: _facts(models=[model])}
-
-    assert _categories(checks(0)) == ["find_unused_parameters_unneeded"]
-    assert _categories(checks(1)) == []
-
-
-def test_findings_must_use_the_vocabulary():
-    with pytest.raises(ValueError, match="not in CATEGORIES"):
-        Finding("no_such_category", "error", [0], "message", "suggestion")
-    with pytest.raises(ValueError, match="not in CATEGORIES"):
-        Finding("uneven_batches", "warning", [0], "message", "suggestion")
-
-
-def _tp_module(inputs, ranks=(0, 1), styles=("ColwiseParallel", "RowwiseParallel")) -> dict:
-    return {"site": "train.py:12", "ranks": list(ranks), "styles": list(styles), "inputs": list(inputs)}
-
-
-def test_tensor_parallel_inputs_are_compared_within_each_group_only():
-    # Ranks 0-1 and 2-3 are two tensor-parallel groups (fsdp+tp): each group shares its batches,
-    # the groups differ (they are data-parallel peers). Only a group whose ranks differ is wrong.
-    same = {0: _facts(tp_modules=[_tp_module([1, 2], (0, 1))]), 1: _facts(tp_modules=[_tp_module([1, 2], (0, 1))]),
-            2: _facts(tp_modules=[_tp_module([7, 8], (2, 3))]), 3: _facts(tp_modules=[_tp_module([7, 8], (2, 3))])}
-    assert script_check_findings(same) == []
-    same[3] = _facts(tp_modules=[_tp_module([7, 9], (2, 3))])
-    (finding,) = script_check_findings(same)
-    assert finding.category == "tensor_parallel_inputs_differ" and finding.ranks == [2, 3]
-    assert "in 1 of 2 training forwards (first: forward 2)" in finding.message
-    # Sequence parallelism shards a module's inputs on purpose: not compared.
-    sharded = {r: _facts(tp_modules=[_tp_module([r], styles=("SequenceParallel",))]) for r in (0, 1)}
-    assert script_check_findings(sharded) == []
-
-
-def test_an_fsdp_root_unit_holding_most_parameters_is_a_warning_and_well_split_models_are_not():
-    def root(kept, largest):
-        return {"site": "train.py:20", "class": "Transformer", "parameters": 1000, "in_root_unit": kept,
-                "largest_in_root": largest}
-
-    (finding,) = script_check_findings({r: _facts(fsdp_roots=[root(800, ["tok_embeddings", 700])]) for r in (0, 1)})
-    assert finding.category == "fsdp_root_holds_most" and finding.severity == "warning"
-    assert "keeps 80% of its 1,000 parameters in its root unit (the largest part: 'tok_embeddings', 70%)" in finding.message
-    assert script_check_findings({r: _facts(fsdp_roots=[root(300, ["norm", 10])]) for r in (0, 1)}) == []
-
-
-def test_no_facts_at_all_give_no_finding():
-    # A job not run under --doctor-steps (or whose ranks all died before writing) has none to compare.
-    assert script_check_findings({}) == []

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from gradsync.doctor.script_findings import script_check_findings
 from gradsync.run.analysis.evidence import FORMAT, Evidence, read_evidence
 from gradsync.run.analysis.last_words import classify
 from gradsync.run.analysis.rules import diagnose
+from gradsync.run.scriptcheck import registry
 from gradsync.rundir.records import Finding
 from tests.run.test_analysis import exception, record, view
-from tests.run.test_doctor_script import _facts
+from tests.run.scriptcheck.facts import script_facts
 
 GLOO_ABORT = """terminate called after throwing an instance of 'gloo::EnforceNotMet'
   what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 48 vs 32"""
@@ -24,7 +24,7 @@ def _evidence() -> Evidence:
     views[1].last_words = classify(GLOO_ABORT)
     views[0].stopped_by_gradsync = True
     straggler = Finding("straggler", "warning", [1], "rank 1 is slow", "look at rank 1")
-    facts = {rank: _facts(syncs_per_step=[4, 4, 4, 4]) for rank in (0, 1)}  # accumulation without no_sync
+    facts = {rank: script_facts(syncs_per_step=[4, 4, 4, 4]) for rank in (0, 1)}  # accumulation without no_sync
     return Evidence(views, trigger="failure", now=20.0, world_size=2, stragglers=[straggler], script_checks=facts)
 
 
@@ -40,7 +40,7 @@ def test_the_diagnosis_is_the_rules_on_the_views_and_the_facts():
     evidence = _evidence()
     made = evidence.diagnose()
     direct = diagnose(evidence.views, trigger="failure", now=20.0, world_size=2, stragglers=evidence.stragglers,
-                      script_check=script_check_findings(evidence.script_checks))
+                      script_check=registry.findings(evidence.script_checks))
     assert made == direct
     assert {"straggler", "accumulation_without_no_sync"} <= {f["category"] for f in made["findings"]}
 

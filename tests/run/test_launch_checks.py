@@ -33,6 +33,10 @@ def in_empty_folder(tmp_path, monkeypatch):
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "10.0.0.1", "train.py"], "--node-rank 2: with --nnodes 2"),
     (["--no-python", "train.py"], "--no-python"),
     (["--max-restarts", "abc", "train.py"], "invalid int value: 'abc'"),
+    (["--doctor-checks", "same_file", "train.py"], "--doctor-checks same_file: it selects checks of the script check"),
+    (["--doctor-steps", "3", "--doctor-checks", "same_file,nope", "train.py"],
+     "--doctor-checks nope: no such check; choose among identical_batches, "),
+    (["--doctor-steps", "3", "--doctor-checks", ",", "train.py"], "--doctor-checks ',': name at least one check"),
 ])
 def test_a_bad_launch_is_one_line_and_exit_code_2(in_empty_folder, capsys, argv, says):
     code = _exit_code(lambda: main(["run", *argv]))
@@ -40,6 +44,17 @@ def test_a_bad_launch_is_one_line_and_exit_code_2(in_empty_folder, capsys, argv,
     assert code == 2 and says in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not (in_empty_folder / "gradsync_runs").exists(), "no run folder is left behind"
+
+
+def test_the_checks_doctor_checks_names_reach_the_options(in_empty_folder):
+    from gradsync.run import launcher
+
+    def options(*argv):
+        return launcher._options(launcher.build_parser().parse_args([*argv, "train.py"]))
+
+    assert options("--doctor-steps", "3", "--doctor-checks", "same_file,identical_batches").doctor_checks == [
+        "identical_batches", "same_file"]  # the registry's order
+    assert options("--doctor-steps", "3").doctor_checks is None  # every check
 
 
 def test_good_targets_pass_the_door_without_importing_anything(in_empty_folder):

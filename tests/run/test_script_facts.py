@@ -188,3 +188,42 @@ def test_uninstalling_the_check_puts_back_what_it_replaced():
     assert all(now is not then for now, then in zip(watched(), before))
     undo()
     assert watched() == before
+
+
+def test_only_the_distributed_trainings_steps_are_counted(tmp_path):
+    """A rank-local optimization (rank 0 fitting a model of its own before training) is not one of
+    the K steps: counted, it made that rank stop early, inside a collective its peers were still in."""
+    import torch.distributed as dist
+
+    def steps() -> list[int]:
+        counts = []
+        local = torch.nn.Linear(2, 1)
+        local_optimizer = torch.optim.SGD(local.parameters(), lr=0.1)
+        for _ in range(3):  # no wrapper, no collective: local work
+            local(torch.ones(1, 2)).sum().backward()
+            local_optimizer.step()
+        counts.append(check.steps)
+        ddp = DistributedDataParallel(torch.nn.Linear(2, 1))
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        ddp(torch.ones(1, 2)).sum().backward()
+        optimizer.step()  # steps a DDP model's parameters
+        counts.append(check.steps)
+        local(torch.ones(1, 2)).sum().backward()
+        for parameter in local.parameters():
+            dist.all_reduce(parameter.grad)  # averaged by hand: a distributed step
+        local_optimizer.step()
+        counts.append(check.steps)
+        return counts
+
+    recorder = CollectiveRecorder()
+    uninstall = install(recorder, record_buckets=True)
+    check = ScriptCheck(recorder, 1000, tmp_path / "facts.json", on_last_step=lambda: None)
+    undo = check.install()
+    try:
+        with gloo_world(tmp_path / "checked"):
+            counted = steps()
+    finally:
+        undo()
+        uninstall()
+        torch.autograd.set_detect_anomaly(False)
+    assert counted == [0, 1, 2]

@@ -7,7 +7,8 @@ gradsync launch, and also compares the ranks and measures the network between th
 0 when every line is ok or a warning, 1 when one is a problem, 2 for bad options.
 
 `gradsync doctor --steps K SCRIPT [ARGS]` checks a training script instead: it runs it under
-`gradsync run --doctor-steps K` (see gradsync.run.script_facts) and reports like gradsync run.
+`gradsync run --doctor-steps K` (see gradsync.run.script_facts) and reports like gradsync run;
+`--checks NAME,...` runs only those of its checks (gradsync.run.scriptcheck.registry).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gradsync.cli.launch import launch_module_with
 from gradsync.doctor import worker
 from gradsync.doctor.checks import worst
 from gradsync.errors import ConfigError, GradsyncError
+from gradsync.run.scriptcheck import registry
 
 WORKER_MODULE = "gradsync.doctor.worker"
 DEFAULT_STEPS = 20
@@ -126,6 +128,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     script = parser.add_argument_group("script check (instead of the environment checks)")
     script.add_argument("--steps", type=_count, default=DEFAULT_STEPS, metavar="K",
                         help=f"optimizer steps to run SCRIPT for (default {DEFAULT_STEPS})")
+    script.add_argument("--checks", default=None, metavar="NAME[,NAME...]",
+                        help="run only these checks of the script (default: all of them): "
+                             + ", ".join(registry.check_names()))
     script.add_argument(*worker.spellings("--run-dir"), default=None, metavar="DIR",
                         help="where diagnosis.json goes (default gradsync_runs/<time>)")
     script.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
@@ -148,6 +153,13 @@ def check_script(args: argparse.Namespace, launch: LaunchOptions) -> int:
         print(f"gradsync doctor: --steps {args.steps}: run the script for at least 1 optimizer step", file=sys.stderr)
         return 2
     argv = ["--doctor-steps", str(args.steps), *launch.torchrun_options(), "--nproc-per-node", str(launch.nproc_per_node or 1)]
+    if args.checks is not None:
+        try:
+            names = registry.parse_names(args.checks)
+        except ConfigError as error:
+            print(f"gradsync doctor: {error}", file=sys.stderr)
+            return 2
+        argv += ["--doctor-checks", ",".join(names)]
     if args.run_dir is not None:
         argv += ["--run-dir", args.run_dir]
     return launcher.main([*argv, args.script, *args.script_args])
@@ -164,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.script is not None:
         return check_script(args, launch)
-    if args.steps != DEFAULT_STEPS or args.run_dir is not None:
-        print("gradsync doctor: --steps and --run-dir belong to the script check: add the SCRIPT to run", file=sys.stderr)
+    if args.steps != DEFAULT_STEPS or args.run_dir is not None or args.checks is not None:
+        print("gradsync doctor: --steps, --checks and --run-dir belong to the script check: add the SCRIPT to run",
+              file=sys.stderr)
         return 2
     if not launch.launched:
         try:

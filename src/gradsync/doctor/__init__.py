@@ -9,9 +9,11 @@ This package owns what the doctor inspects and how it judges it:
 - `network.py` the all-reduce and pairwise send/recv measurements between ranks,
 - `worker.py`  the per-rank entry point (`python -m gradsync.doctor.worker`, under any launcher):
                gathers every rank's facts, compares them across ranks and hosts, runs the network tests,
-- `summary.py` the merged report: a compact terminal table and the JSON for machines,
-- `script_findings.py` the script check (`gradsync doctor --steps K SCRIPT`, run as `gradsync run
-               --doctor-steps K`): the rules that compare what each rank saw of its own run.
+- `summary.py` the merged report: a compact terminal table and the JSON for machines.
+
+The script check (`gradsync doctor --steps K SCRIPT`) runs the script under `gradsync run
+--doctor-steps K`: what each rank records, and the checks that compare the ranks, are gradsync.run's
+(`script_facts`, `scriptcheck`).
 
 Starting the workers (`gradsync doctor --nproc-per-node N`, torchrun's multi-host options) is the
 command line's job (`gradsync.cli.doctor`), through torch.distributed.run like every gradsync launch.

@@ -10,8 +10,9 @@
   holds the ordered rule chain, its other modules one question each); `publish`: diagnosis.json
   and the terminal block.
 - `faults` (the `--inject-fault` specs) and `injector` (firing them in a worker at a step).
-- `script_facts`: what each rank records of its own run under `--doctor-steps K` (the doctor's
-  rules that compare them are in gradsync.doctor.script_findings).
+- `script_facts`: what each rank records of its own run under `--doctor-steps K`; `scriptcheck`:
+  the checks that compare the ranks' records, one module per check (`--doctor-checks` picks them),
+  listed in its `registry`.
 - `options`: gradsync run's own options, written to the run folder for the workers.
 
 Every file they share is named in gradsync.rundir.

@@ -24,7 +24,8 @@ rank records, under --doctor-steps only:
 
 `ScriptCheck` owns one `ConsistencyWatch`, feeds it the moments it already sees (DDP built, a
 training forward, an optimizer step) and writes its facts beside its own; the launcher compares
-them (gradsync.doctor.consistency_findings).
+them (the checks of gradsync.run.scriptcheck). The watch reads what happened so far (models
+wrapped, forwards, steps) from the host they share (`scriptcheck.moments.Moments`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import warnings
 import weakref
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,9 +50,7 @@ from torch.utils.data.distributed import DistributedSampler
 from gradsync.run.callsite import OWN, caller_location, file_kind, short_path
 from gradsync.run.check_primitives import Patches, index_sampler, tensor_hash, tensors_fingerprint
 from gradsync.run.harmless import BookkeepingByKind
-
-if TYPE_CHECKING:
-    from gradsync.run.script_facts import ScriptCheck
+from gradsync.run.scriptcheck.moments import Moments
 
 MAX_INDICES = 200_000  # a sampler pass or a split longer than this keeps no indices (too large to compare)
 INDEXED_PASSES = 4  # passes per DataLoader whose indices are kept
@@ -250,9 +249,10 @@ def _never_raises(default: Any = None) -> Callable[[Callable], Callable]:
 class ConsistencyWatch:
     """The facts of the consistency checks for one rank (see the module's docstring)."""
 
-    def __init__(self, check: ScriptCheck, bookkeeping: BookkeepingByKind):
-        """`bookkeeping`: the script check's, which its facts report (watch_failures)."""
-        self.check = check
+    def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind):
+        """`moments`: what the script check saw so far; `bookkeeping`: the script check's, which
+        its facts report (watch_failures)."""
+        self.moments = moments
         self.bookkeeping = bookkeeping
         self.seeds: list[dict[str, Any]] = []
         self.splits: list[dict[str, Any]] = []
@@ -461,7 +461,7 @@ class ConsistencyWatch:
     @_never_raises(list)
     def ddp_built(self, ddp: Any) -> list[str]:
         """The parameter names in the order DDP pairs them across ranks (its buckets go by position)."""
-        if not self.check.models and not torch.is_anomaly_enabled():
+        if not self.moments.models and not torch.is_anomaly_enabled():
             # Until the first backward, autograd keeps each node's forward traceback, so a loss
             # divided by the world size is named at the division's own line: one step's cost.
             with warnings.catch_warnings():
@@ -516,7 +516,7 @@ class ConsistencyWatch:
             "params_before": tensors_fingerprint(parameters),
             "calls": calls,
             # Per step too: a rank that put the DDP wrapper itself in eval mode has no training forwards to compare.
-            "modes": [self._modes(ddp) for ddp, *_ in self.check.models],
+            "modes": [self._modes(ddp) for ddp in self.moments.models],
         }
         self.steps.append(record)
         self._open_step[index] = record
@@ -535,8 +535,8 @@ class ConsistencyWatch:
     @_never_raises()
     def _seeded(self, generator: str, value: Any) -> None:
         if len(self.seeds) < MAX_RECORDS:
-            self.seeds.append({"generator": generator, "site": caller_location(), "after_ddp": bool(self.check.models),
-                               "forwards_before": len(self.check.forwards), "value": repr(value)[:40]})
+            self.seeds.append({"generator": generator, "site": caller_location(), "after_ddp": bool(self.moments.models),
+                               "forwards_before": self.moments.forwards, "value": repr(value)[:40]})
 
     @_never_raises()
     def _split(self, subsets: list[Subset], generator_given: bool) -> None:
@@ -648,7 +648,7 @@ class ConsistencyWatch:
             self._stop_tracing_graph()
 
     def _walk_loss(self, tensors: Any) -> None:
-        if not self.check.models or len(self.loss_walks) >= LOSS_WALKS:
+        if not self.moments.models or len(self.loss_walks) >= LOSS_WALKS:
             return
         loss = tensors if isinstance(tensors, torch.Tensor) else None
         if loss is None and isinstance(tensors, (list, tuple)) and len(tensors) == 1:
@@ -659,7 +659,7 @@ class ConsistencyWatch:
             normalisation = loss_normalisation(loss)
         except (RuntimeError, TypeError, ValueError):  # a graph whose saved values cannot be read
             normalisation = None
-        self.loss_walks.append({"site": caller_location(), "step": self.check.steps + 1, **(normalisation or {"scale": None})})
+        self.loss_walks.append({"site": caller_location(), "step": self.moments.steps + 1, **(normalisation or {"scale": None})})
 
     @_never_raises()
     def _wrote(self, file: Any, how: str) -> None:
@@ -668,7 +668,7 @@ class ConsistencyWatch:
         path = os.path.abspath(os.fspath(file))
         if path.startswith(("/dev/", "/proc/", "/sys/")):
             return
-        self.saves.append({"path": path, "how": how, "step": self.check.steps, "site": caller_location()})
+        self.saves.append({"path": path, "how": how, "step": self.moments.steps, "site": caller_location()})
 
     def facts(self) -> dict[str, Any]:
         import socket

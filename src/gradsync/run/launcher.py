@@ -36,6 +36,7 @@ from gradsync.run.analysis.attempts import stopped_by_signal
 from gradsync.run.jobwide import rendezvous_store
 from gradsync.run.monitor import Monitor
 from gradsync.run.options import ATTEMPT_ENV, RunOptions
+from gradsync.run.scriptcheck import registry
 from gradsync.rundir import RunDir, fresh, layout
 
 
@@ -116,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(same batches on every rank, uneven batches, a sampler without set_epoch, accumulation without "
         "no_sync, replicas that drift apart, find_unused_parameters without need), then stop every rank "
         "and report what was found",
+    )
+    extra.add_argument(
+        "--doctor-checks",
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="with --doctor-steps: run only these checks of the script (default: all of them): "
+        + ", ".join(registry.check_names()),
     )
     return parser
 
@@ -200,6 +208,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
             "--run-path runs the script inside the launcher process, where the recorder cannot "
             "watch it; drop --run-path (gradsync run starts ordinary worker processes)."
         )
+    doctor_checks = _doctor_checks(args)
     specs = faults.parse_faults(args.inject_fault)
     _check_faults_can_fire(specs, args)
     # Absolute: a script may change its working directory (os.chdir, Hydra), and the workers
@@ -211,6 +220,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
         busy_timeout_s=args.busy_timeout,
         faults=tuple(str(s) for s in specs),
         doctor_steps=args.doctor_steps,
+        doctor_checks=doctor_checks,
         record_buckets=args.record_buckets,
         profile_steps=args.profile_steps,
         show_backend_logs=args.show_backend_logs,
@@ -218,6 +228,18 @@ def _options(args: argparse.Namespace) -> RunOptions:
     )
     check_target(args.training_script, as_module=args.module)
     return options
+
+
+def _doctor_checks(args: argparse.Namespace) -> list[str] | None:
+    """--doctor-checks NAME,...: the names of the checks it selects, in the registry's order (None: all)."""
+    if args.doctor_checks is None:
+        return None
+    if args.doctor_steps is None:
+        raise ConfigError(
+            f"--doctor-checks {args.doctor_checks}: it selects checks of the script check; add --doctor-steps K "
+            "(or run `gradsync doctor --steps K --checks ...`)."
+        )
+    return registry.parse_names(args.doctor_checks, option="--doctor-checks")
 
 
 def check_launch(args: argparse.Namespace) -> None:

@@ -48,6 +48,8 @@ class RunOptions:
     `doctor_steps`: with `--doctor-steps K`, every rank runs the script with the script check's
     instrumentation (gradsync.run.script_facts) and stops itself after its K-th optimizer step;
     None for a plain run, which installs none of it.
+    `doctor_checks`: with `--doctor-checks NAME,...`, the checks of the script check to run (names
+    of gradsync.run.scriptcheck.registry, checked by the launcher); None: every check.
     `record_buckets`: record each DDP gradient bucket through a Python comm hook and check every
     gradient before averaging (names the rank and parameters where NaN/inf started, at ~1.5-2 ms
     per step); otherwise DDP keeps its C++ reduction, recorded per backward pass with the loss
@@ -69,6 +71,7 @@ class RunOptions:
     straggler_min_s: float = 0.05
     faults: tuple[str, ...] = ()
     doctor_steps: int | None = None
+    doctor_checks: list[str] | None = None
     record_buckets: bool = False
     profile_steps: str | None = None
     show_backend_logs: bool = False

@@ -10,10 +10,15 @@ iteration starts, each pass of a DistributedSampler (epoch, shuffle), the synchr
 passes per optimizer step and, at the end, a hash of every parameter and buffer of its DDP
 models. Under FSDP2 and tensor parallelism it also notes how `fully_shard` split each model
 (how much the root unit holds) and fingerprints the inputs of each `parallelize_module`d
-module, which the ranks of one tensor-parallel group must share. It writes them to a file in the attempt directory when it stops (right after its K-th
-optimizer step) or when the script ends, and the launcher compares the ranks' files
-(gradsync.doctor.script_findings). As in the rest of `gradsync run`, nothing goes through
-the process group, which a broken script may be stuck in.
+module, which the ranks of one tensor-parallel group must share. It writes them to a file in
+the attempt directory when it stops (right after its K-th training step) or when the script
+ends, and the launcher compares the ranks' files (the checks of gradsync.run.scriptcheck). As in
+the rest of `gradsync run`, nothing goes through the process group, which a broken script may be
+stuck in.
+
+The moments it sees (a model wrapped, a training step starting and ending, a collective the
+script calls) go to a host (`scriptcheck.moments.Moments`), where the checks that record facts
+of their own (`Check.watch`: averaging, state_writes) listen; their facts go under their names.
 
 The patches (DataLoader and its iterators, DistributedSampler, Join, DDP's constructor and
 forward, a global optimizer-step hook) are installed only under --doctor-steps: a plain
@@ -46,6 +51,8 @@ from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
 from gradsync.run.check_primitives import Patches, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
 from gradsync.run.consistency_facts import ConsistencyWatch
 from gradsync.run.harmless import BookkeepingByKind
+from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.registry import selected_checks
 from gradsync.rundir import write_json
 
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
@@ -63,14 +70,19 @@ def _length(thing: Any) -> int | None:
 class ScriptCheck:
     """The facts one rank gathers under --doctor-steps, and its stop after the K-th optimizer step."""
 
-    def __init__(self, recorder: CollectiveRecorder, steps: int, path: Path, on_last_step: Callable[[], None]):
-        """`on_last_step` ends the process once the K-th step's facts are written."""
+    def __init__(self, recorder: CollectiveRecorder, steps: int, path: Path, on_last_step: Callable[[], None],
+                 checks: list[str] | None = None):
+        """`on_last_step` ends the process once the K-th step's facts are written; `checks`: the
+        checks --doctor-checks selected (None: all), kept in the facts for the launcher's rules."""
         self.recorder = recorder
         self.steps_to_check = steps
+        self.checks = checks
         self.path = path
         self.on_last_step = on_last_step
-        self.steps = 0  # optimizer steps taken (an optimizer stepping inside another's step is one)
-        self._stepping = 0  # optimizer steps in progress, nested
+        self.steps = 0  # training steps taken (see _is_training_step; one inside another's step is part of it)
+        self._stepping: list[bool] = []  # optimizer steps in progress, nested: whether each is a counted one
+        self._wrapped: set[int] = set()  # ids of the parameters of DDP models, fully_shard units, parallelize_module'd modules
+        self._collectives_before = 0  # the recorder's collectives at the previous counted step
         self._synced_before = 0  # the recorder's synchronised backward passes at the previous step
         self.syncs_per_step: list[int] = []
         self.forwards: list[dict[str, Any]] = []
@@ -88,7 +100,11 @@ class ScriptCheck:
         self.tp_modules: list[dict[str, Any]] = []  # per parallelize_module call: site, group, styles, inputs
         self._parallelizing = 0  # parallelize_module calls in progress (it recurses into the plan)
         self.bookkeeping = BookkeepingByKind()  # each watch's, by kind; their failures go into the facts
-        self.consistency = ConsistencyWatch(self, self.bookkeeping)  # what must agree across ranks (seeds, samples, modes, updates)
+        self.moments = Moments()  # what the checks' watches listen to, and what happened so far
+        self.consistency = ConsistencyWatch(self.moments, self.bookkeeping)  # what must agree across ranks (seeds, samples, modes, updates)
+        # The checks that record facts of their own, by name (their facts go under it).
+        self.watches = {check.name: check.watch(self.moments, self.bookkeeping)
+                        for check in selected_checks(checks) if check.watch is not None}
 
     # -- installing --------------------------------------------------------------------------
 
@@ -106,8 +122,13 @@ class ScriptCheck:
         def make_ddp_init(original):
             def __init__(ddp, *args, **kwargs):
                 original(ddp, *args, **kwargs)
+                site = None
                 with models:
-                    check.models.append((ddp, caller_location(), check.consistency.ddp_built(ddp)))
+                    site = caller_location()
+                    check.models.append((ddp, site, check.consistency.ddp_built(ddp)))
+                    check._wrapped.update(id(p) for p in ddp.module.parameters())
+                    check.moments.models.append(ddp)
+                check.moments.emit("wrapped", ddp, site)
 
             return __init__
 
@@ -119,7 +140,11 @@ class ScriptCheck:
                     training = ddp.training and torch.is_grad_enabled()
                     if training:
                         entry = check._training_forward(ddp, args, kwargs)
-                output = original(ddp, *args, **kwargs)
+                check.moments.forwarding += 1
+                try:
+                    output = original(ddp, *args, **kwargs)
+                finally:
+                    check.moments.forwarding -= 1
                 if training:
                     check.consistency.forward_ends(entry)
                 return output
@@ -202,8 +227,34 @@ class ScriptCheck:
         patches.wrap(Join, "__enter__", make_join_enter)
         patches.wrap(Join, "__exit__", make_join_exit)
         self._install_sharding_watches(patches)
+        self._install_collective_moment(patches)
         self.consistency.install(patches)
+        for watch in self.watches.values():
+            watch.install(patches)
         return patches.undo
+
+    def _install_collective_moment(self, patches: Patches) -> None:
+        """The collectives a script calls itself on whole tensors (hand-written averaging, a
+        broadcast of parameters), offered as the "collective" moment with the tensors and the line."""
+        import torch.distributed as dist
+
+        moments = self.moments
+        collectives = self.bookkeeping["the script check's collective moment"]
+
+        def make(op: str):
+            def wrap(original):
+                def collective(tensor, *args, **kwargs):
+                    with collectives:
+                        moments.emit("collective", op, [tensor], caller_location())
+                    return original(tensor, *args, **kwargs)
+
+                return collective
+
+            return wrap
+
+        for op in ("all_reduce", "reduce", "broadcast"):
+            if hasattr(dist, op):
+                patches.wrap(dist, op, make(op))
 
     def _install_sharding_watches(self, patches: Patches) -> None:
         """Wrap `fully_shard` and `parallelize_module` where scripts import them from."""
@@ -223,6 +274,8 @@ class ScriptCheck:
                 site = caller_location()
                 for unit in module if isinstance(module, (list, tuple)) else [module]:
                     check.fsdp_units.append((unit, site))
+                    check.moments.sharded.append((unit, site))
+                    check._wrapped.update(id(p) for p in unit.parameters())  # fully_shard's own, replaced ones
             return result
 
         @functools.wraps(original_parallelize)
@@ -236,6 +289,7 @@ class ScriptCheck:
                 check._parallelizing -= 1
             if not check._parallelizing:
                 with sharding:
+                    check._wrapped.update(id(p) for p in result.parameters())  # a step of these is the training's
                     check._watch_tp_module(result, device_mesh, parallelize_plan)
             return result
 
@@ -312,19 +366,39 @@ class ScriptCheck:
         entry = {"fingerprint": inputs_fingerprint(args, kwargs), "site": caller_location(),
                  "loader": loader["site"] if loader else None, **self.consistency.forward_starts(ddp)}
         self.forwards.append(entry)
+        self.moments.forwards = len(self.forwards)
         return entry
 
+    def _is_training_step(self, optimizer: Any) -> bool:
+        """Whether an optimizer step is one of the distributed training's, the steps --doctor-steps
+        counts: it steps a parameter of a DDP model, a fully_shard unit or a parallelize_module'd
+        module, or the rank communicated
+        since the previous one (hand-written averaging). A rank-local optimization (rank 0 fitting
+        a model of its own before training, a probe) is not: counted, it would make that rank
+        stop K steps early, inside a collective its peers are still in."""
+        with self.bookkeeping["the script check's step counter"]:
+            if any(id(p) in self._wrapped for group in optimizer.param_groups for p in group["params"]):
+                return True
+            return self.recorder.count > self._collectives_before
+        return True  # the count's failure: as before it existed, every step counts
+
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._stepping += 1
-        if self._stepping == 1:
+        counted = not self._stepping and self._is_training_step(optimizer)
+        self._stepping.append(counted)
+        if counted:
             self.consistency.step_starts(optimizer, self.steps + 1)
+            self.moments.reductions = self.recorder.backward_passes
+            self.moments.emit("step_starts", optimizer, self.steps + 1)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._stepping -= 1
-        if self._stepping:  # e.g. ZeroRedundancyOptimizer's local optimizer, inside its own step
+        counted = self._stepping.pop() if self._stepping else False  # a hook installed mid-step sees only its end
+        if not counted:  # a local optimization, or one inside another's step (ZeroRedundancyOptimizer's local one)
             return
         self.consistency.step_ends(optimizer)
         self.steps += 1
+        self.moments.steps = self.steps
+        self._collectives_before = self.recorder.count
+        self.moments.emit("step_ends", optimizer, self.steps)
         synced = self.recorder.backward_passes
         self.syncs_per_step.append(synced - self._synced_before)
         self._synced_before = synced
@@ -358,6 +432,7 @@ class ScriptCheck:
     def facts(self) -> dict[str, Any]:
         return {
             "doctor_steps": self.steps_to_check,
+            "checks": self.checks,
             "steps": self.steps,
             "syncs_per_step": self.syncs_per_step,
             "backward_site": self._last_backward_site(),
@@ -368,7 +443,16 @@ class ScriptCheck:
             "fsdp_roots": self._fsdp_roots(),
             "tp_modules": self.tp_modules,
             **self.consistency.facts(),
+            **self._watches_facts(),
         }
+
+    def _watches_facts(self) -> dict[str, Any]:
+        """Each check's own facts; one that fails leaves its check without facts (its rule says nothing)."""
+        facts = {}
+        for name, watch in self.watches.items():
+            with self.bookkeeping[f"the {name} check's facts"]:
+                facts[name] = watch.facts()
+        return facts
 
     def _fsdp_roots(self) -> list[dict[str, Any]]:
         """For each outermost module given to fully_shard: how many parameters it holds, and how

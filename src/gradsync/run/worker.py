@@ -390,7 +390,7 @@ def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, 
         exit_now(0)  # inside the script's step: no SystemExit for it to catch, no teardown
 
     path = RunDir(options.run_dir).script_check(identity["attempt"], identity["rank"])
-    check = ScriptCheck(recorder, steps, path, stop)
+    check = ScriptCheck(recorder, steps, path, stop, checks=options.doctor_checks)
     check.install()
     return check
 

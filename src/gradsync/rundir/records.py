@@ -202,6 +202,8 @@ SEVERITIES = ("error", "warning")
 ERROR, WARNING, EITHER = ("error",), ("warning",), SEVERITIES
 
 # The vocabulary of diagnosis.json: every category a finding may have, its severities, and what it means.
+# The script check's categories (--doctor-steps) are added by gradsync.run.scriptcheck.registry when
+# it is imported: each check declares its own (register_categories).
 CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "collective_mismatch": (ERROR, "ranks called different collectives at the same point"),
     "shape_mismatch": (ERROR, "the same collective at the same line with different tensors"),
@@ -222,26 +224,17 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "regrouped": (WARNING, "the workers were restarted to take in a node that joined an elastic job (not a failure)"),
     "fault_not_fired": (WARNING, "an --inject-fault never fired, so nothing was rehearsed"),
     "stopped_by_signal": (WARNING, "the job was stopped from outside"),
-    # Found by --doctor-steps (the script check):
-    "no_distributed_sampler": (ERROR, "every rank fed DDP identical inputs: the ranks train on the same batches"),
-    "sampler_epoch_not_set": (WARNING, "a shuffling DistributedSampler repeated an epoch's order (no set_epoch)"),
-    "uneven_batches": (ERROR, "ranks have different numbers of batches per epoch: a hang at the epoch's end"),
-    "accumulation_without_no_sync": (WARNING, "gradients were all-reduced on micro-steps that end in no optimizer step"),
-    "parameters_diverged": (ERROR, "the replicas' parameters differ across ranks after the checked steps"),
-    "buffers_diverged": (ERROR, "the replicas' buffers (e.g. BatchNorm statistics) differ across ranks"),
-    "find_unused_parameters_unneeded": (WARNING, "find_unused_parameters=True although every parameter got a gradient"),
-    "tensor_parallel_inputs_differ": (ERROR, "the ranks of one tensor-parallel group fed a parallelized module different inputs"),
-    "fsdp_root_holds_most": (WARNING, "fully_shard left most parameters in the root unit: sharding saves little memory"),
-    "shared_random_draws": (WARNING, "every rank drew the same random numbers in training (seeded alike after DDP was built)"),
-    "dataset_generator_copied": (WARNING, "a generator stored on the dataset is copied unchanged into every DataLoader worker"),
-    "data_split_differs": (ERROR, "random_split split the dataset differently per rank: training and validation overlap"),
-    "sampler_overlap": (ERROR, "the ranks' DistributedSamplers drew overlapping samples and left others out"),
-    "loss_scaled_by_world_size": (WARNING, "the loss divides by the world size although DDP averages: updates 1/world"),
-    "eval_mode_differs": (ERROR, "some ranks trained submodules in eval mode that the other ranks trained in train mode"),
-    "parameter_order_differs": (ERROR, "DDP got the parameters in a different order per rank: it averages different layers"),
-    "update_differs": (ERROR, "the gradients, settings or parameters going into a step differ across ranks: who changed them"),
-    "same_file_written": (EITHER, "several ranks wrote the same file: overlapping writes"),
 }
+
+
+def register_categories(categories: dict[str, tuple[tuple[str, ...], str]]) -> None:
+    """Add the categories of another vocabulary (the script check's, gradsync.run.scriptcheck.registry,
+    which owns them): a name already taken with another meaning is a mistake in gradsync."""
+    for name, entry in categories.items():
+        if CATEGORIES.get(name, entry) != entry:
+            raise ValueError(f"category {name!r} is registered twice, with different meanings")
+        CATEGORIES[name] = entry
+
 
 @dataclass
 class Finding:

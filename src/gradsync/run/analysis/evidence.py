@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gradsync.doctor.script_findings import script_check_findings
 from gradsync.run.analysis.last_words import classify
 from gradsync.run.analysis.rules import diagnose
 from gradsync.run.analysis.views import RankView
+from gradsync.run.scriptcheck import registry
 from gradsync.rundir import read_json
 from gradsync.rundir.records import Finding
 
@@ -49,7 +49,7 @@ class Evidence:
             now=self.now,
             world_size=self.world_size,
             stragglers=self.stragglers,
-            script_check=script_check_findings(self.script_checks),
+            script_check=registry.findings(self.script_checks),
         )
 
     def as_dict(self) -> dict[str, Any]:

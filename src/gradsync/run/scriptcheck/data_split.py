@@ -1,0 +1,64 @@
+"""data_split: random_split split the dataset differently per rank.
+
+Without a generator it draws from torch's generator, which a script may seed differently per
+rank: each rank's training set then holds samples another rank holds out for validation, so
+validation measures samples the model was trained on. Named at the split. A split that differs is
+also why the ranks' shares of it overlap: while it is reported, `sampler_overlap` is not.
+"""
+
+from __future__ import annotations
+
+from gradsync.rundir.records import Finding
+from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text
+from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
+
+
+def splits_differ(checks: RankFacts) -> list[Finding]:
+    if not consistency_recorded(checks):
+        return []
+    count = min(len(facts["splits"]) for facts in checks.values())
+    findings = []
+    for index in range(count):
+        splits = {rank: facts["splits"][index] for rank, facts in checks.items()}
+        if len({tuple(s["crcs"]) for s in splits.values()}) == 1:
+            continue
+        ranks = odd_ones_out({rank: tuple(s["crcs"]) for rank, s in splits.items()})
+        first = splits[min(splits)]
+        leak = ""
+        other = next((r for r in sorted(splits) if tuple(splits[r]["crcs"]) != tuple(first["crcs"])), None)
+        if other is not None and first["indices"] and splits[other]["indices"] and len(first["indices"]) > 1:
+            shared = len(set(first["indices"][0]) & set(splits[other]["indices"][1]))
+            leak = (f" {shared} of rank {min(splits)}'s {len(first['indices'][0])} samples in the first split are in "
+                    f"rank {other}'s second one.")
+        generator = "" if first["generator_given"] else " without a generator,"
+        findings.append(Finding(
+            "data_split_differs",
+            "error",
+            ranks,
+            f"random_split at {first['site'] or '?'} split the dataset differently on {ranks_text(ranks)}:{generator} it "
+            "draws from torch's generator, which this script seeds differently per rank. Each rank's training set "
+            f"holds samples another rank holds out for validation, so validation measures samples the model was "
+            f"trained on.{leak}",
+            "Split the same way on every rank: random_split(dataset, lengths, generator=torch.Generator()."
+            "manual_seed(42)), or split before seeding per rank, or split once on disk.",
+            locations={str(rank): splits[rank]["site"] or "?" for rank in ranks},
+            details={"lengths": first["lengths"]},
+        ))
+    return findings
+
+
+CHECK = Check(
+    name="data_split",
+    summary="random_split splitting the dataset differently per rank",
+    categories={
+        "data_split_differs": Category(
+            ("error",),
+            "random_split split the dataset differently per rank: training and validation overlap",
+            "a `random_split` gave different splits on different ranks (no generator, after per-rank seeding): "
+            "each rank trains on samples another holds out for validation; named at the split",
+        ),
+    },
+    rule=splits_differ,
+    explains={"data_split_differs": ("sampler_overlap",)},
+)

@@ -1,0 +1,84 @@
+"""shared_random_draws: every rank drew the same random numbers in training, from a generator seeded alike after DDP was built.
+
+Seeding alike before building the model is how DDP scripts start (identical initial weights);
+seeding alike afterwards only makes dropout and augmentation repeat on every rank, so the global
+batch holds one rank's worth of random draws. Named at the seeding line.
+"""
+
+from __future__ import annotations
+
+from gradsync.rundir.records import Finding
+from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
+
+
+GENERATORS = {"torch": "torch's CPU generator", "cuda": "the CUDA generator", "random": "Python's `random`",
+              "numpy": "NumPy's global generator"}
+
+
+def shared_random_draws(checks: RankFacts) -> list[Finding]:
+    if not consistency_recorded(checks):
+        return []
+    forwards = {rank: facts["forwards"] for rank, facts in checks.items()}
+    count = min(len(f) for f in forwards.values())
+    findings = []
+    for generator, label in GENERATORS.items():
+        # torch.manual_seed seeds the CUDA generators too; torch.cuda.manual_seed(_all) only them.
+        seeding = ("torch", "cuda") if generator == "cuda" else (generator,)
+        after_ddp = {rank: [s for s in facts["seeds"] if s["generator"] in seeding and s["after_ddp"]]
+                     for rank, facts in checks.items()}
+        if not all(after_ddp.values()):
+            continue  # seeded alike only before the model was built (or not at all): the script's own choice
+        # The draws since the seeding (the first after DDP on every rank): before it, they owe nothing to it.
+        start = max(seeds[0]["forwards_before"] for seeds in after_ddp.values())
+        draws = []  # per window where every rank drew from it: were the draws identical?
+        for i in range(start, count):
+            entries = {rank: f[i] for rank, f in forwards.items()}
+            if not all("rng_before" in e and generator in e["rng_before"] and generator in e.get("rng_after", {})
+                       for e in entries.values()):
+                continue
+            before = {r: e["rng_before"][generator] for r, e in entries.items()}
+            after = {r: e["rng_after"][generator] for r, e in entries.items()}
+            if all(before[r] != after[r] for r in entries):  # drew inside the forward (dropout)
+                draws.append(len(set(before.values())) == 1)
+            if i > start:  # drew between the previous forward and this one (augmentation, in this process)
+                previous = {r: forwards[r][i - 1].get("rng_after", {}).get(generator) for r in entries}
+                if None not in previous.values() and all(previous[r] != before[r] for r in entries):
+                    draws.append(len(set(previous.values())) == 1)
+        if not draws or not all(draws):
+            continue
+        last_seed = {rank: seeds[0] for rank, seeds in after_ddp.items()}
+        ranks = sorted(checks)
+        site = last_seed[ranks[0]]["site"] or "?"
+        findings.append(Finding(
+            "shared_random_draws",
+            "warning",
+            ranks,
+            f"Every rank drew the same random numbers from {label} in each of the {len(draws)} training draws "
+            f"compared: it was seeded with the same value ({last_seed[ranks[0]]['value']}) on every rank at {site}, "
+            "after DDP was built. Dropout masks and random augmentation repeat on every rank, so the global batch "
+            f"holds one rank's worth of random draws instead of {len(ranks)} independent ones.",
+            "Seed alike before building the model (DDP needs identical initial weights, and broadcasts rank 0's "
+            "anyway), then give each rank its own stream for training: torch.manual_seed(seed + rank), and the same "
+            "for random.seed and numpy.random.seed.",
+            locations={str(rank): seed["site"] or "?" for rank, seed in sorted(last_seed.items())},
+            details={"generator": generator, "draws_compared": len(draws)},
+        ))
+    return findings
+
+
+CHECK = Check(
+    name="shared_random_draws",
+    summary="the same random draws on every rank (seeded alike after DDP was built)",
+    categories={
+        "shared_random_draws": Category(
+            ("warning",),
+            "every rank drew the same random numbers in training (seeded alike after DDP was built)",
+            "from the first seeding after DDP was built on every rank, every rank drew the same numbers from a "
+            "generator (torch, CUDA, `random`, NumPy) inside or between training forwards: named at that seeding "
+            "line (also a reseeding with the epoch inside the loop). Seeding alike only *before* building the "
+            "model is DDP's usual start and is left alone",
+        ),
+    },
+    rule=shared_random_draws,
+)

@@ -1,0 +1,19 @@
+"""data_split on hand-made facts: a split that differs across ranks is an error, named at the split."""
+
+from __future__ import annotations
+
+from tests.run.scriptcheck.facts import consistency_categories, consistency_facts, consistency_found
+
+
+def split(crcs, indices) -> dict:
+    return {"site": "train.py:15", "generator_given": False, "lengths": [len(i) for i in indices], "crcs": crcs,
+            "indices": indices}
+
+
+def test_a_split_that_differs_across_ranks_is_an_error():
+    checks = {0: consistency_facts(splits=[split([1, 2], [[0, 1, 2], [3]])]),
+              1: consistency_facts(splits=[split([3, 4], [[1, 2, 3], [0]])])}
+    (finding,) = consistency_found(checks)
+    assert finding.category == "data_split_differs" and finding.locations == {"0": "train.py:15", "1": "train.py:15"}
+    assert "1 of rank 0's 3 samples in the first split are in rank 1's second one" in finding.message
+    assert consistency_categories({r: consistency_facts(splits=[split([1, 2], [[0, 1, 2], [3]])]) for r in (0, 1)}) == []
