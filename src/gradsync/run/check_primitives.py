@@ -77,6 +77,17 @@ def inputs_fingerprint(args: tuple, kwargs: dict) -> int | None:
     return tensors_fingerprint(nested_tensors((args, kwargs)))
 
 
+def dtensor_class() -> type | None:
+    """torch's DTensor (FSDP2's and tensor parallelism's sharded tensors); None on a torch without it.
+    A watch leaves them alone: their shards differ across ranks by design, and reading one whole
+    is a collective."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return None
+    return DTensor
+
+
 def index_sampler(loader: Any) -> Any:
     """The sampler whose indices a DataLoader batches (None for a plain list of batches)."""
     if loader.batch_sampler is None:  # batch_size=None: one sample at a time

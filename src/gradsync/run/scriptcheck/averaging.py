@@ -30,7 +30,7 @@ import torch
 from gradsync.rundir.records import Finding
 from gradsync.run.activity import enclosing_loop
 from gradsync.run.callsite import OWN, caller_location, file_kind, location, short_path, user_frame
-from gradsync.run.check_primitives import Patches, tensor_fingerprint
+from gradsync.run.check_primitives import Patches, dtensor_class, tensor_fingerprint
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import names_text, ranks_text
 from gradsync.run.scriptcheck.moments import Moments
@@ -41,14 +41,6 @@ STEPS_COMPARED = 8  # counted steps whose gradients are fingerprinted one by one
 BYPASSES_KEPT = 4  # lines where a forward bypassed DDP, kept per rank
 POINTERS_KEPT = 100_000  # reduced tensors remembered (a per-parameter loop over a large model)
 _REDUCING = frozenset({"all_reduce", "reduce"})
-
-
-def _dtensor_class() -> type | None:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without DTensor: no FSDP2, nothing sharded to leave out
-        return None
-    return DTensor
 
 
 class AveragingWatch:
@@ -72,7 +64,7 @@ class AveragingWatch:
         self._all_reduced: set[tuple[int, int]] = set()
         self._reductions_before = 0  # DDP's synchronised passes at the previous step
         self._built_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> the line that built it
-        self._dtensor = _dtensor_class()
+        self._dtensor = dtensor_class()
         moments.on("wrapped", self._wrapped, self.bookkeeping)
         moments.on("collective", self._collective, self.bookkeeping)
         moments.on("step_starts", self._step_starts, self.bookkeeping)
@@ -104,10 +96,11 @@ class AveragingWatch:
     def _inner_forward(self, module: Any, args: Any) -> None:
         # A forward pre-hook in the user's forward: returning None leaves its inputs alone.
         with self.bookkeeping:
-            if self.moments.forwarding or not module.training or not torch.is_grad_enabled():
+            if (self.moments.forwarding or not module.training or not torch.is_grad_enabled()
+                    or len(self.bypasses) >= BYPASSES_KEPT):
                 return
             site = _entry_site(module)
-            if len(self.bypasses) < BYPASSES_KEPT and all(b["site"] != site for b in self.bypasses):
+            if all(b["site"] != site for b in self.bypasses):
                 self.bypasses.append({"site": site, "step": self.moments.steps + 1})
 
     def _collective(self, op: str, tensors: list[Any], site: str | None) -> None:

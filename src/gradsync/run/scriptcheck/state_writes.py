@@ -32,7 +32,7 @@ from torch import nn
 
 from gradsync.rundir.records import Finding
 from gradsync.run.callsite import caller_location
-from gradsync.run.check_primitives import Patches, tensor_fingerprint, tensors_fingerprint
+from gradsync.run.check_primitives import Patches, dtensor_class, tensor_fingerprint, tensors_fingerprint
 from gradsync.run.consistency_facts import hyperparameters
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text, settings_differ
@@ -78,11 +78,19 @@ def _plain_state(state: dict[str, Any]) -> str:
 
 
 def optimizer_state_fingerprint(optimizer: Any) -> int | None:
-    """One fingerprint of the per-parameter state (moments, step counts) in param_groups order."""
+    """One fingerprint of the per-parameter state (moments, step counts) in param_groups order.
+
+    The state of a sharded parameter (a DTensor: FSDP2, tensor parallelism) is left out: its
+    shards differ across ranks by design, and reading it whole would be a collective."""
+    dtensor = dtensor_class()
     combined = 0
     for group in optimizer.param_groups:
         for parameter in group["params"]:
+            if dtensor is not None and isinstance(parameter, dtensor):
+                continue
             for key, value in sorted(optimizer.state.get(parameter, {}).items()):
+                if dtensor is not None and isinstance(value, dtensor):
+                    continue
                 part = tensor_fingerprint(value) if isinstance(value, torch.Tensor) else _crc(repr(value))
                 if part is None:
                     return None
@@ -102,7 +110,8 @@ class StateWatch:
         self._optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> index
         self._scalers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> index, in the order first seen
         self._schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._wrapped_modules: dict[int, str] = {}  # id of a module inside a DDP model -> its name there
+        # a module inside a DDP model -> its name there (weakly: a dead module's id is reused)
+        self._wrapped_modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._wrapped_parameters: set[int] = set()
         self._inside: int = 0  # load_state_dict calls in progress (they set attributes of their own)
         moments.on("wrapped", self._wrapped, self.bookkeeping)
@@ -162,7 +171,7 @@ class StateWatch:
 
         def __setattr__(module, name, value):
             # The fast path first: this runs on every attribute a module sets.
-            if watch._wrapped_modules and id(module) in watch._wrapped_modules and not watch._inside:
+            if watch._wrapped_modules and not watch._inside and module in watch._wrapped_modules:
                 with watch.bookkeeping:
                     watch._replacing(module, name, value)
             return original(module, name, value)
@@ -173,7 +182,7 @@ class StateWatch:
 
     def _wrapped(self, ddp: Any, site: str | None) -> None:
         for name, module in ddp.module.named_modules():
-            self._wrapped_modules[id(module)] = name
+            self._wrapped_modules[module] = name
         self._wrapped_parameters.update(id(p) for p in ddp.module.parameters())
 
     def _step_starts(self, optimizer: Any, step: int) -> None:
@@ -244,7 +253,7 @@ class StateWatch:
             kind = "submodule"
         else:
             return
-        prefix = self._wrapped_modules[id(module)]
+        prefix = self._wrapped_modules[module]
         target = f"{prefix}.{name}" if prefix else name
         site = caller_location()
         key = ("replaced", site, target)
