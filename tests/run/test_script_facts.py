@@ -132,7 +132,7 @@ class UnmountedPath:
 def test_open_raises_the_scripts_own_error_when_the_write_watch_cannot_read_the_path(tmp_path, capsys):
     plain, checked, check = _with_and_without_check(lambda: open(UnmountedPath(), "w"), tmp_path)  # noqa: SIM115
     assert checked == plain and plain[:2] == ("raised", "FileNotFoundError"), (plain, checked)
-    assert _failed_watches(check, capsys.readouterr().err) == {"the script check's _wrote"}
+    assert _failed_watches(check, capsys.readouterr().err) == {"the same_file check's watch"}
 
 
 class LazyBatch(Mapping):

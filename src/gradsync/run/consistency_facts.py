@@ -3,9 +3,10 @@
 DDP keeps the replicas identical, so the mistakes that matter most leave no trace in the model:
 every rank drawing the same dropout masks, samplers that hand two ranks the same samples, a
 loss that DDP's average divides once more, rank 0 training in eval mode, parameters paired by
-position in a different order, an update (clipping, a learning rate) changed on one rank only,
-every rank writing the same file. Each one shows only by comparing what the ranks did, so each
-rank records, under --doctor-steps only:
+position in a different order, an update (clipping, a learning rate) changed on one rank only.
+Each one shows only by comparing what the ranks did, so each rank records, under --doctor-steps
+only (the checks that keep their own watch, in their own module of gradsync.run.scriptcheck,
+are not here: same_file, averaging, state_writes):
 
 - the state of every random generator around each training forward (torch, CUDA, `random`,
   NumPy), the seeding calls with their lines, and the generators a DataLoader's dataset holds
@@ -20,7 +21,6 @@ rank records, under --doctor-steps only:
   them (clipping, schedulers) and their lines;
 - how the loss passed to backward is normalised (read from the autograd graph: a mean, a sum,
   constant factors), and backward calls per optimizer step;
-- the paths every rank wrote with `torch.save` or `open` from its own code.
 
 `ScriptCheck` owns one `ConsistencyWatch`, feeds it the moments it already sees (DDP built, a
 training forward, an optimizer step) and writes its facts beside its own; the launcher compares
@@ -30,9 +30,7 @@ wrapped, forwards, steps) from the host they share (`scriptcheck.moments.Moments
 
 from __future__ import annotations
 
-import builtins
 import functools
-import os
 import random
 import re
 import sys
@@ -54,12 +52,11 @@ from gradsync.run.scriptcheck.moments import Moments
 
 MAX_INDICES = 200_000  # a sampler pass or a split longer than this keeps no indices (too large to compare)
 INDEXED_PASSES = 4  # passes per DataLoader whose indices are kept
-MAX_RECORDS = 64  # seeds, splits, saves, steps, loss walks kept per rank
+MAX_RECORDS = 64  # seeds, splits, steps, loss walks kept per rank
 CALLS_PER_STEP = 16  # update-changing calls kept between two optimizer steps
 EVAL_NAMES = 8  # eval-mode submodule names kept per forward
 LOSS_WALKS = 8  # backward calls whose loss normalisation is read
 _GRAPH_NODES = 16  # autograd nodes walked down from a loss to its reduction
-_WRITE_MODES = frozenset("wax+")
 
 
 def _crc(data: bytes | memoryview, start: int = 0) -> int:
@@ -261,7 +258,6 @@ class ConsistencyWatch:
         self.steps: list[dict[str, Any]] = []
         self.loss_walks: list[dict[str, Any]] = []
         self.backwards_per_step: list[int] = []
-        self.saves: list[dict[str, Any]] = []
         self._backwards = 0
         self._calls: list[dict[str, Any]] = []  # update-changing calls since the last step
         self._optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> index
@@ -286,7 +282,6 @@ class ConsistencyWatch:
         self._install_mode(patches)
         self._install_update_calls(patches)
         self._install_backward(patches)
-        self._install_writes(patches)
 
     def _install_seeding(self, patches: Patches) -> None:
         watch = self
@@ -431,30 +426,6 @@ class ConsistencyWatch:
             return original(tensors, *args, **kwargs)
 
         patches.replace(torch.autograd, "backward", backward)  # Tensor.backward calls it through the module
-
-    def _install_writes(self, patches: Patches) -> None:
-        watch = self
-        writes = self.bookkeeping["the script check's write watch"]
-
-        def make_save(original):
-            def save(obj, f, *args, **kwargs):
-                watch._wrote(f, "torch.save")
-                return original(obj, f, *args, **kwargs)
-
-            return save
-
-        patches.wrap(torch, "save", make_save)
-        original_open = builtins.open
-
-        @functools.wraps(original_open)
-        def open_(file, mode="r", *args, **kwargs):
-            with writes:
-                # Only the user's own open() calls: torch.save and libraries open files of their own.
-                if isinstance(mode, str) and _WRITE_MODES & set(mode) and file_kind(sys._getframe(1).f_code.co_filename) == OWN:
-                    watch._wrote(file, "open")
-            return original_open(file, mode, *args, **kwargs)
-
-        patches.replace(builtins, "open", open_)
 
     # -- what ScriptCheck tells it -----------------------------------------------------------
 
@@ -661,20 +632,8 @@ class ConsistencyWatch:
             normalisation = None
         self.loss_walks.append({"site": caller_location(), "step": self.moments.steps + 1, **(normalisation or {"scale": None})})
 
-    @_never_raises()
-    def _wrote(self, file: Any, how: str) -> None:
-        if not isinstance(file, (str, os.PathLike)) or len(self.saves) >= MAX_RECORDS:
-            return
-        path = os.path.abspath(os.fspath(file))
-        if path.startswith(("/dev/", "/proc/", "/sys/")):
-            return
-        self.saves.append({"path": path, "how": how, "step": self.moments.steps, "site": caller_location()})
-
     def facts(self) -> dict[str, Any]:
-        import socket
-
         return {
-            "host": socket.gethostname(),
             "seeds": self.seeds,
             "splits": self.splits,
             "loader_draws": self.loader_draws,
@@ -682,6 +641,5 @@ class ConsistencyWatch:
             "steps_taken": self.steps,
             "loss_walks": self.loss_walks,
             "backwards_per_step": self.backwards_per_step,
-            "writes": self.saves,
             "watch_failures": self.bookkeeping.failures(),
         }

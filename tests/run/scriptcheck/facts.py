@@ -27,12 +27,13 @@ def script_facts(**overrides) -> dict:
     return {**facts, **overrides}
 
 
-def consistency_facts(**overrides) -> dict:
-    """A rank's facts with those of the consistency checks."""
+def consistency_facts(writes: list[dict] | None = None, host: str = "node0", **overrides) -> dict:
+    """A rank's facts with those of the consistency checks; `writes` (on `host`) are the same_file
+    check's own facts, kept under its name."""
     facts = {
         "steps": 4, "syncs_per_step": [1, 1, 1, 1], "forwards": [], "models": [], "loaders": [], "sampler_passes": [],
-        "host": "node0", "seeds": [], "splits": [], "loader_draws": [], "worker_copies": [], "steps_taken": [],
-        "loss_walks": [], "backwards_per_step": [1, 1, 1, 1], "writes": [],
+        "seeds": [], "splits": [], "loader_draws": [], "worker_copies": [], "steps_taken": [],
+        "loss_walks": [], "backwards_per_step": [1, 1, 1, 1], "same_file": {"host": host, "writes": writes or []},
     }
     return {**facts, **overrides}
 

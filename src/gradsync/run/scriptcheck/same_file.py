@@ -3,25 +3,85 @@
 The writes overlap, and the file that survives holds one random rank's data, or a mix of several:
 a torn checkpoint with torch.save (an error), a garbled file with the script's own open (a
 warning). Each host's own disk is its own: only ranks of one host are compared. At most three
-paths are named.
+paths are named. Each rank records the paths it wrote with `torch.save` or with `open` called
+from the script's own files (libraries open files of their own), the first MAX_WRITES of them.
 """
 
 from __future__ import annotations
 
+import builtins
+import functools
+import os
+import socket
+import sys
 from collections import Counter
 from typing import Any
 
+import torch
+
 from gradsync.rundir.records import Finding
+from gradsync.run.callsite import OWN, caller_location, file_kind
+from gradsync.run.check_primitives import Patches
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import ranks_text
-from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.moments import Moments
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
+
+NAME = "same_file"
+MAX_WRITES = 64  # paths kept per rank
+_WRITE_MODES = frozenset("wax+")
+
+
+class WriteWatch:
+    """The paths one rank wrote with `torch.save` or the script's own `open`, with the step and line."""
+
+    def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind) -> None:
+        self.moments = moments
+        self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
+        self.writes: list[dict[str, Any]] = []
+
+    def install(self, patches: Patches) -> None:
+        watch = self
+
+        def make_save(original):
+            def save(obj, f, *args, **kwargs):
+                with watch.bookkeeping:
+                    watch._wrote(f, "torch.save")
+                return original(obj, f, *args, **kwargs)
+
+            return save
+
+        patches.wrap(torch, "save", make_save)
+        original_open = builtins.open
+
+        @functools.wraps(original_open)
+        def open_(file, mode="r", *args, **kwargs):
+            with watch.bookkeeping:
+                # Only the user's own open() calls: torch.save and libraries open files of their own.
+                if isinstance(mode, str) and _WRITE_MODES & set(mode) and file_kind(sys._getframe(1).f_code.co_filename) == OWN:
+                    watch._wrote(file, "open")
+            return original_open(file, mode, *args, **kwargs)
+
+        patches.replace(builtins, "open", open_)
+
+    def _wrote(self, file: Any, how: str) -> None:
+        if not isinstance(file, (str, os.PathLike)) or len(self.writes) >= MAX_WRITES:
+            return
+        path = os.path.abspath(os.fspath(file))
+        if path.startswith(("/dev/", "/proc/", "/sys/")):
+            return
+        self.writes.append({"path": path, "how": how, "step": self.moments.steps, "site": caller_location()})
+
+    def facts(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "writes": self.writes}
 
 
 def same_file_written(checks: RankFacts) -> list[Finding]:
-    if not consistency_recorded(checks):
-        return []
+    recorded = {rank: facts.get(NAME) for rank, facts in checks.items()}
+    if len(recorded) < 2 or None in recorded.values():
+        return []  # one rank has nothing to agree with; facts of an older gradsync have none of these
     writers: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
-    for rank, facts in checks.items():
+    for rank, facts in recorded.items():
         for write in facts["writes"]:
             writers.setdefault((facts["host"], write["path"]), {}).setdefault(rank, write)
     findings = []
@@ -62,4 +122,5 @@ CHECK = Check(
         ),
     },
     rule=same_file_written,
+    watch=WriteWatch,
 )
