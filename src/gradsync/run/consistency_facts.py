@@ -6,13 +6,13 @@ loss that DDP's average divides once more, rank 0 training in eval mode, paramet
 position in a different order, an update (clipping, a learning rate) changed on one rank only.
 Each one shows only by comparing what the ranks did, so each rank records, under --doctor-steps
 only (the checks that keep their own watch, in their own module of gradsync.run.scriptcheck,
-are not here: same_file, averaging, state_writes):
+are not here: same_file, data_split, averaging, state_writes):
 
 - the state of every random generator around each training forward (torch, CUDA, `random`,
   NumPy), the seeding calls with their lines, and the generators a DataLoader's dataset holds
   when workers copy it;
 - the indices each DataLoader pass draws, mapped through `Subset` to the dataset (with its
-  DistributedSampler's seed and rank), and each `random_split`'s splits;
+  DistributedSampler's seed and rank);
 - which submodules are in eval mode at each training forward and each optimizer step, and the
   line that set them so;
 - the parameter names in order when DDP is built;
@@ -50,7 +50,7 @@ from gradsync.run.check_primitives import Patches, index_sampler, tensor_hash, t
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.moments import Moments
 
-MAX_INDICES = 200_000  # a sampler pass or a split longer than this keeps no indices (too large to compare)
+MAX_INDICES = 200_000  # a sampler pass longer than this keeps no indices (too large to compare)
 INDEXED_PASSES = 4  # passes per DataLoader whose indices are kept
 MAX_RECORDS = 64  # seeds, splits, steps, loss walks kept per rank
 CALLS_PER_STEP = 16  # update-changing calls kept between two optimizer steps
@@ -252,7 +252,6 @@ class ConsistencyWatch:
         self.moments = moments
         self.bookkeeping = bookkeeping
         self.seeds: list[dict[str, Any]] = []
-        self.splits: list[dict[str, Any]] = []
         self.loader_draws: list[dict[str, Any]] = []
         self.worker_copies: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
@@ -323,8 +322,6 @@ class ConsistencyWatch:
         patches.wrap(numpy.random, "default_rng", make_default_rng)
 
     def _install_data(self, patches: Patches) -> None:
-        import torch.utils.data as data
-        import torch.utils.data.dataset as dataset_module
 
         watch = self
         samplers = self.bookkeeping["the script check's DistributedSampler watch"]
@@ -348,17 +345,6 @@ class ConsistencyWatch:
         patches.wrap(DistributedSampler, "__init__", make_sampler_init)
         patches.wrap(DistributedSampler, "set_epoch", make_set_epoch)
 
-        original_split = dataset_module.random_split
-
-        @functools.wraps(original_split)
-        def random_split(dataset, lengths, *args, **kwargs):
-            subsets = original_split(dataset, lengths, *args, **kwargs)
-            watch._split(subsets, generator_given=len(args) > 0 or "generator" in kwargs)
-            return subsets
-
-        for owner in (data, dataset_module):
-            if getattr(owner, "random_split", None) is original_split:
-                patches.replace(owner, "random_split", random_split)
 
     def _install_mode(self, patches: Patches) -> None:
         watch = self
@@ -509,20 +495,6 @@ class ConsistencyWatch:
             self.seeds.append({"generator": generator, "site": caller_location(), "after_ddp": bool(self.moments.models),
                                "forwards_before": self.moments.forwards, "value": repr(value)[:40]})
 
-    @_never_raises()
-    def _split(self, subsets: list[Subset], generator_given: bool) -> None:
-        if len(self.splits) >= MAX_RECORDS:
-            return
-        indices = [list(map(int, subset.indices)) for subset in subsets]
-        keep = sum(len(i) for i in indices) <= MAX_INDICES
-        self.splits.append({
-            "site": caller_location(),
-            "generator_given": generator_given,
-            "lengths": [len(i) for i in indices],
-            "crcs": [_crc(repr(i).encode()) for i in indices],
-            "indices": indices if keep else None,
-        })
-
     def set_epoch_calls(self, sampler: DistributedSampler) -> int:
         return self._set_epoch_calls.get(sampler, 0)
 
@@ -635,7 +607,6 @@ class ConsistencyWatch:
     def facts(self) -> dict[str, Any]:
         return {
             "seeds": self.seeds,
-            "splits": self.splits,
             "loader_draws": self.loader_draws,
             "worker_copies": self.worker_copies,
             "steps_taken": self.steps,

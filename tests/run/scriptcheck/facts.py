@@ -27,13 +27,15 @@ def script_facts(**overrides) -> dict:
     return {**facts, **overrides}
 
 
-def consistency_facts(writes: list[dict] | None = None, host: str = "node0", **overrides) -> dict:
-    """A rank's facts with those of the consistency checks; `writes` (on `host`) are the same_file
-    check's own facts, kept under its name."""
+def consistency_facts(writes: list[dict] | None = None, host: str = "node0", splits: list[dict] | None = None,
+                      **overrides) -> dict:
+    """A rank's facts with those of the consistency checks; `writes` (on `host`) and `splits` are
+    the same_file and data_split checks' own facts, kept under their names."""
     facts = {
         "steps": 4, "syncs_per_step": [1, 1, 1, 1], "forwards": [], "models": [], "loaders": [], "sampler_passes": [],
-        "seeds": [], "splits": [], "loader_draws": [], "worker_copies": [], "steps_taken": [],
+        "seeds": [], "loader_draws": [], "worker_copies": [], "steps_taken": [],
         "loss_walks": [], "backwards_per_step": [1, 1, 1, 1], "same_file": {"host": host, "writes": writes or []},
+        "data_split": {"splits": splits or []},
     }
     return {**facts, **overrides}
 

@@ -142,8 +142,8 @@ def test_every_rank_drawing_the_same_batches_explains_the_overlap_of_their_share
 
 def test_a_split_that_differs_explains_the_overlap_of_the_shares():
     checks = _overlapping_shares()
-    checks[0]["splits"] = [split([1, 2], [[0, 1, 2], [3]])]
-    checks[1]["splits"] = [split([3, 4], [[1, 2, 3], [0]])]
+    checks[0]["data_split"] = {"splits": [split([1, 2], [[0, 1, 2], [3]])]}
+    checks[1]["data_split"] = {"splits": [split([3, 4], [[1, 2, 3], [0]])]}
     assert _categories(registry.findings(checks, ["sampler_overlap"])) == ["sampler_overlap"]
     # Whichever dataset the overlapping pass drew from (here the whole one, not a Subset of the split).
     assert _categories(findings(checks)) == ["data_split_differs"]

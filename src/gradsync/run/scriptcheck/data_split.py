@@ -8,19 +8,73 @@ also why the ranks' shares of it overlap: while it is reported, `sampler_overlap
 
 from __future__ import annotations
 
+import functools
+import zlib
+from typing import Any
+
 from gradsync.rundir.records import Finding
+from gradsync.run.callsite import caller_location
+from gradsync.run.check_primitives import Patches
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text
-from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.moments import Moments
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
+
+NAME = "data_split"
+MAX_SPLITS = 64  # random_split calls kept per rank
+MAX_INDICES = 200_000  # a split larger than this keeps its CRCs only (too large to compare sample by sample)
+
+
+class SplitWatch:
+    """Each `random_split` one rank made: its line, whether it was given a generator, and its splits."""
+
+    def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind) -> None:
+        self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
+        self.splits: list[dict[str, Any]] = []
+
+    def install(self, patches: Patches) -> None:
+        import torch.utils.data as data
+        import torch.utils.data.dataset as dataset_module
+
+        watch = self
+        original_split = dataset_module.random_split
+
+        @functools.wraps(original_split)
+        def random_split(dataset, lengths, *args, **kwargs):
+            subsets = original_split(dataset, lengths, *args, **kwargs)
+            with watch.bookkeeping:
+                watch._split(subsets, generator_given=len(args) > 0 or "generator" in kwargs)
+            return subsets
+
+        for owner in (data, dataset_module):  # where scripts import it from
+            if getattr(owner, "random_split", None) is original_split:
+                patches.replace(owner, "random_split", random_split)
+
+    def _split(self, subsets: list[Any], generator_given: bool) -> None:
+        if len(self.splits) >= MAX_SPLITS:
+            return
+        indices = [list(map(int, subset.indices)) for subset in subsets]
+        keep = sum(len(i) for i in indices) <= MAX_INDICES
+        self.splits.append({
+            "site": caller_location(),
+            "generator_given": generator_given,
+            "lengths": [len(i) for i in indices],
+            "crcs": [zlib.crc32(repr(i).encode()) for i in indices],
+            "indices": indices if keep else None,
+        })
+
+    def facts(self) -> dict[str, Any]:
+        return {"splits": self.splits}
 
 
 def splits_differ(checks: RankFacts) -> list[Finding]:
-    if not consistency_recorded(checks):
-        return []
-    count = min(len(facts["splits"]) for facts in checks.values())
+    recorded = {rank: facts.get(NAME) for rank, facts in checks.items()}
+    if len(recorded) < 2 or None in recorded.values():
+        return []  # one rank has nothing to agree with; facts of an older gradsync have none of these
+    count = min(len(facts["splits"]) for facts in recorded.values())
     findings = []
     for index in range(count):
-        splits = {rank: facts["splits"][index] for rank, facts in checks.items()}
+        splits = {rank: facts["splits"][index] for rank, facts in recorded.items()}
         if len({tuple(s["crcs"]) for s in splits.values()}) == 1:
             continue
         ranks = odd_ones_out({rank: tuple(s["crcs"]) for rank, s in splits.items()})
@@ -61,4 +115,5 @@ CHECK = Check(
     },
     rule=splits_differ,
     explains={"data_split_differs": ("sampler_overlap",)},
+    watch=SplitWatch,
 )
