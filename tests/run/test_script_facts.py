@@ -4,6 +4,7 @@ across real ranks, are tested in test_doctor_script.py and test_doctor_consisten
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -21,22 +22,29 @@ from gradsync.run.script_facts import ScriptCheck
 from tests.run.side_by_side import gloo_world, gradsync_warnings, outcome
 
 
-def _with_and_without_check(scenario: Callable[[], Any], tmp_path: Path) -> tuple[tuple, tuple, ScriptCheck]:
-    """The scenario as a plain script, then under the recorder and the script check as the worker
-    installs them for --doctor-steps (gradsync.run.worker), each on a Gloo group of its own."""
-    with gloo_world(tmp_path / "plain"):
-        plain = outcome(scenario)
+@contextlib.contextmanager
+def _checked(tmp_path: Path) -> Iterator[ScriptCheck]:
+    """The recorder and the script check as the worker installs them for --doctor-steps
+    (gradsync.run.worker), on a Gloo group of their own, taken off again afterwards."""
     recorder = CollectiveRecorder()
     uninstall = install(recorder, record_buckets=True)
     check = ScriptCheck(recorder, 1000, tmp_path / "facts.json", on_last_step=lambda: None)
     undo = check.install()
     try:
         with gloo_world(tmp_path / "checked"):
-            checked = outcome(scenario)
+            yield check
     finally:
         undo()
         uninstall()
         torch.autograd.set_detect_anomaly(False)  # the check traces the first graph of a DDP model
+
+
+def _with_and_without_check(scenario: Callable[[], Any], tmp_path: Path) -> tuple[tuple, tuple, ScriptCheck]:
+    """The scenario as a plain script, then under the script check, each on a Gloo group of its own."""
+    with gloo_world(tmp_path / "plain"):
+        plain = outcome(scenario)
+    with _checked(tmp_path) as check:
+        checked = outcome(scenario)
     return plain, checked, check
 
 
@@ -215,15 +223,6 @@ def test_only_the_distributed_trainings_steps_are_counted(tmp_path):
         counts.append(check.steps)
         return counts
 
-    recorder = CollectiveRecorder()
-    uninstall = install(recorder, record_buckets=True)
-    check = ScriptCheck(recorder, 1000, tmp_path / "facts.json", on_last_step=lambda: None)
-    undo = check.install()
-    try:
-        with gloo_world(tmp_path / "checked"):
-            counted = steps()
-    finally:
-        undo()
-        uninstall()
-        torch.autograd.set_detect_anomaly(False)
+    with _checked(tmp_path) as check:
+        counted = steps()
     assert counted == [0, 1, 2]
