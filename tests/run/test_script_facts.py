@@ -226,3 +226,21 @@ def test_only_the_distributed_trainings_steps_are_counted(tmp_path):
     with _checked(tmp_path) as check:
         counted = steps()
     assert counted == [0, 1, 2]
+
+
+def test_the_collective_moment_is_patched_only_when_a_selected_check_listens(tmp_path):
+    import torch.distributed as dist
+
+    recorder = CollectiveRecorder()
+    uninstall = install(recorder, record_buckets=True)
+    recorded = dist.all_reduce
+    try:
+        for checks, patched in ((["same_file"], False), (["averaging"], True)):
+            undo = ScriptCheck(recorder, 1000, tmp_path / "facts.json", lambda: None, checks=checks).install()
+            try:
+                assert (dist.all_reduce is not recorded) == patched, checks
+            finally:
+                undo()
+    finally:
+        uninstall()
+        torch.autograd.set_detect_anomaly(False)

@@ -52,7 +52,7 @@ from gradsync.run.scriptcheck.moments import Moments
 
 MAX_INDICES = 200_000  # a sampler pass longer than this keeps no indices (too large to compare)
 INDEXED_PASSES = 4  # passes per DataLoader whose indices are kept
-MAX_RECORDS = 64  # seeds, splits, steps, loss walks kept per rank
+MAX_RECORDS = 64  # seeds, steps, loss walks kept per rank
 CALLS_PER_STEP = 16  # update-changing calls kept between two optimizer steps
 EVAL_NAMES = 8  # eval-mode submodule names kept per forward
 LOSS_WALKS = 8  # backward calls whose loss normalisation is read
@@ -267,7 +267,6 @@ class ConsistencyWatch:
         self._passes: dict[str, int] = {}  # DataLoader key -> passes seen
         self._starting: tuple[dict[str, Any], list[Any]] | None = None  # a pass whose iterator is being built
         self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (its pass's record, Subset chain)
-        self._ddp_parameters: set[int] = set()  # ids of the DDP models' parameters (the models are held)
         self._switching_mode = 0  # nn.Module.train calls in progress (it recurses into children)
         self._tracing_graph = False  # anomaly mode switched on by this watch, until the first backward
         self._generator_sites: dict[int, str | None] = {}  # id of a NumPy Generator -> the line that made it
@@ -425,11 +424,7 @@ class ConsistencyWatch:
                 warnings.simplefilter("ignore")  # its "will increase the runtime" is ours to pay, not news
                 torch.autograd.set_detect_anomaly(True, check_nan=False)
             self._tracing_graph = True
-        names = []
-        for name, parameter in ddp.module.named_parameters():
-            names.append(name)
-            self._ddp_parameters.add(id(parameter))
-        return names
+        return [name for name, _ in ddp.module.named_parameters()]
 
     @_never_raises(dict)
     def forward_starts(self, ddp: Any) -> dict[str, Any]:
@@ -454,7 +449,7 @@ class ConsistencyWatch:
 
     def _stepped_parameters(self, optimizer: Any) -> list[torch.nn.Parameter]:
         """The parameters of DDP models that `optimizer` steps: the ones averaged alike on every rank."""
-        return [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._ddp_parameters]
+        return [p for group in optimizer.param_groups for p in group["params"] if id(p) in self.moments.ddp_parameters]
 
     @_never_raises()
     def step_starts(self, optimizer: Any, step: int) -> None:

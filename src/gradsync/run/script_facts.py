@@ -18,7 +18,8 @@ stuck in.
 
 The moments it sees (a model wrapped, a training step starting and ending, a collective the
 script calls) go to a host (`scriptcheck.moments.Moments`), where the checks that record facts
-of their own (`Check.watch`: averaging, state_writes) listen; their facts go under their names.
+of their own (`Check.watch`: averaging, state_writes, same_file, data_split) listen; their facts
+go under their names.
 
 The patches (DataLoader and its iterators, DistributedSampler, Join, DDP's constructor and
 forward, a global optimizer-step hook) are installed only under --doctor-steps: a plain
@@ -125,9 +126,11 @@ class ScriptCheck:
                 site = None
                 with models:
                     site = caller_location()
+                    # Before the host counts it: the first model's construction starts tracing the loss's graph.
                     check.models.append((ddp, site, check.consistency.ddp_built(ddp)))
-                    check._wrapped.update(id(p) for p in ddp.module.parameters())
                     check.moments.models.append(ddp)
+                    check.moments.ddp_parameters.update(id(p) for p in ddp.module.parameters())
+                    check._wrapped.update(check.moments.ddp_parameters)
                 check.moments.emit("wrapped", ddp, site)
 
             return __init__
@@ -227,7 +230,8 @@ class ScriptCheck:
         patches.wrap(Join, "__enter__", make_join_enter)
         patches.wrap(Join, "__exit__", make_join_exit)
         self._install_sharding_watches(patches)
-        self._install_collective_moment(patches)
+        if self.moments.listened("collective"):  # no check that listens (--doctor-checks): no patch
+            self._install_collective_moment(patches)
         self.consistency.install(patches)
         for watch in self.watches.values():
             watch.install(patches)
@@ -372,10 +376,10 @@ class ScriptCheck:
     def _is_training_step(self, optimizer: Any) -> bool:
         """Whether an optimizer step is one of the distributed training's, the steps --doctor-steps
         counts: it steps a parameter of a DDP model, a fully_shard unit or a parallelize_module'd
-        module, or the rank communicated
-        since the previous one (hand-written averaging). A rank-local optimization (rank 0 fitting
-        a model of its own before training, a probe) is not: counted, it would make that rank
-        stop K steps early, inside a collective its peers are still in."""
+        module, or the rank communicated since the previous one (hand-written averaging). A
+        rank-local optimization (rank 0 fitting a model of its own before training, a probe) is
+        not: counted, it would make that rank stop K steps early, inside a collective its peers
+        are still in."""
         with self.bookkeeping["the script check's step counter"]:
             if any(id(p) in self._wrapped for group in optimizer.param_groups for p in group["params"]):
                 return True

@@ -33,7 +33,8 @@ def test_the_watch_records_the_state_of_each_step_and_the_writes_beside_it():
         model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         ddp = SimpleNamespace(module=model)  # what the watch reads of a DDP model at the "wrapped" moment
-        moments.models.append(ddp)
+        moments.models.append(ddp)  # as the script check keeps them for every watch
+        moments.ddp_parameters.update(id(p) for p in model.parameters())
         moments.emit("wrapped", ddp, "train.py:10")
         loaded = _line_after()
         optimizer.load_state_dict(optimizer.state_dict())

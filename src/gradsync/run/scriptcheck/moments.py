@@ -7,7 +7,7 @@ as functions: no watch holds another, and the host holds no watch, so a check is
 out (`--checks`) without touching the others.
 
 Besides the moments, the host keeps the little state every watch reads the same way: the models
-wrapped so far and the counts of training forwards and optimizer steps.
+wrapped so far and their parameters, and the counts of training forwards and optimizer steps.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Moments:
 
     def __init__(self) -> None:
         self.models: list[Any] = []  # the DistributedDataParallel models built, in order
+        self.ddp_parameters: set[int] = set()  # ids of their parameters (the models are held, so the ids stay theirs)
         self.sharded: list[tuple[Any, str | None]] = []  # every module fully_shard was given, and the line
         self.forwards = 0  # training forwards through a wrapped model (the first 64 are recorded)
         self.forwarding = 0  # DDP forwards in progress (a forward of the inner module outside them bypasses DDP)

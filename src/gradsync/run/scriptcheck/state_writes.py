@@ -112,7 +112,6 @@ class StateWatch:
         self._schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # a module inside a DDP model -> its name there (weakly: a dead module's id is reused)
         self._wrapped_modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._wrapped_parameters: set[int] = set()
         self._inside: int = 0  # load_state_dict calls in progress (they set attributes of their own)
         moments.on("wrapped", self._wrapped, self.bookkeeping)
         moments.on("step_starts", self._step_starts, self.bookkeeping)
@@ -183,13 +182,12 @@ class StateWatch:
     def _wrapped(self, ddp: Any, site: str | None) -> None:
         for name, module in ddp.module.named_modules():
             self._wrapped_modules[module] = name
-        self._wrapped_parameters.update(id(p) for p in ddp.module.parameters())
 
     def _step_starts(self, optimizer: Any, step: int) -> None:
         index = self._optimizers.setdefault(optimizer, len(self._optimizers))
         if len(self.steps) >= MAX_RECORDS:
             return
-        stepped = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._wrapped_parameters]
+        stepped = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self.moments.ddp_parameters]
         self.steps.append({
             "step": step,
             "optimizer": index,

@@ -2,8 +2,9 @@
 
 A check is one module of this package that ends with `CHECK = Check(...)`, listed in
 `registry.CHECKS`. Everything about one mistake lives in that module: the facts it reads (and,
-for a check with a `Watch`, what it records on each rank from the host's moments), the rule that compares them across ranks, the categories its findings may have (with the line the
-docs table shows), and the other categories its findings explain, so that a consequence (the
+for a check with a `Watch`, what it records on each rank from the host's moments), the rule
+that compares them across ranks, the categories its findings may have (with the line the docs
+table shows), and the other categories its findings explain, so that a consequence (the
 replicas diverged) is not reported beside its cause (the update differed) by a rule written
 somewhere else.
 """
