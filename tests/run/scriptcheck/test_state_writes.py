@@ -139,3 +139,27 @@ def test_the_write_explains_the_divergence_and_the_update_it_caused():
     found = registry.findings(checks, [NAME, "replicas"])
     assert [f.category for f in found] == ["state_written_on_some_ranks"]
     assert [f.category for f in registry.findings(checks, ["replicas"])] == ["parameters_diverged"]
+
+
+class Unhashable(nn.Module):
+    """A module class that defines __eq__ and so, in Python, has no __hash__."""
+
+    def __eq__(self, other):
+        return self is other
+
+    __hash__ = None
+
+
+def test_an_unhashable_module_sets_its_attributes_as_without_the_watch():
+    moments, patches = Moments(), Patches()
+    watch = StateWatch(moments, BookkeepingByKind())
+    watch.install(patches)
+    try:
+        ddp = SimpleNamespace(module=nn.Linear(2, 2))
+        moments.models.append(ddp)
+        moments.emit("wrapped", ddp, "train.py:10")
+        module = Unhashable()  # its __init__ sets attributes through the patched __setattr__
+        module.inner = nn.Linear(2, 2)
+    finally:
+        patches.undo()
+    assert isinstance(module.inner, nn.Linear) and watch.facts()["writes"] == []

@@ -170,9 +170,10 @@ class StateWatch:
 
         def __setattr__(module, name, value):
             # The fast path first: this runs on every attribute a module sets.
-            if watch._wrapped_modules and not watch._inside and module in watch._wrapped_modules:
-                with watch.bookkeeping:
-                    watch._replacing(module, name, value)
+            if watch._wrapped_modules and not watch._inside:
+                with watch.bookkeeping:  # a module class may be unhashable (__eq__ without __hash__)
+                    if module in watch._wrapped_modules:
+                        watch._replacing(module, name, value)
             return original(module, name, value)
 
         return __setattr__
