@@ -244,3 +244,13 @@ def test_the_collective_moment_is_patched_only_when_a_selected_check_listens(tmp
     finally:
         uninstall()
         torch.autograd.set_detect_anomaly(False)
+
+
+def test_a_collective_called_wrongly_fails_with_torchs_own_error(tmp_path):
+    import torch.distributed as dist
+
+    def wrong_call():
+        dist.all_reduce()  # no tensor
+
+    plain, checked, _ = _with_and_without_check(wrong_call, tmp_path)
+    assert checked == plain and plain[:2] == ("raised", "TypeError"), (plain, checked)

@@ -247,10 +247,12 @@ class ScriptCheck:
 
         def make(op: str):
             def wrap(original):
-                def collective(tensor, *args, **kwargs):
+                def collective(*args, **kwargs):
+                    # Arguments passed on as they came: a call torch refuses fails with torch's own error.
                     with collectives:
+                        tensor = args[0] if args else kwargs.get("tensor")
                         moments.emit("collective", op, [tensor], caller_location())
-                    return original(tensor, *args, **kwargs)
+                    return original(*args, **kwargs)
 
                 return collective
 
