@@ -338,10 +338,26 @@ def test_an_error_inside_a_collective_is_the_ranks_own_when_its_peers_were_there
     }
     (finding,) = diagnose(views, trigger="failure", now=105.0)["findings"]
     assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
-    # The same error text, but the peer never reached that collective: the peer is where to look.
+    # A RuntimeError (which the transport raises too) out of a collective the peer never reached:
+    # the peer is where to look.
+    views[1] = view(1, [record(1), record(2, state="failed")], exitcode=1,
+                    exit=raised("Tensors must be contiguous", "RuntimeError", inside=("default", 2), location="train.py:30", time=100.0))
     views[0] = view(0, [record(1)], alive=True, location="eval.py:9")
     (finding,) = diagnose(views, trigger="failure", now=105.0)["findings"]
     assert finding["category"] == "rank_stuck" and finding["ranks"] == [0]
+
+
+def test_an_argument_check_that_failed_before_sending_is_the_ranks_own_wherever_its_peers_were():
+    # torch.distributed's own ValueError (the default group destroyed by the script), raised before
+    # anything reached the backend, while the agent stopped the peer short of that collective.
+    views = {
+        0: view(0, [record(5), record(6, state="failed")], exitcode=1,
+                exit=raised("Default process group has not been initialized", "ValueError", inside=("default", 6), location="train.py:30", time=100.0)),
+        1: view(1, [record(5)], exitcode=-15, signal="SIGTERM", location="train.py:25"),
+    }
+    (finding,) = diagnose(views, trigger="failure", now=105.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [0]
+    assert "ValueError" in finding["message"] and finding["locations"]["0"] == "train.py:30"
 
 
 def test_an_extra_collective_that_paired_silently_is_blamed_not_the_mismatch_it_caused():

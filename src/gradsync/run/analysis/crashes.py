@@ -30,6 +30,10 @@ CONSEQUENCE_FAMILIES = ("peer_lost", "backend_timeout")
 _CONSEQUENCE_TYPES = {"DistNetworkError", "DistBackendError", "DistStoreError", "PeerError"}
 # A message that names the backend: the transport speaking, not the user's own code.
 _BACKEND = re.compile(r"gloo|nccl|c10d|ProcessGroup", re.IGNORECASE)
+# What torch.distributed raises from its own argument checks, before anything reaches the
+# backend (a destroyed default group, a wrong tensor type): no peer can cause these, wherever the
+# peers were. Transport failures come as RuntimeError or its Dist* subclasses.
+_RAISED_BEFORE_SENDING = {"ValueError", "TypeError", "AssertionError", "AttributeError", "KeyError", "IndexError"}
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
 _UNUSED_HINT = re.compile(r"did not receive grad|Expected to have finished reduction in the prior iteration")
 
@@ -100,7 +104,7 @@ def _peer_elsewhere(view: RankView, views: dict[int, RankView], positions: dict[
     answers for all its peers)."""
     exception = view.exception() or {}
     where = exception.get("collective")
-    if not where or where.get("seq") is None:
+    if not where or where.get("seq") is None or exception.get("type") in _RAISED_BEFORE_SENDING:
         return False
     group, seq = where["group"], where["seq"]
     members = group_members(view, group, views)
