@@ -208,7 +208,7 @@ def test_every_rank_failing_the_same_way_is_one_failure_of_the_script():
     }
     diagnosis = diagnose(views, trigger="failure", now=20.0)
     (finding,) = diagnosis["findings"]
-    assert finding["category"] == "script_failed" and finding["ranks"] == [0, 1, 2]
+    assert finding["category"] == "script_failed" and finding["ranks"] == [0, 1, 2] and finding["step"] is None
     assert finding["message"].startswith("The script failed on every rank at start-up, before its first collective: ConfigError")
     assert finding["details"]["traceback_rank"] == 0 and "ConfigError: rank 0" in finding["details"]["traceback"]
     assert all(line.startswith("failed: ConfigError") for line in diagnosis["ranks"].values())
@@ -216,6 +216,7 @@ def test_every_rank_failing_the_same_way_is_one_failure_of_the_script():
     views = {r: view(r, [record(1)], exit=exception("boom", "KeyError", "data.py:3"), exitcode=1) for r in (0, 1)}
     (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
     assert finding["category"] == "script_failed" and "start-up" not in finding["message"]
+    assert finding["step"] == 3, "the backward passes the first rank had made when it failed"
 
 
 def test_every_rank_exiting_with_the_same_code_is_one_failure_of_the_script():

@@ -33,10 +33,12 @@ SCRIPTS = {name: (f"doctor_zoo/{name}.py", K) for name in [
     "module_forward_bypass", "manual_sync_first_group", "healthy_manual_allreduce_all_groups",
     "double_grad_allreduce", "grads_reduced_to_rank0", "healthy_no_sync_manual_average",
     "fsdp2_optim_before_shard", "optimizer_before_head_replaced", "healthy_fsdp2_optimizer_after_shard",
+    # every rank steps after every averaged backward, or none does
+    "local_spike_skip", "local_guard_in_train_step", "healthy_global_spike_skip", "healthy_guard_agreed_in_train_step",
     # the rest of the red team
-    "local_spike_skip", "iterable_worker_shard_only", "local_scale_factor", "unregistered_tensor_attr",
+    "iterable_worker_shard_only", "local_scale_factor", "unregistered_tensor_attr",
     "val_metric_rank0_shard", "mask_generator_fixed_seed",
-    "healthy_global_spike_skip", "healthy_scale_factor_reduced", "healthy_iterable_rank_worker_shard",
+    "healthy_scale_factor_reduced", "healthy_iterable_rank_worker_shard",
 ]}
 
 pytestmark = [pytest.mark.launches, guard_of(SCRIPTS)]
@@ -61,11 +63,12 @@ CAUGHT = [
     ("grads_reduced_to_rank0", "gradients_averaged_twice", "error", [0, 1]),  # Gloo's reduce leaves partial sums on rank 1 too
     ("fsdp2_optim_before_shard", "parameters_not_stepped", "error", [0, 1]),
     ("optimizer_before_head_replaced", "parameters_not_stepped", "warning", [0, 1]),
+    ("local_spike_skip", "step_skipped_on_some_ranks", "error", [1]),
+    ("local_guard_in_train_step", "step_skipped_on_some_ranks", "error", [1]),
 ]
 
 # Mistakes of the red team the doctor does not yet name at their cause, and what it says instead.
 MISSED = {
-    "local_spike_skip": "update_differs one line below the cause (a skipped step shows only as what follows it)",
     "iterable_worker_shard_only": "no_distributed_sampler at the DataLoader, not at the sharding line in the dataset",
     "local_scale_factor": "nothing: a constant computed per rank from its own data enters the loss",
     "unregistered_tensor_attr": "nothing: a plain tensor attribute (not a buffer) differs by rank, DDP never syncs it",

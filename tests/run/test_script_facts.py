@@ -102,8 +102,10 @@ def test_an_unhashable_sampler_draws_the_same_indices(tmp_path, capsys):
 
     plain, checked, check = _with_and_without_check(draw, tmp_path)
     assert checked == plain and plain[0] == "returned", (plain, checked)
+    # The host's watch and sampler_overlap's (which keeps each sampler's line) each say their own failure.
     assert _failed_watches(check, capsys.readouterr().err) == {"the script check's DistributedSampler watch",
-                                                                 "the script check's DataLoader watch"}
+                                                                 "the script check's DataLoader watch",
+                                                                 "the sampler_overlap check's watch"}
 
 
 class Head(torch.nn.Module):
@@ -127,7 +129,7 @@ def test_an_unhashable_module_switches_to_eval_and_back_as_without_the_watch(tmp
 
     plain, checked, check = _with_and_without_check(switch, tmp_path)
     assert checked == plain == ("returned", (True, (False, False), (True, True))), (plain, checked)
-    assert _failed_watches(check, capsys.readouterr().err) == {"the script check's train/eval watch"}
+    assert _failed_watches(check, capsys.readouterr().err) == {"the eval_mode check's watch"}
 
 
 class UnmountedPath:

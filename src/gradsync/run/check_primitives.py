@@ -1,6 +1,6 @@
-"""What the script check's watches share (gradsync.run.script_facts, gradsync.run.consistency_facts):
-fingerprints and hashes of tensors, compared across ranks, the sampler a DataLoader draws indices
-from, and replacing functions and methods in place (and back).
+"""What the script check's watches share (gradsync.run.script_facts, the checks of gradsync.run.scriptcheck):
+fingerprints and hashes of tensors, compared across ranks, an optimizer's settings as one text,
+the sampler a DataLoader draws indices from, and replacing functions and methods in place (and back).
 """
 
 from __future__ import annotations
@@ -75,6 +75,24 @@ def tensors_fingerprint(tensors: Iterable[torch.Tensor]) -> int | None:
 def inputs_fingerprint(args: tuple, kwargs: dict) -> int | None:
     """One fingerprint of every tensor among a forward's arguments; None when there is none."""
     return tensors_fingerprint(nested_tensors((args, kwargs)))
+
+
+def hyperparameters(optimizer: Any) -> str:
+    """The optimizer's per-group settings (learning rate, momentum, ...) as one comparable text."""
+    groups = []
+    for group in optimizer.param_groups[:8]:
+        items = []
+        for key, value in sorted(group.items()):
+            if key == "params":
+                continue
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = float(value.detach().cpu())
+            if isinstance(value, (bool, int, float, str, type(None))) or (
+                isinstance(value, tuple) and all(isinstance(v, (int, float)) for v in value)
+            ):
+                items.append(f"{key}={value!r}")
+        groups.append("; ".join(items))
+    return " | ".join(groups)
 
 
 def dtensor_class() -> type | None:

@@ -16,10 +16,13 @@ ends, and the launcher compares the ranks' files (the checks of gradsync.run.scr
 the rest of `gradsync run`, nothing goes through the process group, which a broken script may be
 stuck in.
 
-The moments it sees (a model wrapped, a training step starting and ending, a collective the
-script calls) go to a host (`scriptcheck.moments.Moments`), where the checks that record facts
-of their own (`Check.watch`: averaging, state_writes, same_file, data_split) listen; their facts
-go under their names.
+The moments it sees (a model wrapped, a training forward starting and ending, a backward call, a
+DataLoader pass and each index it draws, a training step starting and ending, a collective the
+script calls) go to a host (`scriptcheck.moments.Moments`), where the checks that record facts of
+their own (`Check.watch`: the random draws, the dataset's generators, the ranks' shares of the
+data, the loss's scale, train/eval mode, the update, averaging, state writes, file writes, the
+split) listen; their facts go under their names. A moment no selected check listens to
+(`--doctor-checks`) is not patched in.
 
 The patches (DataLoader and its iterators, DistributedSampler, Join, DDP's constructor and
 forward, a global optimizer-step hook) are installed only under --doctor-steps: a plain
@@ -47,10 +50,9 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from gradsync import compat
-from gradsync.run.callsite import caller_location
+from gradsync.run.callsite import caller_location, is_user_file
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
 from gradsync.run.check_primitives import Patches, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
-from gradsync.run.consistency_facts import ConsistencyWatch
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.moments import Moments
 from gradsync.run.scriptcheck.registry import selected_checks
@@ -59,6 +61,7 @@ from gradsync.rundir import write_json
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
 MAX_RECORDS = 64  # DataLoaders and sampler passes kept per rank
 TP_MODULES_WATCHED = 8  # parallelize_module'd modules whose inputs are fingerprinted
+_WRITE_MODES = frozenset("wax+")  # an open() mode with one of these writes
 
 
 def _length(thing: Any) -> int | None:
@@ -102,7 +105,7 @@ class ScriptCheck:
         self._parallelizing = 0  # parallelize_module calls in progress (it recurses into the plan)
         self.bookkeeping = BookkeepingByKind()  # each watch's, by kind; their failures go into the facts
         self.moments = Moments()  # what the checks' watches listen to, and what happened so far
-        self.consistency = ConsistencyWatch(self.moments, self.bookkeeping)  # what must agree across ranks (seeds, samples, modes, updates)
+        self._set_epoch_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DistributedSampler -> calls
         # The checks that record facts of their own, by name (their facts go under it).
         self.watches = {check.name: check.watch(self.moments, self.bookkeeping)
                         for check in selected_checks(checks) if check.watch is not None}
@@ -126,8 +129,8 @@ class ScriptCheck:
                 site = None
                 with models:
                     site = caller_location()
-                    # Before the host counts it: the first model's construction starts tracing the loss's graph.
-                    check.models.append((ddp, site, check.consistency.ddp_built(ddp)))
+                    # The order DDP pairs the parameters across ranks in (its buckets go by position).
+                    check.models.append((ddp, site, [name for name, _ in ddp.module.named_parameters()]))
                     check.moments.models.append(ddp)
                     check.moments.ddp_parameters.update(id(p) for p in ddp.module.parameters())
                     check._wrapped.update(check.moments.ddp_parameters)
@@ -137,19 +140,19 @@ class ScriptCheck:
 
         def make_ddp_forward(original):
             def forward(ddp, *args, **kwargs):
-                training = False
                 entry = None
                 with models:
-                    training = ddp.training and torch.is_grad_enabled()
-                    if training:
+                    if ddp.training and torch.is_grad_enabled():
                         entry = check._training_forward(ddp, args, kwargs)
+                if entry is not None:
+                    check.moments.emit("forward_starts", ddp, entry)
                 check.moments.forwarding += 1
                 try:
                     output = original(ddp, *args, **kwargs)
                 finally:
                     check.moments.forwarding -= 1
-                if training:
-                    check.consistency.forward_ends(entry)
+                if entry is not None:
+                    check.moments.emit("forward_ends", ddp, entry)
                 return output
 
             return forward
@@ -159,13 +162,14 @@ class ScriptCheck:
                 entry = None
                 with loaders:
                     entry = check._loader_entry(loader)
+                if entry is not None:
                     # Before the iterator exists: with workers, its constructor already draws the first batches.
-                    check.consistency.loader_pass(loader, entry)
+                    check.moments.emit("loader_pass", loader, entry)
                 iterator = original(loader)
                 if entry is not None:
                     with loaders:
                         check._iterator_entries[iterator] = entry
-                        check.consistency.iterator_made(iterator)
+                        check.moments.emit("iterator_made", iterator)  # an iterator the host cannot follow is not offered
                 return iterator
 
             return __iter__
@@ -185,11 +189,19 @@ class ScriptCheck:
                     if len(check.sampler_passes) < MAX_RECORDS:
                         check.sampler_passes.append({
                             "sampler": key, "epoch": sampler.epoch, "shuffle": sampler.shuffle, "site": caller_location(),
-                            "set_epoch_calls": check.consistency.set_epoch_calls(sampler),
+                            "set_epoch_calls": check._set_epoch_calls.get(sampler, 0),
                         })
                 return original(sampler)
 
             return __iter__
+
+        def make_set_epoch(original):
+            def set_epoch(sampler, epoch):
+                with samplers:
+                    check._set_epoch_calls[sampler] = check._set_epoch_calls.get(sampler, 0) + 1
+                return original(sampler, epoch)
+
+            return set_epoch
 
         def make_join_enter(original):
             def __enter__(join):
@@ -214,9 +226,9 @@ class ScriptCheck:
                 try:
                     index = original(iterator)
                 except StopIteration:
-                    check.consistency.drew(iterator, None)
+                    check.moments.emit("drew", iterator, None)
                     raise
-                check.consistency.drew(iterator, index)
+                check.moments.emit("drew", iterator, index)
                 return index
 
             return _next_index
@@ -224,15 +236,20 @@ class ScriptCheck:
         iterator_class = compat.DATALOADER_ITERATOR.get()
         if iterator_class is not None:  # else which loader feeds training stays unknown (said at launch)
             patches.wrap(iterator_class, "__next__", make_iterator_next)
-            if hasattr(iterator_class, "_next_index"):  # which samples each rank draws
+            if hasattr(iterator_class, "_next_index") and self.moments.listened("drew"):  # which samples each rank draws
                 patches.wrap(iterator_class, "_next_index", make_next_index)
         patches.wrap(DistributedSampler, "__iter__", make_sampler_iter)
+        patches.wrap(DistributedSampler, "set_epoch", make_set_epoch)
         patches.wrap(Join, "__enter__", make_join_enter)
         patches.wrap(Join, "__exit__", make_join_exit)
         self._install_sharding_watches(patches)
-        if self.moments.listened("collective"):  # no check that listens (--doctor-checks): no patch
+        # A moment no selected check listens to (--doctor-checks) costs no patch.
+        if self.moments.listened("collective"):
             self._install_collective_moment(patches)
-        self.consistency.install(patches)
+        if self.moments.listened("backward") or self.moments.listened("backward_ends"):
+            self._install_backward_moment(patches)
+        if self.moments.listened("file_written"):
+            self._install_file_moment(patches)
         for watch in self.watches.values():
             watch.install(patches)
         return patches.undo
@@ -261,6 +278,54 @@ class ScriptCheck:
         for op in ("all_reduce", "reduce", "broadcast"):
             if hasattr(dist, op):
                 patches.wrap(dist, op, make(op))
+
+    def _install_backward_moment(self, patches: Patches) -> None:
+        """Every backward call, offered as the "backward" moment with the tensors it starts from,
+        and as "backward_ends" once it returned, saying whether DDP averaged gradients in it."""
+        import torch.autograd
+
+        moments, recorder = self.moments, self.recorder
+        original = torch.autograd.backward
+
+        @functools.wraps(original)
+        def backward(tensors, *args, **kwargs):
+            moments.emit("backward", tensors)
+            synced_before = recorder.backward_passes
+            result = original(tensors, *args, **kwargs)
+            moments.emit("backward_ends", recorder.backward_passes > synced_before)
+            return result
+
+        patches.replace(torch.autograd, "backward", backward)  # Tensor.backward calls it through the module
+
+    def _install_file_moment(self, patches: Patches) -> None:
+        """The files the script writes, offered as the "file_written" moment: `torch.save`, and
+        `open` for writing called from the script's own files (torch.save and libraries open
+        files of their own)."""
+        import builtins
+
+        moments = self.moments
+        files = self.bookkeeping["the script check's file moment"]
+
+        def make_save(original):
+            def save(obj, f, *args, **kwargs):
+                moments.emit("file_written", f, "torch.save")
+                return original(obj, f, *args, **kwargs)
+
+            return save
+
+        patches.wrap(torch, "save", make_save)
+        original_open = builtins.open
+
+        @functools.wraps(original_open)
+        def open_(file, mode="r", *args, **kwargs):
+            writes = False
+            with files:
+                writes = isinstance(mode, str) and bool(_WRITE_MODES & set(mode)) and is_user_file(sys._getframe(1).f_code.co_filename)
+            if writes:
+                moments.emit("file_written", file, "open")
+            return original_open(file, mode, *args, **kwargs)
+
+        patches.replace(builtins, "open", open_)
 
     def _install_sharding_watches(self, patches: Patches) -> None:
         """Wrap `fully_shard` and `parallelize_module` where scripts import them from."""
@@ -370,7 +435,7 @@ class ScriptCheck:
         if len(self.forwards) >= FORWARDS_FINGERPRINTED:
             return None
         entry = {"fingerprint": inputs_fingerprint(args, kwargs), "site": caller_location(),
-                 "loader": loader["site"] if loader else None, **self.consistency.forward_starts(ddp)}
+                 "loader": loader["site"] if loader else None}
         self.forwards.append(entry)
         self.moments.forwards = len(self.forwards)
         return entry
@@ -392,7 +457,6 @@ class ScriptCheck:
         counted = not self._stepping and self._is_training_step(optimizer)
         self._stepping.append(counted)
         if counted:
-            self.consistency.step_starts(optimizer, self.steps + 1)
             self.moments.reductions = self.recorder.backward_passes
             self.moments.emit("step_starts", optimizer, self.steps + 1)
 
@@ -400,7 +464,6 @@ class ScriptCheck:
         counted = self._stepping.pop() if self._stepping else False  # a hook installed mid-step sees only its end
         if not counted:  # a local optimization, or one inside another's step (ZeroRedundancyOptimizer's local one)
             return
-        self.consistency.step_ends(optimizer)
         self.steps += 1
         self.moments.steps = self.steps
         self._collectives_before = self.recorder.count
@@ -448,8 +511,8 @@ class ScriptCheck:
             "models": [self._model_facts(*model) for model in self.models],
             "fsdp_roots": self._fsdp_roots(),
             "tp_modules": self.tp_modules,
-            **self.consistency.facts(),
             **self._watches_facts(),
+            "watch_failures": self.bookkeeping.failures(),
         }
 
     def _watches_facts(self) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from gradsync.rundir.records import Finding
 from gradsync.run.scriptcheck import registry
 
-# The checks that compare what should agree across ranks: silent unless every rank has their facts
-# (`steps_taken`), which `script_facts` below leaves out.
+# The checks that compare what should agree across ranks: silent unless every rank has their own
+# facts, which `script_facts` below leaves out.
 CONSISTENCY = ["shared_random_draws", "dataset_generator", "data_split", "sampler_overlap", "loss_scale", "eval_mode",
                "parameter_order", "update_differs", "same_file"]
 
@@ -27,14 +27,32 @@ def script_facts(**overrides) -> dict:
     return {**facts, **overrides}
 
 
-def consistency_facts(writes: list[dict] | None = None, host: str = "node0", splits: list[dict] | None = None,
-                      **overrides) -> dict:
-    """A rank's facts with those of the consistency checks; `writes` (on `host`) and `splits` are
-    the same_file and data_split checks' own facts, kept under their names."""
+def consistency_facts(writes: list[dict] | None = None, host: str = "node0", splits: list[dict] | None = None, *,
+                      forwards: list[dict] = (), seeds: list[dict] = (), steps_taken: list[dict] = (),
+                      loss_walks: list[dict] = (), backwards_per_step: list[int] = (1, 1, 1, 1),
+                      worker_copies: list[dict] = (), loader_draws: list[dict] = (), **overrides) -> dict:
+    """A rank's facts with each consistency check's own, under its name, made from the records a
+    rank keeps: `forwards` (rng_forward: the generators' states and the eval-mode submodules
+    around each training forward) go to shared_random_draws and eval_mode; `steps_taken`
+    (step_taken) to update_differs, and their `modes` to eval_mode; `writes` (on `host`) to
+    same_file; `splits` to data_split."""
     facts = {
-        "steps": 4, "syncs_per_step": [1, 1, 1, 1], "forwards": [], "models": [], "loaders": [], "sampler_passes": [],
-        "seeds": [], "loader_draws": [], "worker_copies": [], "steps_taken": [],
-        "loss_walks": [], "backwards_per_step": [1, 1, 1, 1], "same_file": {"host": host, "writes": writes or []},
+        "steps": 4, "syncs_per_step": [1, 1, 1, 1], "forwards": list(forwards), "models": [], "loaders": [],
+        "sampler_passes": [],
+        "shared_random_draws": {
+            "seeds": list(seeds),
+            "forwards": [{key: f[key] for key in ("site", "rng_before", "rng_after") if key in f} for f in forwards],
+        },
+        "dataset_generator": {"worker_copies": list(worker_copies)},
+        "sampler_overlap": {"loader_draws": list(loader_draws)},
+        "loss_scale": {"loss_walks": list(loss_walks), "backwards_per_step": list(backwards_per_step)},
+        "eval_mode": {
+            "forwards": [{key: f[key] for key in ("site", "eval_modules", "eval_count", "eval_site") if key in f}
+                         for f in forwards],
+            "steps": [{"step": s["step"], "site": s["site"], **s["modes"][0]} for s in steps_taken if s.get("modes")],
+        },
+        "update_differs": {"steps": [{key: value for key, value in s.items() if key != "modes"} for s in steps_taken]},
+        "same_file": {"host": host, "writes": writes or []},
         "data_split": {"splits": splits or []},
     }
     return {**facts, **overrides}

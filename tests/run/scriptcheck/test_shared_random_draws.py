@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
+import torch
+
+from gradsync.run.scriptcheck.shared_random_draws import generator_states
 from tests.run.scriptcheck.facts import consistency_categories, consistency_facts, consistency_found, rng_forward
 
 
@@ -27,3 +33,14 @@ def test_identical_draws_are_blamed_on_a_seeding_after_ddp():
     assert finding.details["draws_compared"] == 3  # two forwards and the draw between them
     # No draws at all (no dropout): nothing was shared.
     assert consistency_categories({r: consistency_facts(forwards=[rng_forward(1, 1)], seeds=[_seed(True)]) for r in (0, 1)}) == []
+
+
+def test_generator_states_change_when_drawn_from():
+    before = generator_states()
+    torch.rand(1)
+    random.random()
+    after = generator_states()
+    assert before["torch"] != after["torch"] and before["random"] != after["random"]
+    assert before["numpy"] == after["numpy"]
+    np.random.random()
+    assert generator_states()["numpy"] != after["numpy"]

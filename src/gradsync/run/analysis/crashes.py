@@ -349,6 +349,7 @@ def _same_failure_finding(first: RankView, alike: list[RankView]) -> Finding:
         f"The script failed on every rank{when}: {what}.",
         suggestion,
         locations={str(v.rank): (v.exception() or {}).get("location") or v.location or last_site(v) or "?" for v in alike},
+        step=None if before_any_collective else (first.snapshot or {}).get("backward_passes"),
         details=_traceback_details(first),
     )
 

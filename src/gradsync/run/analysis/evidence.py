@@ -43,13 +43,15 @@ class Evidence:
     script_checks: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def diagnose(self) -> dict[str, Any]:
+        script_check = registry.findings(self.script_checks)
         return diagnose(
             self.views,
             trigger=self.trigger,
             now=self.now,
             world_size=self.world_size,
             stragglers=self.stragglers,
-            script_check=registry.findings(self.script_checks),
+            script_check=script_check,
+            explained=registry.explained_by(script_check),
         )
 
     def as_dict(self) -> dict[str, Any]:

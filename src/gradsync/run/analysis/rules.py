@@ -9,6 +9,7 @@ that question.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from gradsync.run.analysis.alignment import (
@@ -36,10 +37,13 @@ def diagnose(
     world_size: int | None = None,
     stragglers: list[Finding] | None = None,
     script_check: list[Finding] | None = None,
+    explained: Collection[str] = (),
 ) -> dict[str, Any]:
     """The diagnosis of one attempt of a job; `trigger` is 'stall', 'failure' or 'exit'.
 
-    `script_check`: what --doctor-steps found by comparing the ranks' facts.
+    `script_check`: what --doctor-steps found by comparing the ranks' facts; `explained`: the
+    categories those findings explain, left out of what the run itself found (an optimizer step
+    skipped on some ranks is why --doctor-steps stopped them at different collectives).
     """
     # Where the sequences differ, from the recorded calls; for a job that failed or hung, else from
     # what reached the process groups (one that ended is judged from the recorded calls alone: a
@@ -68,6 +72,7 @@ def diagnose(
         findings.append(late_collective_finding(late, views))
     # Warnings about the training, and what the caller measured, whatever the cause.
     findings += health_findings(views)
+    findings = [finding for finding in findings if finding.category not in explained]
     findings += script_check or []
     findings += stragglers or []
     # Over whatever error was found, from any question: ranks that built different meshes caused it.

@@ -1,8 +1,10 @@
 """The script check (`gradsync doctor --steps K`, `gradsync run --doctor-steps K`): one module per check.
 
-Each rank records what it saw of its own run (gradsync.run.script_facts); each check here is one
-module holding its rule over the ranks' facts, its categories and the findings it explains
-(`unit.Check`). `registry` lists them, and turns the ranks' facts into findings; `compare`
-holds what the rules share to say which ranks differ, `shared_facts` what several rules read of
-the facts alike (the models every rank built, whether the consistency facts were recorded).
+Each rank records what it saw of its own run (gradsync.run.script_facts), and offers the moments
+it sees (a model wrapped, a training forward, a backward, a loader's draw, an optimizer step, a
+collective) on a host (`moments`). Each check here is one module holding what it records from
+those moments (its watch, when the facts every check reads are not enough), its rule over the
+ranks' facts, its categories and the findings it explains (`unit.Check`). `registry` lists them,
+and turns the ranks' facts into findings; `compare` holds what the rules share to say which
+ranks differ, `shared_facts` what several rules read of the facts alike (the models every rank built).
 """

@@ -34,6 +34,7 @@ from gradsync.run.check_primitives import Patches, dtensor_class, tensor_fingerp
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import names_text, ranks_text
 from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.shared_facts import own_facts
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 
 NAME = "averaging"
@@ -229,8 +230,8 @@ def _entry_site(module: Any) -> str | None:
 
 
 def averaging_findings(checks: RankFacts) -> list[Finding]:
-    recorded = {rank: facts.get(NAME) for rank, facts in checks.items()}
-    if len(recorded) < 2 or None in recorded.values():
+    recorded = own_facts(checks, NAME)
+    if recorded is None:
         return []
     return [*_not_averaged(recorded), *_averaged_twice(recorded), *_not_stepped(recorded)]
 

@@ -18,6 +18,7 @@ from gradsync.run.check_primitives import Patches
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text
 from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.shared_facts import own_facts
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 
 NAME = "data_split"
@@ -68,9 +69,9 @@ class SplitWatch:
 
 
 def splits_differ(checks: RankFacts) -> list[Finding]:
-    recorded = {rank: facts.get(NAME) for rank, facts in checks.items()}
-    if len(recorded) < 2 or None in recorded.values():
-        return []  # one rank has nothing to agree with; facts of an older gradsync have none of these
+    recorded = own_facts(checks, NAME)
+    if recorded is None:
+        return []
     count = min(len(facts["splits"]) for facts in recorded.values())
     findings = []
     for index in range(count):

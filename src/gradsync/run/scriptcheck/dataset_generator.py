@@ -3,26 +3,127 @@
 Each worker gets the same state at every pass, so workers, epochs (and ranks, when seeded alike)
 repeat each other's random augmentation. A worker_init_fn may reseed the copies: then the script's
 choice, left alone.
+
+Each rank records, at each pass over a DataLoader with workers, the generators its dataset holds
+(and the line that made each NumPy one), with a CRC of their states.
 """
 
 from __future__ import annotations
 
+import random
+import sys
+import zlib
+from typing import Any
+
+import torch
+from torch import nn
+
 from gradsync.rundir.records import Finding
+from gradsync.run.callsite import caller_location
+from gradsync.run.check_primitives import Patches, tensor_hash
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import ranks_text
-from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.shared_facts import own_facts
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
+
+NAME = "dataset_generator"
+MAX_COPIES = 64  # passes with workers kept per rank
+MAX_SITES = 64  # NumPy generators whose line is kept
+
+
+def generator_state(value: Any) -> int | None:
+    """The state CRC of a generator object a dataset may hold (None when it is not one)."""
+    numpy = sys.modules.get("numpy")
+    if isinstance(value, torch.Generator):
+        return tensor_hash(value.get_state())
+    if isinstance(value, random.Random):
+        return zlib.crc32(repr(value.getstate()).encode())
+    if numpy is not None and isinstance(value, numpy.random.Generator):
+        return zlib.crc32(repr(value.bit_generator.state).encode())
+    if numpy is not None and isinstance(value, numpy.random.RandomState):
+        return zlib.crc32(memoryview(value.get_state()[1]))
+    return None
+
+
+def dataset_generators(dataset: Any, depth: int = 2) -> dict[str, Any]:
+    """attribute path -> the generators stored on a dataset (and on its attributes: a transform, a
+    wrapped dataset), which DataLoader workers receive as copies."""
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def visit(obj: Any, path: str, level: int) -> None:
+        if id(obj) in seen or level > depth:
+            return
+        seen.add(id(obj))
+        attributes = getattr(obj, "__dict__", None)
+        if not isinstance(attributes, dict):
+            return
+        for name, value in attributes.items():
+            if generator_state(value) is not None:
+                found[f"{path}.{name}" if path else name] = value
+            elif not isinstance(value, (torch.Tensor, nn.Module, str, bytes, int, float, list, tuple, dict)):
+                visit(value, f"{path}.{name}" if path else name, level + 1)
+
+    visit(dataset, "", 0)
+    return found
+
+
+class CopyWatch:
+    """The generators each pass's workers copy from the dataset, on one rank."""
+
+    def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind) -> None:
+        self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
+        self.worker_copies: list[dict[str, Any]] = []
+        self._generator_sites: dict[int, str | None] = {}  # id of a NumPy Generator -> the line that made it
+        moments.on("loader_pass", self._loader_pass, self.bookkeeping)
+
+    def install(self, patches: Patches) -> None:
+        try:
+            import numpy
+        except ImportError:  # no NumPy: torch's and Python's generators have no maker to watch
+            return
+        watch = self
+
+        def make_default_rng(original):
+            def default_rng(*args, **kwargs):
+                generator = original(*args, **kwargs)
+                with watch.bookkeeping:
+                    if len(watch._generator_sites) < MAX_SITES:  # where a dataset's generator came from
+                        watch._generator_sites[id(generator)] = caller_location()
+                return generator
+
+            return default_rng
+
+        patches.wrap(numpy.random, "default_rng", make_default_rng)
+
+    def _loader_pass(self, loader: Any, entry: dict[str, Any]) -> None:
+        if not loader.num_workers or len(self.worker_copies) >= MAX_COPIES:
+            return
+        generators = dataset_generators(loader.dataset)
+        if generators:
+            self.worker_copies.append({
+                "loader": entry["key"], "site": entry["site"], "workers": loader.num_workers,
+                "worker_init_fn": loader.worker_init_fn is not None,
+                "generators": {path: generator_state(g) for path, g in generators.items()},
+                "created_at": {path: self._generator_sites.get(id(g)) for path, g in generators.items()},
+            })
+
+    def facts(self) -> dict[str, Any]:
+        return {"worker_copies": self.worker_copies}
 
 
 def dataset_generator_copied(checks: RankFacts) -> list[Finding]:
-    if not consistency_recorded(checks):
+    recorded = own_facts(checks, NAME)
+    if recorded is None:
         return []
     reported: set[str] = set()
     findings = []
-    for rank, facts in sorted(checks.items()):
+    for rank, facts in sorted(recorded.items()):
         for copy in facts["worker_copies"]:
             if copy["worker_init_fn"] or copy["site"] in reported:
                 continue  # a worker_init_fn may reseed the copies: the script's choice
-            same = {r: f for r, f in checks.items()
+            same = {r: f for r, f in recorded.items()
                     if any(c["loader"] == copy["loader"] and c["generators"] == copy["generators"] for c in f["worker_copies"])}
             passes = [c for c in facts["worker_copies"] if c["loader"] == copy["loader"]]
             repeats = len(passes) > 1 and all(p["generators"] == copy["generators"] for p in passes)
@@ -67,4 +168,5 @@ CHECK = Check(
         ),
     },
     rule=dataset_generator_copied,
+    watch=CopyWatch,
 )

@@ -8,28 +8,99 @@ left to compare, but it still steps).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
+from torch import nn
+
 from gradsync.rundir.records import Finding
+from gradsync.run.callsite import caller_location
+from gradsync.run.check_primitives import Patches
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text
-from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.shared_facts import own_facts
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
+
+NAME = "eval_mode"
+EVAL_NAMES = 8  # eval-mode submodule names kept per forward
+MAX_STEPS = 64  # optimizer steps whose modes are kept
+
+
+class ModeWatch:
+    """Which submodules of the DDP models are in eval mode at each recorded training forward and
+    each optimizer step of one rank, and the line that set each one so (`nn.Module.train`)."""
+
+    def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind) -> None:
+        self.moments = moments
+        self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
+        self.forwards: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self._eval_sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> line that set eval
+        self._switching = 0  # nn.Module.train calls in progress (it recurses into children)
+        moments.on("forward_starts", self._forward_starts, self.bookkeeping)
+        moments.on("step_starts", self._step_starts, self.bookkeeping)
+
+    def install(self, patches: Patches) -> None:
+        watch = self
+
+        def make_train(original):
+            def train(module, mode=True):
+                if not watch._switching:
+                    with watch.bookkeeping:
+                        site = caller_location()
+                        for inner in module.modules():
+                            if mode:
+                                watch._eval_sites.pop(inner, None)
+                            else:
+                                watch._eval_sites[inner] = site
+                watch._switching += 1
+                try:
+                    return original(module, mode)
+                finally:
+                    watch._switching -= 1
+
+            return train
+
+        patches.wrap(nn.Module, "train", make_train)
+
+    def _modes(self, ddp: Any) -> dict[str, Any]:
+        """The submodules of a DDP model in eval mode, and the line that put the first one there."""
+        evaluating = [(name, module) for name, module in ddp.module.named_modules() if not module.training]
+        if not ddp.training:
+            evaluating.insert(0, ("(the DDP wrapper)", ddp))
+        return {
+            "eval_modules": [name or "(the model)" for name, _ in evaluating[:EVAL_NAMES]],
+            "eval_count": len(evaluating),
+            "eval_site": self._eval_sites.get(evaluating[0][1]) if evaluating else None,
+        }
+
+    def _forward_starts(self, ddp: Any, forward: dict[str, Any]) -> None:
+        self.forwards.append({"site": forward["site"], **self._modes(ddp)})
+
+    def _step_starts(self, optimizer: Any, step: int) -> None:
+        # Per step too: a rank that put the DDP wrapper itself in eval mode has no training forwards to compare.
+        if self.moments.models and len(self.steps) < MAX_STEPS:
+            self.steps.append({"step": step, "site": caller_location(), **self._modes(self.moments.models[0])})
+
+    def facts(self) -> dict[str, Any]:
+        return {"forwards": self.forwards, "steps": self.steps}
 
 
 def eval_mode_differs(checks: RankFacts) -> list[Finding]:
-    if not consistency_recorded(checks):
+    recorded = own_facts(checks, NAME)
+    if recorded is None:
         return []
-    forwards = {rank: facts["forwards"] for rank, facts in checks.items()}
+    forwards = {rank: facts["forwards"] for rank, facts in recorded.items()}
     for i in range(min(len(f) for f in forwards.values())):
         found = _modes_differ({rank: f[i] for rank, f in forwards.items()}, f"training forward {i + 1}",
                               {"forward": i + 1})
         if found:
             return found
     steps: dict[int, dict[int, dict[str, Any]]] = {}
-    for rank, facts in checks.items():
-        for record in facts["steps_taken"]:
-            if record.get("modes"):  # the first DDP model's
-                steps.setdefault(record["step"], {})[rank] = {**record["modes"][0], "site": record["site"]}
+    for rank, facts in recorded.items():
+        for record in facts["steps"]:
+            steps.setdefault(record["step"], {})[rank] = record
     for step in sorted(steps):
         if len(steps[step]) == len(checks):
             found = _modes_differ(steps[step], f"optimizer step {step}", {"step": step})
@@ -77,4 +148,5 @@ CHECK = Check(
         ),
     },
     rule=eval_mode_differs,
+    watch=ModeWatch,
 )

@@ -7,7 +7,8 @@ as functions: no watch holds another, and the host holds no watch, so a check is
 out (`--checks`) without touching the others.
 
 Besides the moments, the host keeps the little state every watch reads the same way: the models
-wrapped so far and their parameters, and the counts of training forwards and optimizer steps.
+wrapped so far and their parameters, and the counts of training forwards and optimizer steps;
+and it reads once per step, for every watch that asks, what goes into it (`going_in`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gradsync.run.check_primitives import hyperparameters, tensors_fingerprint
 from gradsync.run.harmless import Bookkeeping
 
 # moment -> what its listeners are called with
 MOMENTS = {
     "wrapped": "(ddp, site): a DistributedDataParallel was built",
+    "forward_starts": "(ddp, forward): a recorded training forward through it starts (`forward`: its common "
+    "record, with its site; the first 64 are recorded)",
+    "forward_ends": "(ddp, forward): that forward returned",
+    "backward": "(tensors): torch.autograd.backward (and so Tensor.backward) was called on these",
+    "backward_ends": "(synchronised): that backward returned; synchronised: DDP averaged gradients during it",
+    "loader_pass": "(loader, entry): a pass over a DataLoader starts, before its iterator exists (`entry`: "
+    "the loader's common record, with its key and site)",
+    "iterator_made": "(iterator): that pass's iterator exists",
+    "drew": "(iterator, index): the iterator took its next sample index (or batch of them); None: the pass ended",
     "step_starts": "(optimizer, step): a counted optimizer step starts (step = its number, from 1)",
     "step_ends": "(optimizer, step): that step returned",
     "collective": "(op, tensors, site): the script called torch.distributed's op on these tensors",
+    "file_written": "(file, how): the script wrote `file` with torch.save (how='torch.save'), or opened it for "
+    "writing from its own files (how='open'; libraries open files of their own)",
 }
 
 
@@ -38,6 +51,7 @@ class Moments:
         self.steps = 0  # counted optimizer steps returned
         self.reductions = 0  # DDP's synchronised backward passes so far, as of the step starting now
         self._listeners: dict[str, list[tuple[Callable[..., None], Bookkeeping]]] = {moment: [] for moment in MOMENTS}
+        self._going_in: tuple[tuple[int, int], dict[str, Any]] | None = None  # ((optimizer id, step), its reading)
 
     def on(self, moment: str, listener: Callable[..., None], bookkeeping: Bookkeeping) -> None:
         """Call `listener` at each `moment`; its failure is said once by `bookkeeping`, and never
@@ -52,3 +66,17 @@ class Moments:
     def listened(self, moment: str) -> bool:
         """Whether any watch listens to `moment` (a patch that only feeds it can stay off)."""
         return bool(self._listeners[moment])
+
+    def stepped_parameters(self, optimizer: Any) -> list[Any]:
+        """The parameters of DDP models that `optimizer` steps: the ones averaged alike on every rank."""
+        return [p for group in optimizer.param_groups for p in group["params"] if id(p) in self.ddp_parameters]
+
+    def going_in(self, optimizer: Any) -> dict[str, Any]:
+        """Going into the step of `optimizer` starting now: a fingerprint of the DDP parameters it
+        steps ("parameters") and its settings ("hyperparameters"). Read once per step, however
+        many watches compare them (each fingerprint reads 256 values of every parameter)."""
+        key = (id(optimizer), self.steps)
+        if self._going_in is None or self._going_in[0] != key:
+            self._going_in = (key, {"parameters": tensors_fingerprint(self.stepped_parameters(optimizer)),
+                                    "hyperparameters": hyperparameters(optimizer)})
+        return self._going_in[1]

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 from gradsync.rundir.records import Finding
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text
-from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.shared_facts import common_models
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 
 
 def parameter_order_differs(checks: RankFacts) -> list[Finding]:
-    if not consistency_recorded(checks):
-        return []
     findings = []
-    count = min(len(facts["models"]) for facts in checks.values())
-    for index in range(count):
-        models = {rank: facts["models"][index] for rank, facts in checks.items()}
+    for models in common_models(checks):
         orders = {rank: tuple(m.get("parameter_order") or ()) for rank, m in models.items()}
         if not all(orders.values()) or len(set(orders.values())) == 1:
             continue

@@ -14,7 +14,7 @@ from gradsync.errors import ConfigError
 from gradsync.rundir.records import Finding, register_categories
 from gradsync.run.scriptcheck import (
     accumulation, data_split, dataset_generator, eval_mode, find_unused, fsdp_root, identical_batches,
-    loss_scale, parameter_order, replicas, same_file, sampler_epoch, sampler_overlap, shared_random_draws,
+    loss_scale, parameter_order, replicas, same_file, sampler_epoch, sampler_overlap, shared_random_draws, skipped_step,
     averaging, state_writes, tensor_parallel_inputs, uneven_batches, update_differs,
 )
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
@@ -38,6 +38,7 @@ CHECKS: tuple[Check, ...] = (
     eval_mode.CHECK,
     parameter_order.CHECK,
     averaging.CHECK,
+    skipped_step.CHECK,
     state_writes.CHECK,
     update_differs.CHECK,
     same_file.CHECK,
@@ -78,9 +79,14 @@ def findings(facts: RankFacts, names: Collection[str] | None = None) -> list[Fin
         recorded = facts[min(facts)].get("checks")
         names = None if recorded is None else [name for name in recorded if name in check_names()]
     found = [finding for check in selected_checks(names) for finding in check.rule(facts)]
-    explaining = {category: explained for check in CHECKS for category, explained in check.explains.items()}
-    explained = {category for finding in found for category in explaining.get(finding.category, ())}
+    explained = explained_by(found)
     return [finding for finding in found if finding.category not in explained]
+
+
+def explained_by(found: list[Finding]) -> set[str]:
+    """The categories (of a check, or of `gradsync run` itself) that these findings explain."""
+    explaining = {category: explained for check in CHECKS for category, explained in check.explains.items()}
+    return {category for finding in found for category in explaining.get(finding.category, ())}
 
 
 def categories() -> dict[str, Category]:

@@ -9,27 +9,22 @@ from the script's own files (libraries open files of their own), the first MAX_W
 
 from __future__ import annotations
 
-import builtins
-import functools
 import os
 import socket
-import sys
 from collections import Counter
 from typing import Any
 
-import torch
-
 from gradsync.rundir.records import Finding
-from gradsync.run.callsite import OWN, caller_location, file_kind
+from gradsync.run.callsite import caller_location
 from gradsync.run.check_primitives import Patches
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import ranks_text
 from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.shared_facts import own_facts
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 
 NAME = "same_file"
 MAX_WRITES = 64  # paths kept per rank
-_WRITE_MODES = frozenset("wax+")
 
 
 class WriteWatch:
@@ -39,30 +34,10 @@ class WriteWatch:
         self.moments = moments
         self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
         self.writes: list[dict[str, Any]] = []
+        moments.on("file_written", self._wrote, self.bookkeeping)
 
     def install(self, patches: Patches) -> None:
-        watch = self
-
-        def make_save(original):
-            def save(obj, f, *args, **kwargs):
-                with watch.bookkeeping:
-                    watch._wrote(f, "torch.save")
-                return original(obj, f, *args, **kwargs)
-
-            return save
-
-        patches.wrap(torch, "save", make_save)
-        original_open = builtins.open
-
-        @functools.wraps(original_open)
-        def open_(file, mode="r", *args, **kwargs):
-            with watch.bookkeeping:
-                # Only the user's own open() calls: torch.save and libraries open files of their own.
-                if isinstance(mode, str) and _WRITE_MODES & set(mode) and file_kind(sys._getframe(1).f_code.co_filename) == OWN:
-                    watch._wrote(file, "open")
-            return original_open(file, mode, *args, **kwargs)
-
-        patches.replace(builtins, "open", open_)
+        """Nothing beyond the host's moments."""
 
     def _wrote(self, file: Any, how: str) -> None:
         if not isinstance(file, (str, os.PathLike)) or len(self.writes) >= MAX_WRITES:
@@ -77,9 +52,9 @@ class WriteWatch:
 
 
 def same_file_written(checks: RankFacts) -> list[Finding]:
-    recorded = {rank: facts.get(NAME) for rank, facts in checks.items()}
-    if len(recorded) < 2 or None in recorded.values():
-        return []  # one rank has nothing to agree with; facts of an older gradsync have none of these
+    recorded = own_facts(checks, NAME)
+    if recorded is None:
+        return []
     writers: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
     for rank, facts in recorded.items():
         for write in facts["writes"]:

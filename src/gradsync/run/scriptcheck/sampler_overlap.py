@@ -11,21 +11,123 @@ instead of this one.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
+import torch
+from torch.utils.data import Subset
+from torch.utils.data.distributed import DistributedSampler
+
 from gradsync.rundir.records import Finding
+from gradsync.run.callsite import caller_location
+from gradsync.run.check_primitives import Patches, index_sampler
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text
-from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.shared_facts import own_facts
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
+
+NAME = "sampler_overlap"
+MAX_INDICES = 200_000  # a sampler pass longer than this keeps no indices (too large to compare)
+INDEXED_PASSES = 4  # passes per DataLoader whose indices are kept
+MAX_DRAWS = 64  # passes kept per rank
+
+
+class ShareWatch:
+    """The dataset indices each DataLoader pass of one rank draws (mapped through `Subset` to the
+    dataset underneath), with its DistributedSampler's seed, rank and line. Not for an
+    IterableDataset (no indices), nor for a sampler that draws with replacement (shares overlap
+    by design)."""
+
+    def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind) -> None:
+        self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
+        self.loader_draws: list[dict[str, Any]] = []
+        self._sampler_sites: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._passes: dict[str, int] = {}  # DataLoader key -> passes seen
+        self._starting: tuple[dict[str, Any], list[Any]] | None = None  # a pass whose iterator is being built
+        self._draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (its pass's record, Subset chain)
+        moments.on("loader_pass", self._loader_pass, self.bookkeeping)
+        moments.on("iterator_made", self._iterator_made, self.bookkeeping)
+        moments.on("drew", self._drew, self.bookkeeping)
+
+    def install(self, patches: Patches) -> None:
+        watch = self
+
+        def make_sampler_init(original):
+            def __init__(sampler, *args, **kwargs):
+                original(sampler, *args, **kwargs)
+                with watch.bookkeeping:
+                    watch._sampler_sites[sampler] = caller_location()
+
+            return __init__
+
+        patches.wrap(DistributedSampler, "__init__", make_sampler_init)
+
+    def _loader_pass(self, loader: Any, entry: dict[str, Any]) -> None:
+        self._starting = None
+        sampler = index_sampler(loader)
+        passes = self._passes[entry["key"]] = self._passes.get(entry["key"], 0) + 1
+        if (
+            passes > INDEXED_PASSES
+            or len(self.loader_draws) >= MAX_DRAWS
+            or isinstance(loader.dataset, torch.utils.data.IterableDataset)
+            or getattr(sampler, "replacement", False)
+        ):
+            return
+        dataset, chain = loader.dataset, []
+        while isinstance(dataset, Subset):
+            chain.append(dataset.indices)
+            dataset = dataset.dataset
+        try:
+            size = len(dataset)
+        except TypeError:
+            return
+        record: dict[str, Any] = {"loader": entry["key"], "site": entry["site"], "pass": passes, "dataset_size": size,
+                                  "over_subset": bool(chain), "complete": False, "indices": [], "sampler": None}
+        if isinstance(sampler, DistributedSampler):
+            record["sampler"] = {"site": self._sampler_sites.get(sampler), "epoch": sampler.epoch, "seed": sampler.seed,
+                                 "rank": sampler.rank, "num_replicas": sampler.num_replicas,
+                                 "total_size": sampler.total_size}
+        self.loader_draws.append(record)
+        self._starting = (record, chain)
+
+    def _iterator_made(self, iterator: Any) -> None:
+        """The indices the iterator draws from now on go to the pass started last."""
+        if self._starting is not None:
+            self._draws[iterator] = self._starting
+            self._starting = None
+
+    def _drew(self, iterator: Any, index: Any) -> None:
+        # Before the iterator is made: with workers, its constructor already draws the first batches.
+        followed = self._draws.get(iterator) or self._starting
+        if followed is None:
+            return
+        record, chain = followed
+        if index is None:  # the pass is over
+            record["complete"] = True
+            return
+        for i in index if isinstance(index, (list, tuple)) else [index]:
+            if len(record["indices"]) >= MAX_INDICES:
+                self._draws.pop(iterator, None)
+                self._starting = None
+                record["indices"] = None  # too many to compare
+                return
+            for indices in chain:
+                i = indices[i]
+            record["indices"].append(int(i))
+
+    def facts(self) -> dict[str, Any]:
+        return {"loader_draws": self.loader_draws}
 
 
 def sampler_overlap(checks: RankFacts) -> list[Finding]:
-    if not consistency_recorded(checks):
+    recorded = own_facts(checks, NAME)
+    if recorded is None:
         return []
     passes: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
     for rank, facts in checks.items():
         training = {loader["key"] for loader in facts["loaders"] if loader["feeds_training"]}
-        for draw in facts.get("loader_draws", []):
+        for draw in recorded[rank]["loader_draws"]:
             if draw["loader"] in training and draw["indices"] is not None:
                 passes.setdefault((draw["loader"], draw["pass"]), {})[rank] = draw
     for key in sorted(passes):
@@ -114,4 +216,5 @@ CHECK = Check(
         ),
     },
     rule=sampler_overlap,
+    watch=ShareWatch,
 )

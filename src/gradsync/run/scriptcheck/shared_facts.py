@@ -1,5 +1,5 @@
 """What several checks' rules read of the ranks' facts the same way: the DDP models every rank
-built, and whether the ranks recorded the consistency facts at all."""
+built, and a check's own facts when every rank has them."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ def common_models(checks: RankFacts) -> list[dict[int, Any]]:
     return [{rank: facts["models"][index] for rank, facts in checks.items()} for index in range(count)]
 
 
-def consistency_recorded(checks: RankFacts) -> bool:
-    """Whether the consistency checks (what should agree across ranks: random draws, splits, shares,
-    modes, updates, files) can judge: one rank has nothing to agree with, and the facts of a
-    gradsync older than these checks have none of theirs (no `steps_taken`)."""
-    return len(checks) >= 2 and all("steps_taken" in facts for facts in checks.values())
+def own_facts(checks: RankFacts, name: str) -> dict[int, Any] | None:
+    """rank -> the facts check `name`'s watch recorded there; None when they cannot be compared:
+    one rank has nothing to agree with, and facts of an older gradsync (or of a rank whose watch
+    failed) have none."""
+    recorded = {rank: facts.get(name) for rank, facts in checks.items()}
+    return None if len(recorded) < 2 or None in recorded.values() else recorded

@@ -32,11 +32,11 @@ from torch import nn
 
 from gradsync.rundir.records import Finding
 from gradsync.run.callsite import caller_location
-from gradsync.run.check_primitives import Patches, dtensor_class, tensor_fingerprint, tensors_fingerprint
-from gradsync.run.consistency_facts import hyperparameters
+from gradsync.run.check_primitives import Patches, dtensor_class, hyperparameters, tensor_fingerprint, tensors_fingerprint
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text, settings_differ
 from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.shared_facts import own_facts
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 
 NAME = "state_writes"
@@ -188,13 +188,13 @@ class StateWatch:
         index = self._optimizers.setdefault(optimizer, len(self._optimizers))
         if len(self.steps) >= MAX_RECORDS:
             return
-        stepped = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self.moments.ddp_parameters]
+        going_in = self.moments.going_in(optimizer)
         self.steps.append({
             "step": step,
             "optimizer": index,
             "site": caller_location(),
-            "parameters": tensors_fingerprint(stepped),
-            "hyperparameters": hyperparameters(optimizer),
+            "parameters": going_in["parameters"],
+            "hyperparameters": going_in["hyperparameters"],
             "optimizer_state": optimizer_state_fingerprint(optimizer),
             "scalers": [_plain_state(s.state_dict()) for s in self._in_order(self._scalers)],
             "schedulers": [_crc(_plain_state(s.state_dict())) for s in self._in_order(self._schedulers)],
@@ -278,13 +278,8 @@ def _is_scalar(value: Any) -> bool:
 # -- the rule -----------------------------------------------------------------------------------
 
 
-def _facts(checks: RankFacts) -> dict[int, dict[str, Any]] | None:
-    recorded = {rank: facts.get(NAME) for rank, facts in checks.items()}
-    return None if len(recorded) < 2 or None in recorded.values() else recorded  # type: ignore[return-value]
-
-
 def state_findings(checks: RankFacts) -> list[Finding]:
-    recorded = _facts(checks)
+    recorded = own_facts(checks, NAME)
     if recorded is None:
         return []
     return [*_replaced_after_wrapping(recorded), *_written_on_some_ranks(recorded)]

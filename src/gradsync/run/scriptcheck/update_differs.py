@@ -10,12 +10,96 @@ reported again.
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import Any
 
 from gradsync.rundir.records import Finding
+from gradsync.run.callsite import caller_location
+from gradsync.run.check_primitives import Patches, tensors_fingerprint
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text, settings_differ
-from gradsync.run.scriptcheck.shared_facts import consistency_recorded
+from gradsync.run.scriptcheck.moments import Moments
+from gradsync.run.scriptcheck.shared_facts import own_facts
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
+
+NAME = "update_differs"
+MAX_STEPS = 64  # optimizer steps recorded per rank
+CALLS_PER_STEP = 16  # update-changing calls kept between two optimizer steps
+
+
+class UpdateWatch:
+    """What goes into each optimizer step on one rank: a fingerprint of the DDP parameters'
+    gradients and of the parameters, the optimizer's settings, and the calls since the previous
+    step that change an update after DDP averaged it (clipping, schedulers), with their lines; and
+    the parameters' fingerprint as the step returns."""
+
+    def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind) -> None:
+        self.moments = moments
+        self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
+        self.steps: list[dict[str, Any]] = []
+        self._calls: list[dict[str, Any]] = []  # update-changing calls since the last step
+        self._optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # -> index
+        self._open_step: dict[int, dict[str, Any]] = {}  # optimizer index -> its step's record, until it returns
+        moments.on("step_starts", self._step_starts, self.bookkeeping)
+        moments.on("step_ends", self._step_ends, self.bookkeeping)
+
+    def install(self, patches: Patches) -> None:
+        import torch.nn.utils as nn_utils
+        import torch.nn.utils.clip_grad as clip_grad
+        from torch.optim import lr_scheduler
+
+        watch = self
+
+        def noting(what: str):
+            def make(original):
+                def call(*args, **kwargs):
+                    with watch.bookkeeping:
+                        if len(watch._calls) < CALLS_PER_STEP:
+                            watch._calls.append({"what": what, "site": caller_location()})
+                    return original(*args, **kwargs)
+
+                return call
+
+            return make
+
+        for name in ("clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_"):
+            original = getattr(clip_grad, name, None)
+            if original is None:
+                continue
+            wrapped = functools.wraps(original)(noting(name)(original))
+            for owner in (nn_utils, clip_grad):
+                if getattr(owner, name, None) is original:
+                    patches.replace(owner, name, wrapped)
+        patches.wrap(lr_scheduler.LRScheduler, "step", noting("scheduler.step"))
+        if "step" in vars(lr_scheduler.ReduceLROnPlateau):  # its own step, not LRScheduler's
+            patches.wrap(lr_scheduler.ReduceLROnPlateau, "step", noting("scheduler.step"))
+
+    def _step_starts(self, optimizer: Any, step: int) -> None:
+        index = self._optimizers.setdefault(optimizer, len(self._optimizers))
+        calls, self._calls = self._calls, []
+        if len(self.steps) >= MAX_STEPS:
+            return
+        going_in = self.moments.going_in(optimizer)
+        record = {
+            "step": step,
+            "optimizer": index,
+            "site": caller_location(),
+            "hyperparameters": going_in["hyperparameters"],
+            "grads": tensors_fingerprint(p.grad for p in self.moments.stepped_parameters(optimizer) if p.grad is not None),
+            "params_before": going_in["parameters"],
+            "calls": calls,
+        }
+        self.steps.append(record)
+        self._open_step[index] = record
+
+    def _step_ends(self, optimizer: Any, step: int) -> None:
+        record = self._open_step.pop(self._optimizers.get(optimizer, -1), None)
+        if record is not None:
+            record["params_after"] = tensors_fingerprint(self.moments.stepped_parameters(optimizer))
+
+    def facts(self) -> dict[str, Any]:
+        return {"steps": self.steps}
 
 
 def _calls_key(calls: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
@@ -23,11 +107,12 @@ def _calls_key(calls: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
 
 
 def update_differs(checks: RankFacts) -> list[Finding]:
-    if not consistency_recorded(checks):
+    recorded = own_facts(checks, NAME)
+    if recorded is None:
         return []
     records: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
-    for rank, facts in checks.items():
-        for record in facts["steps_taken"]:
+    for rank, facts in recorded.items():
+        for record in facts["steps"]:
             records.setdefault((record["optimizer"], record["step"]), {})[rank] = record
     for (optimizer, step), by_rank in sorted(records.items(), key=lambda item: (item[0][1], item[0][0])):
         if len(by_rank) != len(checks):
@@ -133,5 +218,6 @@ CHECK = Check(
         ),
     },
     rule=update_differs,
+    watch=UpdateWatch,
     explains={"update_differs": ("parameters_diverged", "buffers_diverged")},
 )
