@@ -10,7 +10,9 @@ import pytest
 from gradsync.errors import ConfigError
 from gradsync.rundir import records
 from gradsync.rundir.records import SEVERITIES, Finding
+from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck import registry
+from gradsync.run.scriptcheck.moments import Moments
 from tests.run.scriptcheck.facts import (
     consistency_facts,
     draw,
@@ -46,6 +48,15 @@ def test_every_category_has_severities_a_meaning_and_a_doc():
         assert category.severities and set(category.severities) <= set(SEVERITIES), name
         assert category.meaning.strip() and category.doc.strip(), name
         assert "|" not in category.doc and "\n" not in category.doc, f"{name}: its doc is one cell of a table row"
+
+
+def test_each_watch_records_exactly_the_facts_its_check_declares():
+    for check in registry.CHECKS:
+        if check.watch is None:
+            continue
+        watch = check.watch(Moments(), BookkeepingByKind())
+        assert set(watch.facts()) == set(check.facts.__annotations__), check.name
+        assert check.facts.__required_keys__ == set(check.facts.__annotations__), check.name
 
 
 def test_what_a_check_explains_is_a_category_of_the_checks_or_of_gradsync_run():

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -42,6 +42,14 @@ STEPS_COMPARED = 8  # counted steps whose gradients are fingerprinted one by one
 BYPASSES_KEPT = 4  # lines where a forward bypassed DDP, kept per rank
 POINTERS_KEPT = 100_000  # reduced tensors remembered (a per-parameter loop over a large model)
 _REDUCING = frozenset({"all_reduce", "reduce"})
+
+
+class AveragingFacts(TypedDict):
+    """What the watch records on one rank (under "averaging" in its facts file)."""
+
+    steps: list[dict[str, Any]]  # per checked step: the gradients stepped, reduced and used, by parameter
+    bypasses: list[dict[str, Any]]  # forwards through `ddp.module`, with their line
+    sharded_at: str | None  # the last fully_shard call's line
 
 
 class AveragingWatch:
@@ -191,7 +199,7 @@ class AveragingWatch:
                     missing.append(name)
         return missing[:64]
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> AveragingFacts:
         sharded = [site for _, site in self.moments.sharded]
         return {"steps": self.steps, "bypasses": self.bypasses, "sharded_at": sharded[-1] if sharded else None}
 
@@ -397,4 +405,5 @@ CHECK = Check(
     explains={"gradients_not_averaged": ("parameters_diverged", "buffers_diverged", "update_differs"),
               "gradients_averaged_twice": ("parameters_diverged", "buffers_diverged", "update_differs")},
     watch=AveragingWatch,
+    facts=AveragingFacts,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any
+from typing import Any, TypedDict
 
 from gradsync.rundir.records import Finding
 from gradsync.run.callsite import caller_location
@@ -24,6 +24,12 @@ from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 NAME = "data_split"
 MAX_SPLITS = 64  # random_split calls kept per rank
 MAX_INDICES = 200_000  # a split larger than this keeps its CRCs only (too large to compare sample by sample)
+
+
+class SplitFacts(TypedDict):
+    """What the watch records on one rank (under "data_split" in its facts file)."""
+
+    splits: list[dict[str, Any]]  # {"site", "generator_given", "lengths", "crcs", "indices"}
 
 
 class SplitWatch:
@@ -64,7 +70,7 @@ class SplitWatch:
             "indices": indices if keep else None,
         })
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> SplitFacts:
         return {"splits": self.splits}
 
 
@@ -117,4 +123,5 @@ CHECK = Check(
     rule=splits_differ,
     explains={"data_split_differs": ("sampler_overlap",)},
     watch=SplitWatch,
+    facts=SplitFacts,
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import sys
 import zlib
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -69,6 +69,12 @@ def dataset_generators(dataset: Any, depth: int = 2) -> dict[str, Any]:
     return found
 
 
+class CopyFacts(TypedDict):
+    """What the watch records on one rank (under "dataset_generator" in its facts file)."""
+
+    worker_copies: list[dict[str, Any]]  # {"loader", "site", "workers", "worker_init_fn", "generators", "created_at"}
+
+
 class CopyWatch:
     """The generators each pass's workers copy from the dataset, on one rank."""
 
@@ -109,7 +115,7 @@ class CopyWatch:
                 "created_at": {path: self._generator_sites.get(id(g)) for path, g in generators.items()},
             })
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> CopyFacts:
         return {"worker_copies": self.worker_copies}
 
 
@@ -169,4 +175,5 @@ CHECK = Check(
     },
     rule=dataset_generator_copied,
     watch=CopyWatch,
+    facts=CopyFacts,
 )

@@ -9,7 +9,7 @@ left to compare, but it still steps).
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, TypedDict
 
 from torch import nn
 
@@ -25,6 +25,13 @@ from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 NAME = "eval_mode"
 EVAL_NAMES = 8  # eval-mode submodule names kept per forward
 MAX_STEPS = 64  # optimizer steps whose modes are kept
+
+
+class ModeFacts(TypedDict):
+    """What the watch records on one rank (under "eval_mode" in its facts file)."""
+
+    forwards: list[dict[str, Any]]  # per recorded training forward: {"site", "eval_modules", "eval_count", "eval_site"}
+    steps: list[dict[str, Any]]  # per optimizer step: {"step", "site", "eval_modules", "eval_count", "eval_site"}
 
 
 class ModeWatch:
@@ -83,7 +90,7 @@ class ModeWatch:
         if self.moments.models and len(self.steps) < MAX_STEPS:
             self.steps.append({"step": step, "site": caller_location(), **self._modes(self.moments.models[0])})
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> ModeFacts:
         return {"forwards": self.forwards, "steps": self.steps}
 
 
@@ -149,4 +156,5 @@ CHECK = Check(
     },
     rule=eval_mode_differs,
     watch=ModeWatch,
+    facts=ModeFacts,
 )

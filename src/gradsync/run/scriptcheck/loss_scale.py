@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import statistics
 import warnings
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -118,6 +118,13 @@ def _reduction(node: Any, name: str) -> tuple[str | None, int]:
     return ("mean" if code == 1 else "sum"), elements
 
 
+class LossFacts(TypedDict):
+    """What the watch records on one rank (under "loss_scale" in its facts file)."""
+
+    loss_walks: list[dict[str, Any]]  # {"site", "step", "scale", "reduction", "elements", "factor", "factor_site"}
+    backwards_per_step: list[int]
+
+
 class LossWatch:
     """How each loss passed to backward on one rank is normalised, and its backward calls per
     optimizer step (an accumulation's micro-steps)."""
@@ -180,7 +187,7 @@ class LossWatch:
             self.backwards_per_step.append(self._backwards)
         self._backwards = 0
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> LossFacts:
         return {"loss_walks": self.loss_walks, "backwards_per_step": self.backwards_per_step}
 
 
@@ -240,4 +247,5 @@ CHECK = Check(
     },
     rule=loss_divided_by_world_size,
     watch=LossWatch,
+    facts=LossFacts,
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from collections import Counter
-from typing import Any
+from typing import Any, TypedDict
 
 from gradsync.rundir.records import Finding
 from gradsync.run.callsite import caller_location
@@ -25,6 +25,13 @@ from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 
 NAME = "same_file"
 MAX_WRITES = 64  # paths kept per rank
+
+
+class WriteFacts(TypedDict):
+    """What the watch records on one rank (under "same_file" in its facts file)."""
+
+    host: str  # the rank's host name: only ranks of one host share a disk
+    writes: list[dict[str, Any]]  # {"path", "how", "step", "site"}
 
 
 class WriteWatch:
@@ -47,7 +54,7 @@ class WriteWatch:
             return
         self.writes.append({"path": path, "how": how, "step": self.moments.steps, "site": caller_location()})
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> WriteFacts:
         return {"host": socket.gethostname(), "writes": self.writes}
 
 
@@ -98,4 +105,5 @@ CHECK = Check(
     },
     rule=same_file_written,
     watch=WriteWatch,
+    facts=WriteFacts,
 )

@@ -12,7 +12,7 @@ instead of this one.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch.utils.data import Subset
@@ -31,6 +31,12 @@ NAME = "sampler_overlap"
 MAX_INDICES = 200_000  # a sampler pass longer than this keeps no indices (too large to compare)
 INDEXED_PASSES = 4  # passes per DataLoader whose indices are kept
 MAX_DRAWS = 64  # passes kept per rank
+
+
+class ShareFacts(TypedDict):
+    """What the watch records on one rank (under "sampler_overlap" in its facts file)."""
+
+    loader_draws: list[dict[str, Any]]  # per pass: {"loader", "site", "pass", "dataset_size", "indices", "complete", "sampler", ...}
 
 
 class ShareWatch:
@@ -116,7 +122,7 @@ class ShareWatch:
                 i = indices[i]
             record["indices"].append(int(i))
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> ShareFacts:
         return {"loader_draws": self.loader_draws}
 
 
@@ -217,4 +223,5 @@ CHECK = Check(
     },
     rule=sampler_overlap,
     watch=ShareWatch,
+    facts=ShareFacts,
 )

@@ -16,7 +16,7 @@ import functools
 import random
 import sys
 import zlib
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -41,6 +41,13 @@ def generator_states() -> dict[str, int]:
     if numpy is not None:
         states["numpy"] = zlib.crc32(memoryview(numpy.random.get_state()[1]))
     return states
+
+
+class DrawFacts(TypedDict):
+    """What the watch records on one rank (under "shared_random_draws" in its facts file)."""
+
+    seeds: list[dict[str, Any]]  # {"generator", "site", "after_ddp", "forwards_before", "value"}
+    forwards: list[dict[str, Any]]  # per recorded training forward: {"site", "rng_before", "rng_after"}
 
 
 class DrawWatch:
@@ -92,7 +99,7 @@ class DrawWatch:
         if self.forwards:
             self.forwards[-1]["rng_after"] = generator_states()
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> DrawFacts:
         return {"seeds": self.seeds, "forwards": self.forwards}
 
 
@@ -167,4 +174,5 @@ CHECK = Check(
     },
     rule=shared_random_draws,
     watch=DrawWatch,
+    facts=DrawFacts,
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any
+from typing import Any, TypedDict
 
 from gradsync.rundir.records import Finding
 from gradsync.run.callsite import OWN, file_kind, short_path, user_frame
@@ -33,6 +33,13 @@ from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 NAME = "skipped_step"
 MAX_SKIPS = 64  # skips recorded per rank
 MAX_LINES = 512  # lines traced in one window (a window that runs longer keeps its first ones)
+
+
+class SkipFacts(TypedDict):
+    """What the watch records on one rank (under "skipped_step" in its facts file)."""
+
+    synced_backwards: int  # synchronised backward passes seen
+    skipped: list[dict[str, Any]]  # {"backward": its number, "site": where the rank went on}
 
 
 class SkipWatch:
@@ -123,7 +130,7 @@ class SkipWatch:
         if sys.gettrace() is _no_new_frames:
             sys.settrace(None)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> SkipFacts:
         self._stop_tracing()  # the facts are written at the end: leave the thread as it was
         return {"synced_backwards": self.synced, "skipped": self.skipped}
 
@@ -185,4 +192,5 @@ CHECK = Check(
     explains={"step_skipped_on_some_ranks": ("update_differs", "parameters_diverged", "buffers_diverged",
                                              "state_written_on_some_ranks", "rank_exited", "collective_after_peer_left")},
     watch=SkipWatch,
+    facts=SkipFacts,
 )

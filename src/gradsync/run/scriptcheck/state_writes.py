@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import weakref
 import zlib
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -96,6 +96,13 @@ def optimizer_state_fingerprint(optimizer: Any) -> int | None:
                     return None
                 combined = zlib.crc32(f"{key}{part}".encode(), combined)
     return combined
+
+
+class StateFacts(TypedDict):
+    """What the watch records on one rank (under "state_writes" in its facts file)."""
+
+    steps: list[dict[str, Any]]  # per step: fingerprints of each part of the state going into it
+    writes: list[dict[str, Any]]  # writes beside the step: what, target, line, step, their effects
 
 
 class StateWatch:
@@ -267,7 +274,7 @@ class StateWatch:
         self._written[key] = record
         self.writes.append(record)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> StateFacts:
         return {"steps": self.steps, "writes": self.writes}
 
 
@@ -436,4 +443,5 @@ CHECK = Check(
         "replaced_after_wrapping": ("update_differs", "parameters_diverged", "buffers_diverged", "gradients_not_averaged"),
     },
     watch=StateWatch,
+    facts=StateFacts,
 )

@@ -43,8 +43,9 @@ class Watch(Protocol):
     def install(self, patches: Patches) -> None:
         """Patch what it watches (beyond the host's moments), each replacement kept in `patches`."""
 
-    def facts(self) -> dict[str, Any]:
-        """Its facts, JSON-ready: written under the check's name in the rank's facts file."""
+    def facts(self) -> Mapping[str, Any]:
+        """Its facts, JSON-ready, of the check's `facts` type: written under the check's name in
+        the rank's facts file, and read by its rule in the launcher."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,12 @@ class Check:
     # (which says a failure once and keeps it from the script); None: the rule reads only the
     # facts the script check records for every check.
     watch: Callable[[Moments, BookkeepingByKind], Watch] | None = None
+    # The TypedDict of what its watch records: the record that crosses from each rank to the launcher.
+    facts: type | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.explains) - set(self.categories)
         if unknown:
             raise ValueError(f"check {self.name!r} explains findings of categories it does not have: {sorted(unknown)}")
+        if (self.watch is None) != (self.facts is None):
+            raise ValueError(f"check {self.name!r}: a watch and the type of its facts go together")

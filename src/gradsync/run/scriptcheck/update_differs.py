@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any
+from typing import Any, TypedDict
 
 from gradsync.rundir.records import Finding
 from gradsync.run.callsite import caller_location
@@ -26,6 +26,12 @@ from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 NAME = "update_differs"
 MAX_STEPS = 64  # optimizer steps recorded per rank
 CALLS_PER_STEP = 16  # update-changing calls kept between two optimizer steps
+
+
+class UpdateFacts(TypedDict):
+    """What the watch records on one rank (under "update_differs" in its facts file)."""
+
+    steps: list[dict[str, Any]]  # {"step", "optimizer", "site", "hyperparameters", "grads", "params_before", "params_after", "calls"}
 
 
 class UpdateWatch:
@@ -98,7 +104,7 @@ class UpdateWatch:
         if record is not None:
             record["params_after"] = tensors_fingerprint(self.moments.stepped_parameters(optimizer))
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> UpdateFacts:
         return {"steps": self.steps}
 
 
@@ -219,5 +225,6 @@ CHECK = Check(
     },
     rule=update_differs,
     watch=UpdateWatch,
+    facts=UpdateFacts,
     explains={"update_differs": ("parameters_diverged", "buffers_diverged")},
 )
