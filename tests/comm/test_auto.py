@@ -46,41 +46,67 @@ def chosen(steps, **kwargs):
     return decide(measured(steps, **kwargs)).compression
 
 
-# The compressor: fp32's exposed share, then the margin against fp32's step.
+# The compressor: the margin and the trials' noise against fp32's step; fp32's exposed share explains.
 
 
-def test_fp32_is_kept_when_it_left_less_than_the_margin_of_its_step_exposed():
-    # int8 looks 50% faster, but a compressor cannot save more than the communication backward
-    # waited for: with 12.4% of the step exposed it is noise, not a gain.
+def test_the_step_times_decide_and_fp32s_exposed_share_only_explains_the_choice():
+    # int8 is 50% faster although only 12.4% of fp32's step visibly waited: on a CPU, Gloo's
+    # threads compete with backward, so the wait understates the cost. The step times win.
     steps = {"none": 1.0, "int8": 0.5}
     below = decide(measured(steps, exposed={"none": 0.124, "int8": 0.0}))
-    assert below.compression == "none"
+    assert below.compression == "int8"
     assert below.reason == (
-        "auto compression chose none: fp32 left 124.0 ms (12%) of each step waiting for communication, less than "
-        "the 12% a compressor must save, so gradients stay exact (the network keeps up with the compute). "
+        "auto compression chose int8: int8 cut the step time by 50%, beyond the trials' noise, although fp32 left "
+        "124.0 ms (12%) of each step waiting for communication: the step times win (Gloo's threads compete with "
+        "backward for the cores, so the share that waited understates what communication costs; compressors "
+        "within 2% of the fastest count as tied and the least lossy of them wins). "
         "Step times (lower quartile of each trial): none 1000.0 ms, int8 500.0 ms."
     )
-    assert chosen(steps, exposed={"none": 0.125, "int8": 0.0}) == "int8"  # at the margin: worth trying
-    assert chosen(steps, exposed={"none": 0.126, "int8": 0.0}) == "int8"
-    # The same at the default margin, in milliseconds: 4 of 100 exposed keeps fp32, 30 does not.
-    assert chosen({"none": 0.100, "int8": 0.060}, exposed=0.004, margin=0.10) == "none"
-    assert chosen({"none": 0.100, "int8": 0.060}, exposed=0.030, margin=0.10) == "int8"
-
-
-def test_a_compressor_must_beat_fp32_by_more_than_the_margin():
-    assert chosen({"none": 1.0, "int8": 0.8749}) == "int8"
-    at = decide(measured({"none": 1.0, "int8": 0.875}))  # exactly 12.5% faster is not more than 12.5%
-    assert at.compression == "none"
-    assert at.reason.startswith(
-        "auto compression chose none: fp32 left 500.0 ms (50%) of each step waiting for communication, but no "
-        "compressor was more than 12% faster, so gradients stay exact. Step times"
+    # The trial issue 43 quotes (300 Mbit/s): 9% of fp32's step exposed, and "chose none". bf16 and
+    # PowerSGD both cut it by 26-27%, within 2% of each other: a tie, which the less lossy wins.
+    issue = decide(measured({"none": 1.7479, "bf16": 1.2899, "powersgd": 1.2782}, exposed=0.1503, noise=0.02, margin=0.10))
+    assert issue.compression == "bf16"
+    # Much exposed, yet no compressor faster: the step times win that way too, and the log says so.
+    held = decide(measured({"none": 1.0, "bf16": 0.95}, exposed=0.6))
+    assert held.compression == "none"
+    assert held.reason.startswith(
+        "auto compression chose none: no compressor was more than 12% faster than fp32, although fp32 left 600.0 ms "
+        "(60%) of each step waiting for communication: the step times win (a compressor's own cost on the cores "
+        "took what it saved on the wire), so gradients stay exact. Step times"
     )
+    # Little exposed and nothing faster: the network keeps up.
+    assert decide(measured({"none": 1.0, "bf16": 0.99}, exposed=0.05)).reason.startswith(
+        "auto compression chose none: no compressor was more than 12% faster than fp32 (fp32 left 50.0 ms (5%) of "
+        "each step waiting for communication: the network keeps up with the compute), so gradients stay exact."
+    )
+
+
+def test_a_compressor_must_beat_fp32_by_more_than_the_margin_and_the_trials_noise():
+    assert chosen({"none": 1.0, "int8": 0.8749}) == "int8"
+    assert chosen({"none": 1.0, "int8": 0.875}) == "none"  # exactly 12.5% faster is not more than 12.5%
     assert chosen({"none": 1.0, "int8": 0.8751}) == "none"
     # A trial slower than fp32 never wins, however exposed fp32 was.
     assert chosen({"none": 1.0, "bf16": 1.2}, exposed=0.9) == "none"
-    # The default margin (test_compression's old cases): 3-4% faster is not enough, 40% is.
+    # The default margin: 3-4% faster is not enough, 40% is.
     assert chosen({"none": 0.100, "bf16": 0.097, "int8": 0.096}, exposed=0.05, margin=0.05) == "none"
     assert chosen({"none": 0.100, "bf16": 0.090, "int8": 0.060}, exposed=0.05, margin=0.05) == "int8"
+    # 20% faster, beyond the margin: chosen while the trials' noise is under it (2 * sqrt(2) * 7% = 19.8%) ...
+    assert chosen({"none": 1.0, "int8": 0.8}, noise=0.07) == "int8"
+    # ... kept out once it could be chance (2 * sqrt(2) * 7.1% = 20.1%), and the log says why.
+    noisy = decide(measured({"none": 1.0, "int8": 0.8}, noise=0.071))
+    assert noisy.compression == "none"
+    assert noisy.reason.startswith("auto compression chose none: no compressor was more than 12% faster than fp32 "
+                                   "beyond the trials' noise, although fp32 left 500.0 ms (50%)")
+    # One noisy trial is enough: fp32's own.
+    assert chosen({"none": 1.0, "int8": 0.8}, noise={"none": 0.1, "int8": 0.0}) == "none"
+
+
+def test_the_same_measurements_up_to_noise_give_the_same_choice():
+    # Rounds of one bench: step times that move within their noise, one candidate faster beyond it.
+    rounds = [{"none": 1.75, "bf16": 1.29, "powersgd": 1.05}, {"none": 1.70, "bf16": 1.33, "powersgd": 1.08},
+              {"none": 1.80, "bf16": 1.27, "powersgd": 1.02}, {"none": 1.72, "bf16": 1.31, "powersgd": 1.06}]
+    exposure = [0.15, 0.40, 0.10, 0.30]  # what waited moves a lot more: it no longer decides
+    assert {chosen(steps, exposed=e, noise=0.02, margin=0.10) for steps, e in zip(rounds, exposure)} == {"powersgd"}
 
 
 def test_between_compressors_the_fastest_wins_unless_a_less_lossy_one_is_within_the_tie():
@@ -88,8 +114,8 @@ def test_between_compressors_the_fastest_wins_unless_a_less_lossy_one_is_within_
     steps = {"none": 1.0, "bf16": 0.8, "powersgd": 0.51, "int8": 0.5}
     tied = decide(measured(steps))  # powersgd exactly 2% slower than int8: a tie, the less lossy wins
     assert tied.compression == "powersgd"
-    assert ("fp32 left 500.0 ms (50%) of each step waiting for communication; powersgd cut the step time by 49% "
-            "(communication was the bottleneck; compressors within 2% of the fastest count as tied and the least "
+    assert ("fp32 left 500.0 ms (50%) of each step waiting for communication; powersgd cut the step time by 49%, "
+            "beyond the trials' noise (communication was the bottleneck; compressors within 2% of the fastest count as tied and the least "
             "lossy of them wins). Step times (lower quartile of each trial): none 1000.0 ms, bf16 800.0 ms, "
             "powersgd 510.0 ms, int8 500.0 ms.") in tied.reason
     assert chosen({**steps, "powersgd": 0.5099}) == "powersgd"
@@ -110,11 +136,11 @@ def test_the_reason_says_when_the_runner_up_was_within_the_trials_noise():
         "accuracy alike. Step times (lower quartile of each trial): none 1000.0 ms, powersgd 550.0 ms, int8 500.0 ms."
     )
     clear = decide(measured(steps, noise=0.0353))  # 9.98%
-    assert clear.compression == "int8" and "noise" not in clear.reason
+    assert clear.compression == "int8" and "within the trials' noise" not in clear.reason
     # The noisier trial counts with its own spread: one noisy trial is enough.
-    assert "noise" in decide(measured(steps, noise={"none": 0.0, "powersgd": 0.0, "int8": 0.051})).reason
+    assert "within the trials' noise" in decide(measured(steps, noise={"none": 0.0, "powersgd": 0.0, "int8": 0.051})).reason
     # A runner-up slower than fp32's bar is no runner-up, however noisy.
-    assert "noise" not in decide(measured({"none": 1.0, "powersgd": 0.9, "int8": 0.5}, noise=0.5)).reason
+    assert "within the trials' noise" not in decide(measured({"none": 1.0, "powersgd": 0.9, "int8": 0.5}, noise=0.1)).reason
 
 
 # Accumulation, after the compressor.
@@ -236,9 +262,9 @@ def test_zero_step_times_keep_fp32():
 
 def test_a_compressor_measured_at_zero_wins_without_a_ratio_to_its_runner_up():
     decision = decide(measured({"none": 1.0, "powersgd": 0.0, "int8": 0.0}, exposed={"none": 0.5, "powersgd": 0.0, "int8": 0.0},
-                               noise=1.0, most=4))
+                               noise=0.3, most=4))
     assert decision.compression == "powersgd"  # tied at zero: the less lossy
-    assert "cut the step time by 100%" in decision.reason and "noise" not in decision.reason
+    assert "cut the step time by 100%" in decision.reason and "within the trials' noise" not in decision.reason
     assert (decision.accumulation_steps, decision.proposed_periodic_every) == (1, None)
 
 
