@@ -6,6 +6,7 @@ left out. glibc's defaults give the freed top of the heap back to the OS, so the
 again (24,400 pages) every round; reuse keeps it.
 """
 
+import os
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 
 from gradsync.config import TrainerConfig
 from gradsync.errors import ConfigError
-from gradsync.host_memory import _glibc, wants_reuse
+from gradsync.host_memory import _glibc, allocator_environment, wants_reuse
 
 needs_glibc = pytest.mark.skipif(_glibc() is None, reason="mallopt's thresholds are glibc's")
 
@@ -40,8 +41,9 @@ print(faults() - before)
 """
 
 
-def faults_of_reallocating(setup: str) -> int:
-    out = subprocess.run([sys.executable, "-c", setup + COUNT_FAULTS], capture_output=True, text=True, timeout=120)
+def faults_of_reallocating(setup: str, environment: dict[str, str] | None = None) -> int:
+    out = subprocess.run([sys.executable, "-c", setup + COUNT_FAULTS], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **(environment or {})})
     assert out.returncode == 0, out.stderr
     return int(out.stdout.split()[-1])
 
@@ -53,6 +55,19 @@ def test_reuse_keeps_a_freed_block_for_the_next_allocation():
     reused = faults_of_reallocating("from gradsync.host_memory import reuse_freed_memory\nassert reuse_freed_memory()\n")
     assert released > 4 * PAGES
     assert reused < PAGES / 20
+
+
+@pytest.mark.launches
+@needs_glibc
+def test_a_process_started_with_the_allocator_environment_keeps_freed_blocks_as_reuse_does():
+    # What a benchmark's peers (plain scripts, never set up by gradsync) get.
+    plain = {key: value for key, value in os.environ.items() if key != "GLIBC_TUNABLES"}
+    tunables = allocator_environment("auto", "cpu", plain)
+    assert faults_of_reallocating("", tunables) < PAGES / 20
+    assert allocator_environment("release", "cpu", plain) == {} and allocator_environment("auto", "cuda", plain) == {}
+    # Tunables already set stay, and come first.
+    assert allocator_environment("reuse", "cuda", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})["GLIBC_TUNABLES"].startswith(
+        "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=")
 
 
 RESIDENT_GROWTH = """

@@ -25,6 +25,10 @@ Threads other than the one that trains allocate from arenas of their own, whose 
 deletes once empty whatever the trim threshold: work done on Gloo's callback threads (int8's
 decode) still faults.
 
+A process that gradsync does not set up (a benchmark's peer, an unmodified script) gets the same
+two thresholds from its environment: `allocator_environment` gives the GLIBC_TUNABLES that glibc
+reads at start-up.
+
 "auto" (the default) reuses when the trainer's device is the CPU; CUDA jobs keep little on the
 host and are left alone. Other C libraries (musl, macOS) have no `mallopt` of this kind, and
 there nothing changes.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from collections.abc import Mapping
 from functools import lru_cache
 
 HOST_MEMORY = ("auto", "reuse", "release")
@@ -44,6 +49,9 @@ HOST_MEMORY = ("auto", "reuse", "release")
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD = 32 * 2**20
+# The same two settings as glibc tunables (glibc >= 2.26): a trim threshold of SIZE_MAX never
+# trims, as mallopt's -1 does; a tunable threshold also stops glibc's own adjustment.
+_TUNABLES = f"glibc.malloc.mmap_threshold={_MMAP_THRESHOLD}:glibc.malloc.trim_threshold={2**64 - 1}"
 
 
 @lru_cache(maxsize=1)
@@ -76,3 +84,13 @@ def _glibc() -> ctypes.CDLL | None:
 def wants_reuse(setting: str, device_type: str) -> bool:
     """Whether `host_memory=setting` reuses freed memory for a trainer on `device_type`."""
     return setting == "reuse" or (setting == "auto" and device_type == "cpu")
+
+
+def allocator_environment(setting: str, device_type: str, environment: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to `environment` so that a process started with it keeps freed host
+    memory as `host_memory=setting` would (GLIBC_TUNABLES, after any tunables already there);
+    none when the setting does not reuse on `device_type`, or the C library is not glibc."""
+    if not wants_reuse(setting, device_type) or _glibc() is None:
+        return {}
+    present = environment.get("GLIBC_TUNABLES")
+    return {"GLIBC_TUNABLES": f"{present}:{_TUNABLES}" if present else _TUNABLES}

@@ -48,6 +48,13 @@ def test_the_table_says_when_gradsync_kept_freed_host_memory_and_the_peers_did_n
     assert not any("host_memory" in line for line in peer_table({**REPORT, "host_memory": "release"}, "...").splitlines())
 
 
+def test_the_table_says_every_job_ran_with_the_same_allocator_setting():
+    for setting, said in (("auto", "freed host memory kept for the next step"), ("release", "the C library's defaults.")):
+        lines = peer_table({**REPORT, "host_memory": setting, "peers_host_memory": True}, "...").splitlines()
+        (line,) = [line for line in lines if "host_memory=" in line]
+        assert line.startswith(f"Every job, the peers included, ran with `host_memory={setting!r}`") and said in line
+
+
 def test_the_table_replaces_only_what_lies_between_its_markers(tmp_path):
     doc = "intro\n<!-- t -->\nold table\n<!-- /t -->\nafter\n"
     assert splice(doc, "t", "new") == "intro\n<!-- t -->\nnew\n<!-- /t -->\nafter\n"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gradsync.bench.train import parse_configs, render, round_order, run_benchmark
+from gradsync.host_memory import _glibc, allocator_environment
 from gradsync.errors import ConfigError
 
 
@@ -35,11 +36,14 @@ def test_over_twice_as_many_rounds_as_configs_each_config_runs_in_every_place_of
     assert {round_order(configs, r).index("plain") for r in range(4)} == {0, 1, 2, 3}
 
 
-def _fake_runner(ran: list[tuple[str, int]], speed: dict[int, list[float]]):
+def _fake_runner(ran: list[tuple[str, int]], speed: dict[int, list[float]], environments: list[dict] | None = None):
     """A Runner that runs nothing: it writes each job's result (its throughput taken in turn from
-    `speed[workers]`) and the sweep's, so run_benchmark's plan is checked without processes."""
+    `speed[workers]`) and the sweep's, so run_benchmark's plan is checked without processes;
+    `environments` gets what each job's environment was given."""
 
-    def run(workers: int, module_argv: list[str]) -> int:
+    def run(workers: int, module_argv: list[str], environment) -> int:
+        if environments is not None:
+            environments.append(dict(environment))
         module, args = module_argv[0], module_argv[1:]
         if module == "gradsync.bench.allreduce":
             Path(args[args.index("--output") + 1]).write_text(json.dumps({"results": [{"bytes": 1024}]}))
@@ -137,3 +141,15 @@ def test_the_table_says_when_auto_raised_accumulation():
                           row("auto", {"compression": "powersgd", "accumulation_steps": 4})]}
     lines = render(report).splitlines()
     assert lines[2].endswith("1.0000  ") and lines[3].endswith("  bf16") and lines[4].endswith("  powersgd, accumulation 4")
+
+
+@pytest.mark.skipif(_glibc() is None, reason="the allocator environment is glibc's")
+def test_every_job_the_peers_included_starts_with_the_same_allocator_environment():
+    for setting, expected in (("auto", allocator_environment("auto", "cpu", os.environ)), ("release", {})):
+        environments: list[dict] = []
+        report = run_benchmark("mlp", ["plain", "torch-powersgd", "no-comm", "fp32"], workers=2, steps=6, batch_size=16,
+                               runner=_fake_runner([], {1: [40.0] * 2, 2: [16.0] * 4}, environments), rounds=1,
+                               host_memory=setting, log=lambda line: None)
+        assert environments == [expected] * 7, setting  # 4 configurations, the lone worker twice, and the sweep: alike
+        assert report["host_memory"] == setting and report["peers_host_memory"]
+    assert "GLIBC_TUNABLES" in allocator_environment("auto", "cpu", os.environ)

@@ -639,14 +639,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def run_torchrun(cluster: SimulatedCluster, nproc_per_node: int, module_argv: Sequence[str], master_port: int, grace_s: float = 10.0) -> int:
+def run_torchrun(cluster: SimulatedCluster, nproc_per_node: int, module_argv: Sequence[str], master_port: int,
+                 grace_s: float = 10.0, environment: Mapping[str, str] | None = None) -> int:
     """`torchrun ... -m MODULE ARGS` on every host (static rendezvous); 0 if every host succeeded.
+    `environment`: variables added to this process's environment for the workers.
 
     Output goes straight to this process's stdout/stderr, so rank 0's report reads as usual.
     """
     processes = [
         cluster.run(i, [sys.executable, "-m", "torch.distributed.run",
-                        *cluster.torchrun_args(i, nproc_per_node, master_port), "-m", *module_argv])
+                        *cluster.torchrun_args(i, nproc_per_node, master_port), "-m", *module_argv],
+                    env={**os.environ, **environment} if environment else None)
         for i in range(len(cluster.hosts))
     ]
     codes = wait_all(processes, grace_s, threading.Lock())

@@ -15,8 +15,9 @@ feedback and warm start, plain all-reduce for the first ~10% of the steps, as gr
 for cores and memory bandwidth, which no communication setting can win back. On the 2-core
 machine behind docs/performance.md, two ResNet-18 workers side by side lost between nothing and
 a tenth to each other, and the figure moved by as much between runs. Being a measure of what
-gradsync's jobs could reach, it keeps freed host memory as they do (`--host-memory`,
-gradsync.host_memory); the other peers run with the C library's defaults, as a plain script does.
+gradsync's jobs could reach. Every peer runs with the allocator setting of gradsync's jobs,
+given to it through its environment (`--host-memory`, gradsync.host_memory.allocator_environment),
+so the script itself stays as a user writes it.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def job_parser(module: str, configs: tuple[str, ...]) -> argparse.ArgumentParser
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--result", required=True)
     parser.add_argument("--host-memory", choices=HOST_MEMORY, default="auto",
-                        help="gradsync's jobs' host_memory; of the peers only no-comm (the ceiling) follows it")
+                        help="gradsync's jobs' host_memory; a peer gets it from its environment, and ignores this")
     return parser
 
 
@@ -91,7 +92,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from gradsync.bench.workloads import WORKLOADS
     from gradsync.distributed import end_process
-    from gradsync.host_memory import reuse_freed_memory, wants_reuse
 
     args, _ = job_parser("gradsync.bench.peers", PEERS).parse_known_args(argv)  # a peer ignores gradsync's own options
 
@@ -99,10 +99,6 @@ def main(argv: list[str] | None = None) -> None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     device = torch.device("cuda" if cuda else "cpu")
-    if args.config == "no-comm" and wants_reuse(args.host_memory, device.type):
-        # The ceiling measures what gradsync's jobs could reach without communicating, so it
-        # keeps freed host memory as they do; the other peers run as a plain script does.
-        reuse_freed_memory()
     dist.init_process_group("nccl" if cuda else "gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     workload = WORKLOADS[args.workload]

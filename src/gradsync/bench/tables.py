@@ -59,8 +59,14 @@ def peer_table(report: dict[str, Any], command: str) -> str:
     if CEILING in rows:
         lines += ["", f"**Ceiling** (`{CEILING}`: the same workers training side by side, never communicating): "
                       f"{_efficiency(rows[CEILING])}. No communication setting can beat it on this machine."]
-    if report.get("host_memory", "release") != "release":
-        lines += ["", f"gradsync's jobs, the lone worker and the ceiling ran with `host_memory={report['host_memory']!r}` "
+    setting = report.get("host_memory", "release")
+    if report.get("peers_host_memory"):
+        lines += ["", f"Every job, the peers included, ran with `host_memory={setting!r}`: "
+                      + ("the C library's defaults." if setting == "release" else
+                         "on CPU, freed host memory kept for the next step (gradsync's jobs set it up, the peers got "
+                         "it from their environment, GLIBC_TUNABLES).")]
+    elif setting != "release":  # a report from before the peers shared the setting
+        lines += ["", f"gradsync's jobs, the lone worker and the ceiling ran with `host_memory={setting!r}` "
                       "(on CPU: freed host memory kept for the next step); the peers with the C library's defaults, as a plain "
                       "script runs."]
     lines += [

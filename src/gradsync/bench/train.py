@@ -32,10 +32,12 @@ peak resident memory (activations, buffers and the runtime included), with its m
 faults per timed step: on CPU a fault costs ~2 us, and tens of thousands a step are a cost the
 configuration's communication does not explain (gradsync.host_memory).
 
-gradsync's jobs run with `host_memory` as given (`--host-memory`, default auto: freed host memory
-is kept for reuse on CPU), and so do the lone reference and the `no-comm` ceiling, which measure
-what those jobs could reach; the other peers run with the C library's defaults, as a plain
-script does. `--host-memory release` compares like with like on the allocator.
+Every job runs with the same allocator setting, `--host-memory` (default auto: on CPU, freed host
+memory is kept for the next step): gradsync's jobs set it up themselves, and every job, the
+peers included, is started with the environment that gives an unmodified script the same
+(gradsync.host_memory.allocator_environment: GLIBC_TUNABLES). `--host-memory release` runs
+everything with the C library's defaults. A ratio between a gradsync job and a peer then credits
+the communication alone, not an allocator only one side had.
 """
 
 from __future__ import annotations
@@ -49,11 +51,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from gradsync.bench.peers import PEERS, faults_per_step, job_parser, minor_page_faults
 from gradsync.comm.auto import DECISION_STEPS
 from gradsync.errors import ConfigError
+from gradsync.host_memory import allocator_environment
 from gradsync.rundir import RunDir
 
 COMPRESSIONS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
@@ -217,14 +221,15 @@ def worker_main(argv: list[str] | None = None) -> None:
 
 # -- the benchmark (runs in the user's process) ---------------------------------------------------
 
-Runner = Callable[[int, list[str]], int]  # (workers, [module, *its arguments]) -> exit code
+# (workers, [module, *its arguments], variables added to the workers' environment) -> exit code
+Runner = Callable[[int, list[str], Mapping[str, str]], int]
 
 
-def local_runner(workers: int, module_argv: list[str]) -> int:
+def local_runner(workers: int, module_argv: list[str], environment: Mapping[str, str]) -> int:
     """A fresh single-node job through torchrun's agent, like `torchrun --standalone -m MODULE ARGS`."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
                "-m", *module_argv]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **environment}
     return subprocess.run(command, env=env).returncode
 
 
@@ -289,14 +294,17 @@ def run_benchmark(
     measured next to the reference or in a favoured place of the round.
     `auto_max_accumulation` > 1 lets auto raise the accumulation up to that many micro-batches.
     `periodic_every`: the optimizer steps between agreements of `diloco` and `local-sgd`.
-    `host_memory`: gradsync's jobs' setting (gradsync.host_memory), which the lone reference and
-    the `no-comm` ceiling share; the peers run with the C library's defaults, as a plain script does.
+    `host_memory`: the allocator setting of every job (gradsync.host_memory): gradsync's jobs
+    apply it, and every job is started with the environment that applies it to a plain script.
     """
     single_runner = single_runner or runner
     # Every job trains the same number of steps, so final losses compare; when auto is among
     # the configurations, every job also leaves auto's trial steps out of its throughput.
     job_warmup = warmup + (AUTO_TRIAL_STEPS if "auto" in configs else 0)
     job_steps = steps + job_warmup - warmup
+    import torch
+
+    allocator = allocator_environment(host_memory, "cuda" if torch.cuda.is_available() else "cpu", os.environ)
     with tempfile.TemporaryDirectory(prefix="gradsync-bench-") as scratch:
 
         def job(config: str, count: int, run: Runner, attempt: int) -> dict[str, Any]:
@@ -305,7 +313,7 @@ def run_benchmark(
                     "--batch-size", str(batch_size), "--max-accumulation", str(auto_max_accumulation), "--periodic-every", str(periodic_every), "--host-memory", host_memory, "--result", str(result),
                     "--run-dir", str(Path(scratch) / f"run-{config}-{count}-{attempt}")]
             module = "gradsync.bench.peers" if config in PEERS else "gradsync.bench.train"
-            code = run(count, [module, *args])
+            code = run(count, [module, *args], allocator)
             if code != 0 or not result.exists():
                 raise RuntimeError(f"the {config} job on {count} worker(s) failed (exit code {code}); its output is above")
             return json.loads(result.read_text())
@@ -336,7 +344,7 @@ def run_benchmark(
         log(f"all-reduce sweep on {workers} workers (1K to {SWEEP_MAX})")
         sweep = Path(scratch) / "allreduce.json"
         code = runner(workers, ["gradsync.bench.allreduce", "--max-bytes", SWEEP_MAX, "--factor", "4", "--iters", "10",
-                                "--quiet", "--output", str(sweep)])
+                                "--quiet", "--output", str(sweep)], allocator)
         if code != 0 or not sweep.exists():
             raise RuntimeError(f"the all-reduce sweep failed (exit code {code}); its output is above")
         allreduce = json.loads(sweep.read_text())["results"]
@@ -349,6 +357,7 @@ def run_benchmark(
         "auto_max_accumulation": auto_max_accumulation,
         "periodic_every": periodic_every,
         "host_memory": host_memory,
+        "peers_host_memory": True,  # the peers ran with it too (reports from before ran them with the defaults)
         "rounds": rounds,
         "single_worker_samples_per_s": statistics.fmean(references),
         "single_worker_runs": references,  # samples/s before the first round and after each

@@ -6,6 +6,7 @@ import argparse
 import itertools
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from gradsync.bench import allreduce, cluster, train
@@ -53,8 +54,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                           help="optimizer steps between the agreements of the diloco and local-sgd configurations "
                                "(default 16)")
     training.add_argument("--host-memory", choices=HOST_MEMORY, default="auto",
-                          help="gradsync's jobs' host_memory (the lone reference and no-comm share it; the peers run "
-                               "with the C library's defaults): 'release' measures gradsync without it (default auto)")
+                          help="every job's host_memory, the peers' included (given to them through GLIBC_TUNABLES): "
+                               "'release' runs everything with the C library's defaults (default auto)")
     training.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
     training.add_argument("--output-dir", default=None, help="write report.json, report.png and report.html here")
     training.set_defaults(run=run_train)
@@ -133,11 +134,11 @@ def run_train(args: argparse.Namespace) -> int:
         simulated.open()
         ports = itertools.count(cluster.FIRST_MASTER_PORT)  # a fresh port per job: the last job's store may linger
 
-        def on_simulated_hosts(count: int, module_argv: list[str]) -> int:
+        def on_simulated_hosts(count: int, module_argv: list[str], environment: Mapping[str, str]) -> int:
             # The lone reference needs no network; N workers spread over the hosts.
             if count == 1:
-                return train.local_runner(1, module_argv)
-            return cluster.run_torchrun(simulated, count // args.hosts, module_argv, next(ports))
+                return train.local_runner(1, module_argv, environment)
+            return cluster.run_torchrun(simulated, count // args.hosts, module_argv, next(ports), environment=environment)
 
         runner = on_simulated_hosts
 
