@@ -5,6 +5,7 @@ otherwise with the reason `available()` gives)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -220,6 +221,28 @@ def test_torchrun_gloo_all_reduce_across_hosts(needs_cluster, tmp_path, monkeypa
     for rank in (0, 1):
         assert (tmp_path / f"rank{rank}.txt").read_text() == repr([2.0] * 4)
     assert list_namespaces() == []
+
+
+def test_workers_sharing_the_cores_get_a_share_each():
+    assert [cl.worker_threads(2, w) for w in (1, 2, 4)] == [2, 1, 1]
+    assert cl.worker_threads(16, 4) == 4 and cl.worker_threads(1, 0) == 1
+
+
+@pytest.mark.launches
+@pytest.mark.timeout(120)
+def test_each_hosts_workers_get_their_share_of_the_machines_cores_unless_told(needs_cluster, tmp_path, monkeypatch):
+    (tmp_path / "threads_probe.py").write_text(
+        "import os, pathlib\n"
+        f"pathlib.Path({str(tmp_path)!r}, 'rank' + os.environ['RANK']).write_text(os.environ['OMP_NUM_THREADS'])\n"
+    )
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    share = str(cl.worker_threads(os.cpu_count() or 1, 2))
+    with cl.SimulatedCluster(cl.ClusterSpec(hosts=2, link="1gbit")) as cluster:
+        assert cl.run_torchrun(cluster, 1, ["threads_probe"], 29533, environment={"PYTHONPATH": str(tmp_path)}) == 0
+        assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == [share, share]
+        assert cl.run_torchrun(cluster, 1, ["threads_probe"], 29534,
+                               environment={"PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "3"}) == 0
+        assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["3", "3"]
 
 
 @pytest.mark.launches
