@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gradsync.bench.train import parse_configs, render, round_order, run_benchmark
-from gradsync.host_memory import _glibc, allocator_environment
 from gradsync.errors import ConfigError
+from gradsync.host_memory import _glibc, allocator_environment
 
 
 def test_configs_are_checked():

@@ -50,8 +50,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Callable
 
 from gradsync.bench.peers import PEERS, faults_per_step, job_parser, minor_page_faults
