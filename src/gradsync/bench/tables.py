@@ -35,6 +35,15 @@ def _efficiency(row: dict[str, Any] | None) -> str:
     return f"{row['scaling_efficiency']:.0%} ({100 * low:.0f}–{100 * high:.0f})"
 
 
+def _faults(row: dict[str, Any] | None) -> str:
+    """Page faults per timed step, worst worker: a job that gives freed memory back and faults it
+    in again every step pays for it in time the efficiency shows but does not explain."""
+    if row is None:
+        return ""
+    faults = row.get("page_faults_per_step")
+    return "—" if faults is None else f"{faults:,.0f}"
+
+
 def _exposed(row: dict[str, Any]) -> str:
     return "—" if row.get("exposed_comm_share") is None else f"{row['exposed_comm_share']:.0%}"
 
@@ -71,8 +80,8 @@ def peer_table(report: dict[str, Any], command: str) -> str:
                       "script runs."]
     lines += [
         "",
-        "| PyTorch peer | scaling efficiency | gradsync | scaling efficiency | exposed comm | final loss |",
-        "|---|---|---|---|---|---|",
+        "| PyTorch peer | scaling efficiency | faults/step | gradsync | scaling efficiency | faults/step | exposed comm | final loss |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     paired = set()
     for config, row in rows.items():
@@ -87,10 +96,11 @@ def peer_table(report: dict[str, Any], command: str) -> str:
         if peer is not None:
             paired.add(peer["config"])
             peer_name = f"`{peer['config']}`"
-        lines.append(f"| {peer_name} | {_efficiency(peer)} | {name} | {_efficiency(row)} | {_exposed(row)} | {row['final_loss']:.4f} |")
+        lines.append(f"| {peer_name} | {_efficiency(peer)} | {_faults(peer)} | {name} | {_efficiency(row)} | {_faults(row)} "
+                     f"| {_exposed(row)} | {row['final_loss']:.4f} |")
     for config, row in rows.items():
         if config in PEER_OF.values() and config not in paired:
-            lines.append(f"| `{config}` | {_efficiency(row)} | | | — | {row['final_loss']:.4f} |")
+            lines.append(f"| `{config}` | {_efficiency(row)} | {_faults(row)} | | | | — | {row['final_loss']:.4f} |")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ faster one is kept (and the log says the call was close).
 The trials run in a palindrome, fp32, bf16, PowerSGD, int8 (twice as long), PowerSGD, bf16,
 fp32: each candidate's steps are then centred on the same moment, so a step time that drifts
 steadily while the run warms up (or another job starts) shifts every candidate alike instead
-of favouring whoever ran last. A trial's step time is the lower quartile of its steps
+of favouring whoever ran last. A trial's step time is the median of its steps
 (`typical_step_s`), and the noise is measured, not assumed: the spread of each trial's steps
 around their median.
 
@@ -79,13 +79,16 @@ def trial_schedule(candidates: int, steps_per_trial: int) -> list[tuple[int, int
 
 
 def typical_step_s(times: list[float]) -> float:
-    """What a candidate's step costs: the lower quartile of its measured steps.
+    """What a candidate's step costs: the median of its measured steps.
 
-    Interference only ever slows a step (another process on the core, a candidate's first
-    steps paying for buffers it allocates), so the faster steps show the candidate's own cost;
-    the quartile, unlike the minimum, still needs a quarter of the steps to be that fast.
+    Not a lower quantile: on a shaped link a candidate's own steps swing (bf16's 21 MB a step
+    queue behind each other, so some steps wait and some do not), and the swing is part of its
+    cost. Lower quartiles twice measured bf16 faster in its trial than in its long run (1.26 s
+    against 1.42 s at 300 Mbit/s), and auto chose it over a PowerSGD that was faster settled.
+    What the median leaves out is what does not belong to the candidate: the step after each
+    switch is not measured at all, and one step slowed by a neighbour moves it little.
     """
-    return statistics.quantiles(times, n=4, method="inclusive")[0] if len(times) > 1 else times[0]
+    return statistics.median(times)
 
 
 # Optimizer steps before auto has decided: warm-up, then every segment with its switch step.
@@ -272,7 +275,7 @@ def decide(measured: AutoMeasurements) -> AutoDecision:
         if runner_up is not None and best.step_s > 0 and abs(runner_up.step_s / best.step_s - 1) < _noise_between(best, runner_up):
             why += (f". {runner_up.name} was within the trials' noise of it ({runner_up.step_s / best.step_s - 1:+.1%}): "
                     "a close call between two compressors that keep accuracy alike")
-    reason = f"auto compression chose {best.name}: {why}. Step times (lower quartile of each trial): {timings}."
+    reason = f"auto compression chose {best.name}: {why}. Step times (median of each trial): {timings}."
     current = measured.accumulation_steps
     steps, predicted_step_s, predicted_share = choose_accumulation(
         best.step_s, best.exposed_s, current, measured.max_accumulation_steps, margin
