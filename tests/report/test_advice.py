@@ -13,8 +13,8 @@ import pytest
 
 from gradsync.profiling import analyze_trace
 from gradsync.report.advice import (
-    BUSY_SPREAD_SHARE, DATA_SHARE, EXPOSED_SHARE, MOST_SHOWN, SKIPPED_SHARE, WARM_UP_STEPS, advice_lines, advise, data_loading,
-    exposed_communication, failed_run, rank_imbalance, skipped_steps,
+    BUSY_SPREAD_SHARE, DATA_SHARE, EXPOSED_SHARE, HOTSPOT_SHARE, MOST_SHOWN, OTHER_SHARE, SKIPPED_SHARE, WARM_UP_STEPS,
+    advice_lines, advise, data_loading, exposed_communication, failed_run, rank_imbalance, skipped_steps, time_elsewhere,
 )
 from gradsync.report.collect import RunRecords
 from tests.profiling.traces import chrome_trace, gloo_step
@@ -270,3 +270,60 @@ def test_advice_lines_name_the_report_and_are_left_out_for_a_failed_or_unreadabl
     (tmp_path / "diagnosis.json").write_text(json.dumps({"status": "failed", "findings": []}))
     assert advice_lines(tmp_path) == [], "a failed run's diagnosis is what to do"
     assert advice_lines(tmp_path / "missing") == []
+
+
+# Time outside every phase, and the lines it goes to (the profile's sampled stacks).
+
+
+def _profiled(step_s, other_s, *spots, data_s=0.0):
+    """A breakdown with its hotspots: (where, kind, share) each."""
+    return {"mean": {"step_s": step_s, "other_s": other_s, "data_s": data_s},
+            "hotspots": [{"where": where, "function": "main", "kind": kind, "share": share} for where, kind, share in spots]}
+
+
+SLEEPY = _profiled(0.06, 0.054, ("train.py:40", "framework", 0.08), ("train.py:52", "own", 0.88), ("train.py:60", "own", 0.02))
+
+
+def test_a_sleep_heavy_loop_is_advised_with_the_line_its_step_goes_to():
+    advice = time_elsewhere(_records(breakdowns={0: SLEEPY}))
+    assert advice is not None and advice.rank == 0 and advice.at_stake == pytest.approx(0.9)
+    assert advice.measured.startswith("90% of the step on rank 0 is none of data loading, forward, backward")
+    # The user's own line, not the line that called torch's work, nor one under the share named.
+    assert "most at train.py:52 in main (88%)" in advice.measured
+    assert "train.py:40" not in advice.measured and "train.py:60" not in advice.measured
+    assert "every N steps" in advice.action
+
+
+def test_a_compute_bound_loop_gets_no_advice_about_time_elsewhere():
+    compute_bound = _profiled(0.06, 0.002, ("train.py:40", "framework", 0.95), ("train.py:52", "own", 0.03))
+    assert time_elsewhere(_records(breakdowns={0: compute_bound})) is None
+    assert advise(_records(breakdowns={0: compute_bound})) == []
+
+
+@pytest.mark.parametrize("delta, fires", AROUND, ids=AROUND_IDS)
+def test_time_elsewhere_threshold(delta, fires):
+    advice = time_elsewhere(_records(breakdowns={0: _profiled(1.0, OTHER_SHARE + delta)}))
+    assert (advice is not None) == fires
+
+
+def test_time_elsewhere_without_sampled_lines_says_how_to_get_them_and_lines_under_the_share_are_not_named():
+    advice = time_elsewhere(_records(breakdowns={1: _profiled(1.0, 0.5, ("a.py:1", "own", HOTSPOT_SHARE - 0.001))}))
+    assert "rank 1" in advice.measured and "--profile-steps" in advice.measured and "a.py:1" not in advice.measured
+    assert "a.py:1" in time_elsewhere(_records(breakdowns={1: _profiled(1.0, 0.5, ("a.py:1", "own", HOTSPOT_SHARE))})).measured
+
+
+def test_slow_data_loading_names_the_data_lines():
+    slow_collate = _profiled(1.0, 0.0, ("data.py:12", "data", 0.4), ("train.py:52", "own", 0.3), data_s=0.45)
+    advice = data_loading(_records(breakdowns={0: slow_collate}))
+    assert "data loading takes 45% of the step on rank 0 (profiled steps), most at data.py:12 in main (40%)" in advice.measured
+    assert "train.py:52" not in advice.measured
+
+
+def test_the_rank_the_others_wait_for_gets_one_advice_that_names_where_its_step_goes():
+    records = _records(rows=_rows(busy_spread=0.05, slowest=1), breakdowns={0: _profiled(0.06, 0.001), 1: SLEEPY})
+    (advice,) = advise(records)
+    assert advice.rule == "rank_imbalance" and advice.measured.startswith("rank 1 is usually the busiest")
+    assert advice.measured.endswith("; its steps go most to train.py:52 in main (88%)")
+    # Every rank sleeping alike is no imbalance: the time-elsewhere advice stands on its own.
+    (alike,) = advise(_records(rows=_rows(busy_spread=0.001), breakdowns={0: SLEEPY, 1: SLEEPY}))
+    assert alike.rule == "time_elsewhere"

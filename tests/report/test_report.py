@@ -111,6 +111,26 @@ def test_the_advice_block_and_the_header_render_in_headless_chromium(straggler_r
     assert counts.get(table_border, 0) > 2 * 400, "so does the header's table"
 
 
+@pytest.mark.launches
+def test_a_profiled_plain_script_that_sleeps_each_batch_is_advised_at_its_sleep(tmp_path):
+    """Its step is a 50 ms sleep and a tiny model: the profiled steps are mostly "other", and the
+    advice names the sleep's line (where the sampled stacks were, not how long anything took)."""
+    script = Path(__file__).parent / "sleepy_loop.py"
+    sleep_line = next(i for i, line in enumerate(script.read_text().splitlines(), 1) if "time.sleep(0.05)" in line)
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [str(BIN / "gradsync"), "run", "--standalone", "--nproc-per-node", "2", "--run-dir", str(run_dir),
+         "--profile-steps", "3:5", str(script)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    breakdown = json.loads((run_dir / "profile" / "rank0.breakdown.json").read_text())
+    assert breakdown["hotspots"][0]["where"].endswith(f"sleepy_loop.py:{sleep_line}")
+    advice = [line for line in done.stderr.splitlines() if "gradsync run: advice:" in line]
+    assert any("is none of data loading, forward, backward" in line and f"sleepy_loop.py:{sleep_line} in main" in line
+               for line in advice), done.stderr[-2000:]
+
+
 def _rows(steps, ranks=2):
     rows = []
     for step in range(1, steps + 1):

@@ -7,7 +7,7 @@ import pytest
 
 from gradsync.errors import ConfigError
 from gradsync.rundir import io as rundir_io
-from gradsync.run.callsite import caller_location, innermost_user_location, is_user_file
+from gradsync.callsite import caller_location, innermost_user_location, is_user_file
 from gradsync.run.options import DEFAULT_BUSY_TIMEOUT_S, RunOptions
 
 

@@ -2,7 +2,8 @@
 
 `ProfileWindow` records optimizer steps FIRST..LAST (`--profile-steps FIRST:LAST`), wraps each in
 a `gradsync:step#N` range, and when the window closes writes `rank{R}.trace.json` (open it in
-Perfetto or chrome://tracing) and `rank{R}.breakdown.json` (see `breakdown`). `phase(...)`
+Perfetto or chrome://tracing) and `rank{R}.breakdown.json` (see `breakdown`), whose "hotspots"
+name the lines of the user's code the window's time went to (see `hotspots`). `phase(...)`
 marks data loading, forward, backward and optimizer inside a step. It costs 0.3 µs when nothing
 records, because it then skips `record_function`, which is not free even with no profiler on
 (6 µs per range measured with torch 2.13 on CPU).
@@ -32,6 +33,7 @@ from gradsync.profiling.breakdown import (
     StepBreakdown,
     analyze_trace,
 )
+from gradsync.profiling.hotspots import Hotspot, StackSampler
 
 Phase = Literal["data", "forward", "backward", "optimizer"]
 
@@ -103,7 +105,9 @@ class ProfileWindow:
         self.trace_path = RunDir(run_dir).profile_trace(rank)
         self.breakdown_path = RunDir(run_dir).profile_breakdown(rank)
         self.breakdown: StepBreakdown | None = None  # set once the window has been written
+        self.hotspots: list[Hotspot] = []  # set once the window has been written
         self._profiler: profile | None = None
+        self._sampler: StackSampler | None = None
         self._step_range: record_function | None = None
         self._last_recorded_step: int | None = None
         self._done = False
@@ -137,6 +141,9 @@ class ProfileWindow:
             activities.append(ProfilerActivity.CUDA)
         self._profiler = profile(activities=activities)
         self._profiler.start()
+        # Started by the training thread (the window opens between its steps): that is the one sampled.
+        self._sampler = StackSampler()
+        self._sampler.start()
         self._begin_step(step)
 
     def _begin_step(self, step: int) -> None:
@@ -154,6 +161,8 @@ class ProfileWindow:
         profiler = self._profiler
         assert profiler is not None
         profiler.stop()
+        if self._sampler is not None:
+            self.hotspots, self._sampler = self._sampler.stop(), None
         self._profiler = None
         self._done = True
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,4 +178,5 @@ class ProfileWindow:
             annotated_phases=recorded.annotated_phases,
             comm_source=recorded.comm_source,
         )
-        self.breakdown_path.write_text(json.dumps(self.breakdown.to_dict(), indent=2) + "\n")
+        written = {**self.breakdown.to_dict(), "hotspots": [spot.to_dict() for spot in self.hotspots]}
+        self.breakdown_path.write_text(json.dumps(written, indent=2) + "\n")

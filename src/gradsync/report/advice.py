@@ -8,10 +8,16 @@ busy time spread above ~15%, data loading a large share of the step, steps skipp
 overflow), and its advice quotes that number with the most it can gain: a step loses at most the
 share at stake, so removing it makes steps at most 1 / (1 - share) times faster. A run with
 nothing worth changing gets none.
+
+Where a profiled step's time goes to neither data, forward, backward, communication nor the
+optimizer ("other": a sleep, logging, a `.item()` that waits, Python between the phases), or to
+data loading, the advice names the lines: the profile's hotspots (gradsync.profiling.hotspots),
+the user's lines that the training thread's sampled stack spent that time at.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,6 +30,9 @@ WARM_UP_STEPS = 3  # first optimizer steps left out: start-up, buckets rebuilt, 
 EXPOSED_SHARE = 0.30  # exposed communication above this share of the step is worth attacking
 BUSY_SPREAD_SHARE = 0.15  # ranks' busy time spread above this share of the median step: imbalance
 DATA_SHARE = 0.20  # data loading above this share of the step
+OTHER_SHARE = 0.20  # time in none of the phases above this share of the step
+HOTSPOT_SHARE = 0.03  # a line is named when the sampled stack spent at least this share of the window there
+HOTSPOTS_NAMED = 3
 SKIPPED_SHARE = 0.10  # skipped optimizer steps above this share of the run
 # Findings whose own suggestion is the advice (warnings a run can go on with).
 ADVISED_WARNINGS = ("find_unused_parameters_unneeded", "accumulation_without_no_sync", "sampler_epoch_not_set",
@@ -38,6 +47,7 @@ class Advice:
     at_stake: float  # share of step time (or of steps) involved: the ranking key
     measured: str
     action: str
+    rank: int | None = None  # the rank it is about, when one is
 
 
 _IMBALANCE_REMEDY = (
@@ -49,6 +59,26 @@ _IMBALANCE_REMEDY = (
 def _at_most_faster(share: float, what: str) -> str:
     """The gain's upper bound: a step loses at most the share at stake."""
     return f" ({what}, steps would be at most {1 / max(1e-9, 1 - share):.2g}x faster)"
+
+
+def _lines(records: RunRecords, rank: int, kinds: tuple[str, ...]) -> str:
+    """The profile's top lines of `kinds` on `rank`, "train.py:42 in step (35%), ...", or ""."""
+    spots = [h for h in (records.breakdowns.get(rank) or {}).get("hotspots") or []
+             if h.get("kind") in kinds and h.get("share", 0) >= HOTSPOT_SHARE]
+    return ", ".join(f"{h['where']} in {h['function']} ({h['share']:.0%})" for h in spots[:HOTSPOTS_NAMED])
+
+
+def _largest_share(records: RunRecords, part: str) -> tuple[int, float] | None:
+    """The rank whose profiled steps spend the largest share in `part` (a breakdown's "data_s"...), and that share."""
+    shares = {
+        rank: b["mean"][part] / b["mean"]["step_s"]
+        for rank, b in records.breakdowns.items()
+        if b.get("mean", {}).get("step_s") and b["mean"].get(part) is not None
+    }
+    if not shares:
+        return None
+    rank = max(shares, key=shares.__getitem__)
+    return rank, shares[rank]
 
 
 def _steady(records: RunRecords) -> list[dict[str, Any]]:
@@ -126,6 +156,7 @@ def rank_imbalance(records: RunRecords) -> Advice | None:
             f"rank {rank} is the one the others wait for in {slowest.count(rank)} of {len(slowest)} intervals: "
             f"the others wait up to {spread:.0%} of the time more than it does" + _at_most_faster(spread, "balanced"),
             _IMBALANCE_REMEDY,
+            rank,
         )
     intervals = [r for r in records.intervals if r.get("busy_spread_s") is not None]
     steps = [r["step_time_s"] for r in _steady(records)]
@@ -141,26 +172,42 @@ def rank_imbalance(records: RunRecords) -> Advice | None:
         f"rank {slowest} is usually the busiest: the ranks' busy time per step differs by {spread:.0%} of a step"
         + _at_most_faster(spread, "balanced"),
         _IMBALANCE_REMEDY,
+        slowest if isinstance(slowest, int) else None,
     )
 
 
 def data_loading(records: RunRecords) -> Advice | None:
-    shares = {
-        rank: b["mean"]["data_s"] / b["mean"]["step_s"]
-        for rank, b in records.breakdowns.items()
-        if b["mean"].get("step_s") and b["mean"].get("data_s") is not None
-    }
-    if not shares:
+    found = _largest_share(records, "data_s")
+    if found is None or found[1] <= DATA_SHARE:
         return None
-    rank = max(shares, key=shares.__getitem__)
-    if shares[rank] <= DATA_SHARE:
-        return None
+    rank, share = found
+    lines = _lines(records, rank, ("data",))
     return Advice(
-        "data_loading", shares[rank],
-        f"data loading takes {shares[rank]:.0%} of the step on rank {rank} (profiled steps)"
-        + _at_most_faster(shares[rank], "loaded in the background"),
+        "data_loading", share,
+        f"data loading takes {share:.0%} of the step on rank {rank} (profiled steps)"
+        + (f", most at {lines}" if lines else "") + _at_most_faster(share, "loaded in the background"),
         "load batches in the background: prepare(..., num_workers=N) (or DataLoader(num_workers=N, "
         "pin_memory=True)), and move decoding and augmentation out of the training process",
+        rank,
+    )
+
+
+def time_elsewhere(records: RunRecords) -> Advice | None:
+    """The step's time outside every phase: the lines it goes to, from the profile's sampled stacks."""
+    found = _largest_share(records, "other_s")
+    if found is None or found[1] <= OTHER_SHARE:
+        return None
+    rank, share = found
+    lines = _lines(records, rank, ("own",))
+    where = (f": most at {lines}" if lines else
+             " (profile it with `gradsync run --profile-steps A:B` or the trainer's metrics.profile_steps to name the lines)")
+    return Advice(
+        "time_elsewhere", share,
+        f"{share:.0%} of the step on rank {rank} is none of data loading, forward, backward, communication "
+        f"or the optimizer (profiled steps){where}" + _at_most_faster(share, "without it"),
+        "take what those lines do out of the step or do it every N steps: a sleep or a wait, printing or logging, "
+        "a .item() or .cpu() that waits for the device, evaluation or checkpointing inside the loop",
+        rank,
     )
 
 
@@ -194,15 +241,27 @@ def warnings_to_act_on(records: RunRecords, measured: set[str] = frozenset()) ->
 
 
 RULES: tuple[Callable[[RunRecords], Advice | None], ...] = (
-    failed_run, exposed_communication, rank_imbalance, data_loading, skipped_steps,
+    failed_run, exposed_communication, rank_imbalance, data_loading, time_elsewhere, skipped_steps,
 )
 
 
 def advise(records: RunRecords) -> list[Advice]:
     """The recommendations the run's numbers support, most at stake first, at most MOST_SHOWN."""
     found = [advice for rule in RULES if (advice := rule(records)) is not None]
+    found = _one_advice_per_slow_rank(records, found)
     found.sort(key=lambda advice: advice.at_stake, reverse=True)
     return (found + warnings_to_act_on(records, {advice.rule for advice in found}))[:MOST_SHOWN]
+
+
+def _one_advice_per_slow_rank(records: RunRecords, found: list[Advice]) -> list[Advice]:
+    """The rank the others wait for is also the one whose step goes elsewhere: one advice, naming its lines."""
+    waited_for = next((a for a in found if a.rule == "rank_imbalance" and a.rank is not None), None)
+    elsewhere = next((a for a in found if a.rule == "time_elsewhere" and a.rank == getattr(waited_for, "rank", -1)), None)
+    if waited_for is None or elsewhere is None:
+        return found
+    lines = _lines(records, elsewhere.rank, ("own",)) if elsewhere.rank is not None else ""
+    merged = dataclasses.replace(waited_for, measured=waited_for.measured + (f"; its steps go most to {lines}" if lines else ""))
+    return [merged if a is waited_for else a for a in found if a is not elsewhere]
 
 
 def advice_lines(run_dir: Any) -> list[str]:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import psutil
 
-from gradsync.run.callsite import short_path
+from gradsync.callsite import short_path
 from gradsync.run.stall import CpuReading
 
-# One frame of the user's code, as gradsync.run.callsite.user_frames gives it: (file, function,
+# One frame of the user's code, as gradsync.callsite.user_frames gives it: (file, function,
 # the function's first line, current line, current instruction). The instruction counts: the
 # snapshot thread mostly gets the GIL when the main thread releases it inside a native op, so a
 # loop whose ops all sit on one line is seen on that line at every look, at different ops.

@@ -40,7 +40,7 @@ import torch.distributed.distributed_c10d as distributed_c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat, events
-from gradsync.run.callsite import caller_location
+from gradsync.callsite import caller_location
 from gradsync.run.harmless import Bookkeeping, BookkeepingByKind
 from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
 

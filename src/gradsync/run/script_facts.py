@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from gradsync import compat
-from gradsync.run.callsite import caller_location, is_user_file
+from gradsync.callsite import caller_location, is_user_file
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
 from gradsync.run.check_primitives import Patches, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
 from gradsync.run.harmless import BookkeepingByKind

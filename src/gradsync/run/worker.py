@@ -39,7 +39,7 @@ from gradsync.netif import backend_interface
 from gradsync.profiling.capture import ProfileWindow, parse_profile_steps
 from gradsync.run import faults, flight, injector
 from gradsync.run.activity import PositionTrail, TreeCpu
-from gradsync.run.callsite import innermost_user_location, location, stack_summary, user_frame, user_frames
+from gradsync.callsite import innermost_user_location, location, stack_summary, user_frame, user_frames
 from gradsync.run.options import ATTEMPT_ENV, RunOptions
 from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gradsync.run.callsite import short_path
+from gradsync.callsite import short_path
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.moments import Moments
 from gradsync.run.scriptcheck.skipped_step import SkipWatch

@@ -29,7 +29,7 @@ import torch
 
 from gradsync.rundir.records import Finding
 from gradsync.run.activity import enclosing_loop
-from gradsync.run.callsite import OWN, caller_location, file_kind, location, short_path, user_frame
+from gradsync.callsite import OWN, caller_location, file_kind, location, short_path, user_frame
 from gradsync.run.check_primitives import Patches, dtensor_class, tensor_fingerprint
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import names_text, ranks_text

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from gradsync.rundir.records import Finding
-from gradsync.run.callsite import caller_location
+from gradsync.callsite import caller_location
 from gradsync.run.check_primitives import Patches, tensor_hash
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import ranks_text

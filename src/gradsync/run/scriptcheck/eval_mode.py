@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 from torch import nn
 
 from gradsync.rundir.records import Finding
-from gradsync.run.callsite import caller_location
+from gradsync.callsite import caller_location
 from gradsync.run.check_primitives import Patches
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text

@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 import torch
 
 from gradsync.rundir.records import Finding
-from gradsync.run.callsite import OWN, caller_location, file_kind, short_path
+from gradsync.callsite import OWN, caller_location, file_kind, short_path
 from gradsync.run.check_primitives import Patches
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.moments import Moments

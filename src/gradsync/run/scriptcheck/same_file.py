@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any, TypedDict
 
 from gradsync.rundir.records import Finding
-from gradsync.run.callsite import caller_location
+from gradsync.callsite import caller_location
 from gradsync.run.check_primitives import Patches
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import ranks_text

@@ -19,7 +19,7 @@ from torch.utils.data import Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from gradsync.rundir.records import Finding
-from gradsync.run.callsite import caller_location
+from gradsync.callsite import caller_location
 from gradsync.run.check_primitives import Patches, index_sampler
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text

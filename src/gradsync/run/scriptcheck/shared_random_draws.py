@@ -21,7 +21,7 @@ from typing import Any, TypedDict
 import torch
 
 from gradsync.rundir.records import Finding
-from gradsync.run.callsite import caller_location
+from gradsync.callsite import caller_location
 from gradsync.run.check_primitives import Patches, tensor_hash
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.moments import Moments

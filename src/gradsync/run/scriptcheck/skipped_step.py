@@ -22,7 +22,7 @@ import types
 from typing import Any, TypedDict
 
 from gradsync.rundir.records import Finding
-from gradsync.run.callsite import OWN, file_kind, short_path, user_frame
+from gradsync.callsite import OWN, file_kind, short_path, user_frame
 from gradsync.run.check_primitives import Patches
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import ranks_text

@@ -21,7 +21,7 @@ def _folders(*paths: str) -> tuple[str, ...]:
     return tuple(os.path.realpath(path) + os.sep for path in paths)
 
 
-_GRADSYNC_AND_TORCH = _folders(os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_GRADSYNC_AND_TORCH = _folders(os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
 _STDLIB = _folders(sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])
 # Installed packages (Lightning, transformers, torchmetrics...): the user's line is preferred, and
 # one of theirs is taken only when no frame of the user's own files is on the stack.
