@@ -48,6 +48,7 @@ def test_demo_reaches_95_percent_and_reports(demo_run):
     assert "profiler_start" in (run_dir / "workers" / "attempt0" / "rank0.log").read_text()
     assert f"tensorboard --logdir {run_dir}" in printed
     assert f"report: {run_dir / 'report.html'}" in done.stdout
+    assert f"gradsync demo: watch it from another shell: gradsync status --watch {run_dir}" in done.stdout
 
 
 def _params_sha256(output: str) -> str:

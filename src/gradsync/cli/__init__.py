@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from gradsync.version import __version__
-from gradsync.cli import bench, demo, doctor, report
+from gradsync.cli import bench, demo, doctor, report, status
 from gradsync.commandline import CommandParser
 from gradsync.run import launcher
 
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_parser(commands)
     doctor.add_parser(commands)
     report.add_parser(commands)
+    status.add_parser(commands)
     commands.add_parser(
         "run",
         add_help=False,

@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gradsync demo: {problem}", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir) if args.run_dir else fresh("demo-")
+    print(f"gradsync demo: watch it from another shell: gradsync status --watch {run_dir}", flush=True)
     code = launcher.main(launcher_argv(args, run_dir))
     if RunDir(run_dir).metrics.is_file():
         from gradsync.report import write_report  # matplotlib: only once training is over

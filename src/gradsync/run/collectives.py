@@ -103,6 +103,9 @@ class GroupSequence:
         self.checkpoints: deque[tuple[int, int]] = deque(maxlen=256)
 
 
+STEP_ENDS_KEPT = 21  # the last 20 optimizer steps' durations
+
+
 class CollectiveRecorder:
     """Per-process record of collectives, heartbeat and DDP health facts, read by the snapshot thread."""
 
@@ -118,6 +121,8 @@ class CollectiveRecorder:
         # waiting on communication, in blocking collectives and at the end of each backward
         # pass (DDP's and FSDP's final waits for their reductions).
         self.optimizer_steps = 0
+        # The ends of the latest optimizer steps (time.time()), for `gradsync status`'s recent step time.
+        self.step_ends: deque[float] = deque(maxlen=STEP_ENDS_KEPT)
         self.communication_wait_s = 0.0
         self.first_nonfinite: dict[str, Any] | None = None
         self.nonfinite_passes = 0

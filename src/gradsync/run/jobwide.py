@@ -34,13 +34,16 @@ import socket
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Union
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Union
 
 import torch
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from gradsync.rundir import read_json, write_json
 
 # Which workers' states belong together: those of one rendezvous round, named by the store its
 # workers share ("10.0.0.1:29517", a new one every round), or an attempt number where the ranks
@@ -80,6 +83,26 @@ class StoreAddress:
     host: str
     port: int
     run_id: str
+
+    def write(self, path: Path) -> None:
+        """Kept in the run folder, for `gradsync status` and `gradsync stacks` (RunDir.job_board)."""
+        write_json(path, asdict(self))
+
+    @classmethod
+    def read(cls, path: Path) -> StoreAddress | None:
+        data = read_json(path)
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), t) for k, t in (("host", str), ("port", int), ("run_id", str))):
+            return None
+        return cls(data["host"], data["port"], data["run_id"])
+
+
+def round_of(attempt: int, states: Iterable[Mapping[str, Any]]) -> RoundKey:
+    """Where a node's ranks of `attempt` meet the other nodes' on the job board: their rendezvous
+    round (each node numbers its own attempts), or the attempt where they do not say."""
+    for state in states:
+        if state.get("round_store"):
+            return state["round_store"]
+    return attempt
 
 
 def rendezvous_store(args: argparse.Namespace) -> StoreAddress | None:
@@ -257,6 +280,34 @@ class JobBoard:
                 self._disconnect()
                 return True
 
+    # -- `gradsync stacks`, job-wide --
+
+    def request_stacks(self, request_id: str) -> bool:
+        """Ask every node's ranks for their threads' stacks: each launcher relays the request to its
+        ranks (`stacks_request`). False when the store cannot be reached."""
+        with self._lock, _quiet_c10d():
+            store = self._connected()
+            if store is None:
+                return False
+            try:
+                store.set(self._stacks_key(), request_id)
+                return True
+            except Exception:
+                self._disconnect()
+                return False
+
+    def stacks_request(self) -> str | None:
+        """The id of the latest `gradsync stacks` request of this job, None before any (or without the store)."""
+        with self._lock, _quiet_c10d():
+            store = self._connected()
+            if store is None:
+                return None
+            try:
+                return store.get(self._stacks_key()).decode() if store.check([self._stacks_key()]) else None
+            except Exception:
+                self._disconnect()
+                return None
+
     @property
     def reachable(self) -> bool:
         """False while the store is known to be gone (until the next retry)."""
@@ -271,6 +322,9 @@ class JobBoard:
         """The ranks that published in `round_key`, appended as "R," on each rank's first publish:
         a reader asks for those keys only (a get of a missing key would wait for it)."""
         return f"{self.prefix}/{round_key}/ranks"
+
+    def _stacks_key(self) -> str:
+        return f"{self.prefix}/stacks-request"
 
     def _done_key(self, round_key: RoundKey) -> str:
         """How many ranks' nodes have published their ends and read the others' (see `done`)."""

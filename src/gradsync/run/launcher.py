@@ -159,7 +159,11 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
     # Taken before torch's run() rewrites the rendezvous options (--standalone becomes c10d on localhost).
-    monitor = Monitor(options, publish.publish, rendezvous_store(args))
+    store = rendezvous_store(args)
+    if store is not None:
+        with contextlib.suppress(OSError):
+            store.write(RunDir(options.run_dir).job_board)  # for `gradsync status` and `gradsync stacks`
+    monitor = Monitor(options, publish.publish, store)
     monitor.start()
     failures = {}
     stopped_by = None

@@ -16,6 +16,7 @@ job-wide; it still stops only its own ranks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -32,7 +33,8 @@ from gradsync.run.analysis.last_words import read_last_words
 from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
-from gradsync.run.jobwide import JobBoard, RoundKey, StoreAddress
+from gradsync.run.jobwide import JobBoard, StoreAddress, round_of
+from gradsync.run.stacks import StacksRequest
 from gradsync.run.options import RunOptions
 from gradsync.run.analysis.working import busy_note
 from gradsync.run.stall import Busy, Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
@@ -105,6 +107,7 @@ class Monitor(threading.Thread):
         self.worked_at: dict[int, float] = {}  # rank's PID -> when its main thread was last seen using CPU
         self.notes: dict[int, list[dict[str, Any]]] = {}  # attempt -> the busy notes printed, oldest first
         self.noted: dict[int, float] = {}  # attempt -> the last progress whose busy spell was noted
+        self.relayed_stacks: str | None = None  # the last `gradsync stacks` request passed on to this node's ranks
 
     def run(self) -> None:
         while not self.stopped.wait(self.poll_s):
@@ -133,6 +136,7 @@ class Monitor(threading.Thread):
         if not snapshots:
             return
         ours = _worker_pids()
+        self._relay_stacks_request()
         self._publish(attempt, snapshots, exits, ours)  # after a stall too: the others learn what was stopped
         if attempt in self.stall_diagnoses:
             return
@@ -189,6 +193,17 @@ class Monitor(threading.Thread):
         self.exits_seen[attempt] = len(exits)
         return remote_read(idle, ended, self.rules)
 
+    def _relay_stacks_request(self) -> None:
+        """A `gradsync stacks` asked through the store (on any node) reaches this node's ranks as
+        their run folder's request file (gradsync.run.stacks), stamped with this node's clock."""
+        if self.board is None:
+            return
+        request = self.board.stacks_request()
+        if request is not None and request != self.relayed_stacks:
+            self.relayed_stacks = request
+            with contextlib.suppress(OSError):
+                StacksRequest(request, time.time()).write(self.folder.stacks_request)
+
     def _publish(self, attempt: int, snapshots, exits, ours: set[int]) -> set[int]:
         """Put the state of the ranks this launcher runs on the job board, with how torchrun's
         agent saw them end; returns those ranks. In a shared run folder the other nodes' ranks
@@ -200,7 +215,7 @@ class Monitor(threading.Thread):
         ended = self.agent_exits.get(attempt, {})
         own = {rank: {**state, "agent_exit": ended[rank]} if rank in ended else state for rank, state in own.items()}
         stopped = {rank for rank, s in own.items() if s.get("pid") in self.stopped_pids}
-        self.board.publish(_round(attempt, snapshots, exits), own, stopped)
+        self.board.publish(round_of(attempt, (*snapshots.values(), *exits.values())), own, stopped)
         return set(own)
 
     def _job_wide(self, attempt: int, snapshots, exits, max_age_s: float, not_before: float = 0.0,
@@ -209,7 +224,7 @@ class Monitor(threading.Thread):
         JobBoard.read for `max_age_s`, `not_before` and `until`); this node's own files win."""
         assert self.board is not None
         local = set(snapshots) | set(exits)
-        remote = self.board.read(_round(attempt, snapshots, exits), _world_size({**snapshots, **exits}), local, max_age_s,
+        remote = self.board.read(round_of(attempt, (*snapshots.values(), *exits.values())), _world_size({**snapshots, **exits}), local, max_age_s,
                                  not_before, until)
         remote = {rank: state for rank, state in remote.items() if rank not in snapshots and rank not in exits}
         return {**remote, **snapshots}, {**{r: s for r, s in remote.items() if "exit" in s}, **exits}
@@ -345,7 +360,7 @@ class Monitor(threading.Thread):
         others = set(range(world_size)) - local
         deadline = time.monotonic() + END_WAIT_S
         ended: set[int] = set()
-        round_key = _round(attempt, snapshots, exits)
+        round_key = round_of(attempt, (*snapshots.values(), *exits.values()))
         while self.board.reachable and time.monotonic() < deadline:
             remote = self.board.read(round_key, world_size, local, max_age_s=0.0)
             ended = {rank for rank, s in remote.items() if "exit" in s or "agent_exit" in s}
@@ -449,15 +464,6 @@ class Monitor(threading.Thread):
     def _script_checks(self, attempt: int) -> dict[int, dict[str, Any]]:
         """What --doctor-steps saw on each rank of `attempt`."""
         return read_by_rank(self.folder, attempt, layout.SCRIPT_CHECK)
-
-
-def _round(attempt: int, snapshots: dict[int, dict[str, Any]], exits: dict[int, dict[str, Any]]) -> RoundKey:
-    """Where this node's ranks of `attempt` meet the other nodes' on the job board: their
-    rendezvous round (each node numbers its own attempts), or the attempt where they do not say."""
-    for state in (*snapshots.values(), *exits.values()):
-        if state.get("round_store"):
-            return state["round_store"]
-    return attempt
 
 
 def _world_size(snapshots: dict[int, dict[str, Any]]) -> int:

@@ -20,6 +20,7 @@ import json
 import os
 import runpy
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.harmless import Bookkeeping, exception_text
 from gradsync.run.script_facts import ScriptCheck
+from gradsync.run.stacks import RequestWatch, thread_stacks
 from gradsync.run.stall import WORKING, CpuReading, in_native_call, rank_state, tree_worked
 from gradsync.rundir import RingWriter, RunDir, inherit, write_json
 
@@ -71,6 +73,8 @@ class SnapshotWriter(threading.Thread):
         self.identity = identity
         self.interval_s = options.snapshot_interval_s
         self.quiet_dump_s = options.stall_timeout_s / 2 if flight_on else None
+        # A rank quiet this long carries every thread's stack, as the diagnosis of a stall will want them.
+        self.quiet_threads_s = options.stall_timeout_s / 2
         self._dumped = 0.0
         self._dumping = threading.Lock()  # the exit's dump may meet a quiet-time one of this thread
         self._groups: list[tuple[str, str, list[int]]] = []  # the process groups last seen alive
@@ -80,6 +84,8 @@ class SnapshotWriter(threading.Thread):
         self.flight_path = run.flight(identity["attempt"], identity["rank"])
         self.flight_raw = run.flight_raw(identity["attempt"])
         self.stopped = threading.Event()
+        self.stacks = RequestWatch(run.stacks_request)  # `gradsync stacks`
+        self._process = psutil.Process()
         # Its failures are said once and the thread goes on: a snapshot thread that died would
         # leave the rank looking stalled, and the launcher would stop a job that trains.
         self.bookkeeping = recorder.bookkeeping["gradsync run's snapshot and exit records"]
@@ -143,7 +149,9 @@ class SnapshotWriter(threading.Thread):
         with self.system_log.open("a") as log:
             log.write(json.dumps({"time": time.time(), **progress, **reading}) + "\n")
 
-    def state(self) -> dict[str, Any]:
+    def state(self, all_threads: bool = False) -> dict[str, Any]:
+        """The rank's state now; every thread's stack too when `all_threads`, asked for
+        (`gradsync stacks`) or quiet for half the stall timeout (see gradsync.run.stacks)."""
         recorder = self.recorder
         recorder.settle()
         frame = sys._current_frames().get(threading.main_thread().ident)
@@ -151,7 +159,9 @@ class SnapshotWriter(threading.Thread):
         now = time.time()
         self._backend = _backend() or self._backend  # remembered past the script's destroy_process_group
         activity = self._look(frame, stack, now)
-        return {
+        claimed = events.claimed_step()
+        ends = list(recorder.step_ends)
+        state = {
             **self.identity,
             "time": now,
             "phase": recorder.phase,
@@ -160,6 +170,11 @@ class SnapshotWriter(threading.Thread):
             "stack": stack,
             "location": location(user_frame(frame)),
             "backward_passes": recorder.backward_passes,
+            # The trainer's own count when it runs (a resumed run continues from its checkpoint's step).
+            "optimizer_steps": recorder.optimizer_steps if claimed is None else claimed,
+            "step_time_s": statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None,
+            "rss_mb": self._rss_mb(),
+            "communication_wait_s": round(recorder.communication_wait_s, 3),
             "first_nonfinite": recorder.first_nonfinite,
             "nonfinite_passes": recorder.nonfinite_passes,
             "unused_parameters": recorder.unused_parameters(),
@@ -169,6 +184,17 @@ class SnapshotWriter(threading.Thread):
             "backend": self._backend,
             "activity": activity,
         }
+        request = self.stacks.current(now)
+        if all_threads or request is not None or now - max(recorder.last_progress, self.worked_at) >= self.quiet_threads_s:
+            state["threads"] = thread_stacks(leave_out=self.ident)
+            state["stacks_id"] = None if request is None else request.id
+        return state
+
+    def _rss_mb(self) -> float | None:
+        try:
+            return round(self._process.memory_info().rss / 2**20, 1)
+        except psutil.Error:
+            return None
 
     def _look(self, frame: types.FrameType | None, stack: list[str], now: float) -> dict[str, Any]:
         """The rank's state at this look, with its evidence (see the class's docstring)."""
@@ -224,7 +250,7 @@ class SnapshotWriter(threading.Thread):
         self.stopped.set()
         state = None
         with self.bookkeeping:
-            state = self.state()
+            state = self.state(all_threads=True)
         state = {**(state or self._last_state or self.identity), "exit": outcome}
         with self.bookkeeping, contextlib.suppress(OSError):
             self._log_system()  # the steps since the last reading belong to the timeline too
@@ -427,6 +453,7 @@ def _count_optimizer_steps(recorder: CollectiveRecorder, window: ProfileWindow |
                 with bookkeeping:
                     recorder.optimizer_steps += 1
                     recorder.last_progress = time.time()  # a step is real progress, with or without collectives
+                    recorder.step_ends.append(recorder.last_progress)
                     if window is not None:
                         window.step_finished(recorder.optimizer_steps)
             return result

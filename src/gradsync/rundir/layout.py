@@ -80,6 +80,17 @@ class RunDir:
         return self.root / "report.html"
 
     @property
+    def stacks_request(self) -> Path:
+        """The latest `gradsync stacks` request, read by every worker's snapshot thread (StacksRequest)."""
+        return self.root / "stacks-request.json"
+
+    @property
+    def job_board(self) -> Path:
+        """Where this node's launcher reaches the other nodes' ranks: the rendezvous store's
+        address and the job's id, for `gradsync status` and `gradsync stacks` (None for one node)."""
+        return self.root / "job-board.json"
+
+    @property
     def previous(self) -> Path:
         """Where an earlier launch's records go when the folder is launched in again."""
         return self.root / "previous"

@@ -67,7 +67,16 @@ class Identity(TypedDict):
     round_store: str  # MASTER_ADDR:MASTER_PORT: which rendezvous round the rank belongs to
 
 
-class Snapshot(Identity):
+class ThreadStacks(TypedDict, total=False):
+    """Every thread's stack (gradsync.run.stacks), in a snapshot when asked for (`gradsync stacks`:
+    the request's id, else None) or when the rank is quiet for half the stall timeout, and in
+    every exit record."""
+
+    threads: list[dict[str, Any]]  # {"thread", "main", "daemon", "stack": ["file:line in function", ...]}
+    stacks_id: str | None
+
+
+class Snapshot(Identity, ThreadStacks):
     """A worker's state, rewritten every second (RunDir.snapshot)."""
 
     time: float
@@ -87,6 +96,12 @@ class Snapshot(Identity):
     # Its state at this look and the evidence (gradsync.run.stall.rank_state): "state" (waiting,
     # working, idle), "worked_at", "working_since", "tree_cpu_s", "cpu_share", "native_call", "position".
     activity: dict[str, Any]
+    # For `gradsync status`: optimizer steps so far (the trainer's own count when it runs), the
+    # median of the last 20 steps' durations, the process's memory, its waits for communication so far.
+    optimizer_steps: int
+    step_time_s: float | None
+    rss_mb: float | None
+    communication_wait_s: float
 
 
 class SystemReading(TypedDict, total=False):

@@ -84,13 +84,19 @@ def diagnose(
     if failed_job and not any(f.severity == "error" for f in findings):
         findings.insert(0, unexplained_failure(views, trigger))
     status = "failed" if any(f.severity == "error" for f in findings) else "ok"
-    return {
+    diagnosis = {
         "status": status,
         "trigger": trigger,
         "world_size": world_size or len(views),
         "findings": [f.as_dict() for f in findings],
         "ranks": rank_lines(views, now, divergence, crashes),
     }
+    # Every thread's stack where the ranks last had them (an exit record, a quiet rank's
+    # snapshot): what `gradsync stacks` would have shown at the end (gradsync.run.stacks).
+    stacks = {str(rank): v.snapshot["threads"] for rank, v in sorted(views.items()) if (v.snapshot or {}).get("threads")}
+    if stacks:
+        diagnosis["stacks"] = stacks
+    return diagnosis
 
 
 def _cause(
