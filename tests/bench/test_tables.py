@@ -91,3 +91,12 @@ def test_a_single_round_gives_single_figures_and_says_so():
     lines = peer_table(report, "cmd").splitlines()
     assert "one round: a single figure each" in lines[4]
     assert "| `torch-powersgd` | 81% | — | `powersgd` | 77% | — | 6% | 2.0000 |" in lines
+
+
+def test_autos_choice_is_said_for_every_round():
+    rounds = [{"scaling_efficiency": 0.92, "chosen": "powersgd"}, {"scaling_efficiency": 0.95, "chosen": "powersgd"}]
+    same = {**REPORT, "results": [{**_row("auto", 0.93, chosen="powersgd"), "rounds": rounds}]}
+    assert any("`auto` (chose powersgd in every round)" in line for line in peer_table(same, "cmd").splitlines())
+    rounds[1]["chosen"] = "bf16"
+    differing = {**REPORT, "results": [{**_row("auto", 0.93, chosen="powersgd"), "rounds": rounds}]}
+    assert any("`auto` (chose powersgd, bf16 in its rounds)" in line for line in peer_table(differing, "cmd").splitlines())

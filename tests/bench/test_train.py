@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gradsync.bench.train import parse_configs, render, round_order, run_benchmark
+from gradsync.bench.train import _median_round, parse_configs, render, round_order, run_benchmark
 from gradsync.errors import ConfigError
 from gradsync.host_memory import _glibc, allocator_environment
 
@@ -77,6 +77,16 @@ def test_rounds_alternate_around_the_lone_reference_and_each_is_judged_against_t
     assert [r["scaling_efficiency"] for r in plain["rounds"]] == [pytest.approx(16 / 35), pytest.approx(16 / 25)]
     assert plain["scaling_efficiency"] == pytest.approx((16 / 35 + 16 / 25) / 2)
     assert report["allreduce"] == [{"bytes": 1024}]
+
+
+def test_each_round_keeps_autos_choice_and_the_result_is_the_median_rounds():
+    chose = [{"samples_per_s_per_worker": speed, "chosen": {"compression": name}, "final_loss": loss}
+             for speed, name, loss in ((20.0, "powersgd", 2.1), (18.0, "bf16", 2.2), (22.0, "powersgd", 2.3))]
+    result = _median_round(chose, [25.0, 25.0, 25.0, 25.0])
+    assert [r["chosen"] for r in result["rounds"]] == ["powersgd", "bf16", "powersgd"]
+    assert result["final_loss"] == 2.1 and result["scaling_efficiency"] == pytest.approx(0.8)
+    fixed = _median_round([{"samples_per_s_per_worker": 20.0, "chosen": None}], [25.0, 25.0])
+    assert "chosen" not in fixed["rounds"][0], "a fixed configuration chooses nothing"
 
 
 # Six jobs (the lone reference before and after one round of four configurations), each starting

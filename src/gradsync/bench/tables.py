@@ -89,6 +89,11 @@ def peer_table(report: dict[str, Any], command: str) -> str:
             continue
         peer = rows.get(PEER_OF.get(config, ""))
         chosen = (row.get("chosen") or {}).get("compression")
+        each_round = [r["chosen"] for r in row.get("rounds") or [] if r.get("chosen")]
+        if len(set(each_round)) > 1:
+            chosen = f"{', '.join(each_round)} in its rounds"
+        elif len(each_round) > 1:
+            chosen = f"{chosen} in every round"
         name = f"`{config}`" + (f" (chose {chosen})" if chosen else "")
         if row.get("periodic_every"):
             name += f" (agrees every {row['periodic_every']} steps)"

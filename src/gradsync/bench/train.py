@@ -241,7 +241,9 @@ def _median_round(outcomes: list[dict[str, Any]], references: list[float]) -> di
     machine that drifts during the benchmark moves both sides of the ratio alike."""
     rounds = [
         {"samples_per_s_per_worker": o["samples_per_s_per_worker"],
-         "scaling_efficiency": o["samples_per_s_per_worker"] / statistics.fmean(references[r:r + 2])}
+         "scaling_efficiency": o["samples_per_s_per_worker"] / statistics.fmean(references[r:r + 2]),
+         # auto's choice in each round: the same in every round is what it promises (issue 43).
+         **({"chosen": o["chosen"]["compression"]} if (o.get("chosen") or {}).get("compression") else {})}
         for r, o in enumerate(outcomes)
     ]
     efficiencies = [r["scaling_efficiency"] for r in rounds]
