@@ -37,7 +37,6 @@ there nothing changes.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -70,8 +69,11 @@ def reuse_freed_memory() -> str | None:
 
 
 def _glibc() -> ctypes.CDLL | None:
+    """The C library this process runs on, when it is glibc. Looked up among the symbols the
+    process already has (dlopen(NULL)), not with ctypes.util.find_library, which starts
+    `ldconfig -p` on every call: once per benchmark job, and a process in make test-fast."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # only glibc has it
         libc.mallopt
     except (OSError, AttributeError):
