@@ -1,6 +1,7 @@
 """A plain DDP job for `gradsync status` and `gradsync stacks` to look at while it runs: one rank
-may be slow every step (--slow-rank, --delay), and one may stop for a while before its stall
-timeout (--hang-at STEP --hang-s S), touching --mark when it starts to."""
+may be slow every step (--slow-rank, --delay), and one may stop before its stall timeout
+(--hang-at STEP), touching --mark when it starts to and going on once --release exists (or after
+--hang-s seconds): the test holds it there for as long as its reads take, however slow the machine."""
 
 import argparse
 import os
@@ -21,6 +22,7 @@ def main() -> None:
     parser.add_argument("--hang-at", type=int, default=-1)
     parser.add_argument("--hang-s", type=float, default=0.0)
     parser.add_argument("--mark", default=None)
+    parser.add_argument("--release", default=None)
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -32,7 +34,9 @@ def main() -> None:
         time.sleep(args.step_s + (args.delay if rank == args.slow_rank else 0.0))  # status: step
         if step == args.hang_at and rank == args.slow_rank:
             Path(args.mark).touch()
-            time.sleep(args.hang_s)  # status: hang
+            held_until = time.monotonic() + args.hang_s
+            while time.monotonic() < held_until and not Path(args.release).exists():
+                time.sleep(0.5)  # status: hang
         model(torch.randn(4, 8)).sum().backward()  # status: backward
         optimizer.step()
     dist.barrier()  # the last all-reduce released before the interpreter goes (shared/README: Gloo teardown)

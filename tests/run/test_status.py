@@ -30,7 +30,7 @@ from tests.harness import REPO_ROOT
 
 BIN = Path(sys.executable).parent
 JOB = REPO_ROOT / "tests/run/status_job.py"
-# Hang detectors only: the jobs below take 10-25 s here; the bounds are several times that.
+# Hang detectors only: the jobs below take 10-30 s here; the bounds are several times that.
 REACHED_S = 120
 JOB_S = 240
 
@@ -180,11 +180,13 @@ def _ranks_at_step(run_dir: Path, step: int):
 @pytest.mark.launches
 @pytest.mark.timeout(JOB_S + 60)
 def test_status_names_the_slow_rank_then_the_hang_and_stacks_name_each_ranks_line(tmp_path):
-    run_dir, mark = tmp_path / "run", tmp_path / "hanging"
-    job = _launch(run_dir, "--steps", "24", "--slow-rank", "1", "--delay", "0.15", "--hang-at", "14", "--hang-s", "15",
-                  "--mark", str(mark))
+    run_dir, mark, release = tmp_path / "run", tmp_path / "hanging", tmp_path / "release"
+    # Held until released (50 s at most, under the 60 s stall timeout): the reads below may take long on a busy machine.
+    job = _launch(run_dir, "--steps", "24", "--slow-rank", "1", "--delay", "0.3", "--hang-at", "14", "--hang-s", "50",
+                  "--mark", str(mark), "--release", str(release))
     try:
-        _until(_ranks_at_step(run_dir, 6), "both ranks past step 6")
+        # 10 steps of 0.3 s: rank 0 has waited 3 s more than rank 1, over 5% of even a slow start-up.
+        _until(_ranks_at_step(run_dir, 10), "both ranks past step 10")
         head = _status(run_dir)[0]
         assert head.startswith("job running: 2 ranks, attempt 0") and "slowest rank 1 (it waited" in head, head
         # Rank 1 stops before its stall timeout: rank 0 waits in the step's all-reduce for it.
@@ -204,6 +206,7 @@ def test_status_names_the_slow_rank_then_the_hang_and_stacks_name_each_ranks_lin
         assert _line("backward") + " in main" in rank0_stack and _line("hang") + " in main" in rank1_stack, text
         assert "thread 'MainThread' (main):" in rank1_stack
     finally:
+        release.touch()
         output, _ = job.communicate(timeout=JOB_S)
     assert job.returncode == 0, output
     lines = _status(run_dir)
@@ -216,7 +219,7 @@ def test_status_names_the_slow_rank_then_the_hang_and_stacks_name_each_ranks_lin
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 def test_status_watch_draws_a_live_table_in_a_terminal_until_the_job_ends(tmp_path):
     run_dir, session = tmp_path / "run", f"gradsync-status-{os.getpid()}"
-    job = _launch(run_dir, "--steps", "150")
+    job = _launch(run_dir, "--steps", "300")  # 15 s or more: still running when the pane's first table is drawn
     try:
         _until(_ranks_at_step(run_dir, 3), "both ranks past step 3")
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "220", "-y", "30",
@@ -246,14 +249,15 @@ def test_status_watch_draws_a_live_table_in_a_terminal_until_the_job_ends(tmp_pa
 @pytest.mark.launches
 @pytest.mark.timeout(JOB_S + 60)
 def test_on_two_hosts_status_and_stacks_read_the_other_hosts_rank_through_the_store(needs_cluster, tmp_path):
-    port, mark = free_port(), tmp_path / "hanging"
+    port, mark, release = free_port(), tmp_path / "hanging", tmp_path / "release"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with SimulatedCluster(ClusterSpec(hosts=2)) as cluster:
         launchers = []
         for host in range(2):
             argv = [sys.executable, "-m", "gradsync", "run", *cluster.torchrun_args(host, nproc_per_node=1, master_port=port),
                     "--stall-timeout", "60", "--run-dir", str(tmp_path / f"host{host}"), str(JOB),
-                    "--steps", "16", "--slow-rank", "1", "--hang-at", "8", "--hang-s", "12", "--mark", str(mark)]
+                    "--steps", "16", "--slow-rank", "1", "--hang-at", "8", "--hang-s", "50", "--mark", str(mark),
+                    "--release", str(release)]
             launchers.append(cluster.run(host, argv, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          text=True))
         try:
@@ -273,5 +277,6 @@ def test_on_two_hosts_status_and_stacks_read_the_other_hosts_rank_through_the_st
             stacks = on_host0("stacks")
             assert "rank 1 (" in stacks and _line("hang") + " in main" in stacks.split("rank 1 (")[1], stacks
         finally:
+            release.touch()
             outputs = [launcher.communicate(timeout=JOB_S)[0] for launcher in launchers]
     assert [launcher.returncode for launcher in launchers] == [0, 0], outputs

@@ -256,10 +256,12 @@ def advise(records: RunRecords) -> list[Advice]:
 def _one_advice_per_slow_rank(records: RunRecords, found: list[Advice]) -> list[Advice]:
     """The rank the others wait for is also the one whose step goes elsewhere: one advice, naming its lines."""
     waited_for = next((a for a in found if a.rule == "rank_imbalance" and a.rank is not None), None)
-    elsewhere = next((a for a in found if a.rule == "time_elsewhere" and a.rank == getattr(waited_for, "rank", -1)), None)
-    if waited_for is None or elsewhere is None:
+    if waited_for is None:
         return found
-    lines = _lines(records, elsewhere.rank, ("own",)) if elsewhere.rank is not None else ""
+    elsewhere = next((a for a in found if a.rule == "time_elsewhere" and a.rank == waited_for.rank), None)
+    if elsewhere is None:
+        return found
+    lines = _lines(records, waited_for.rank, ("own",))
     merged = dataclasses.replace(waited_for, measured=waited_for.measured + (f"; its steps go most to {lines}" if lines else ""))
     return [merged if a is waited_for else a for a in found if a is not elsewhere]
 

@@ -37,7 +37,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Union
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Union
 
 import torch
 from torch.distributed import TCPStore
@@ -96,13 +96,20 @@ class StoreAddress:
         return cls(data["host"], data["port"], data["run_id"])
 
 
-def round_of(attempt: int, states: Iterable[Mapping[str, Any]]) -> RoundKey:
-    """Where a node's ranks of `attempt` meet the other nodes' on the job board: their rendezvous
-    round (each node numbers its own attempts), or the attempt where they do not say."""
-    for state in states:
-        if state.get("round_store"):
-            return state["round_store"]
+def round_of(attempt: int, *by_rank: Mapping[int, Mapping[str, Any]]) -> RoundKey:
+    """Where a node's ranks of `attempt` (their states, rank -> snapshot or exit record) meet the
+    other nodes' on the job board: their rendezvous round (each node numbers its own attempts),
+    or the attempt where they do not say."""
+    for states in by_rank:
+        for state in states.values():
+            if state.get("round_store"):
+                return state["round_store"]
     return attempt
+
+
+def world_size_of(states: Mapping[int, Mapping[str, Any]]) -> int:
+    """The job's world size as its ranks' states (rank -> snapshot or exit record) say it."""
+    return max(state.get("world_size", 1) for state in states.values())
 
 
 def rendezvous_store(args: argparse.Namespace) -> StoreAddress | None:

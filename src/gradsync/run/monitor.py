@@ -33,7 +33,7 @@ from gradsync.run.analysis.last_words import read_last_words
 from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
-from gradsync.run.jobwide import JobBoard, StoreAddress, round_of
+from gradsync.run.jobwide import JobBoard, StoreAddress, round_of, world_size_of
 from gradsync.run.stacks import StacksRequest
 from gradsync.run.options import RunOptions
 from gradsync.run.analysis.working import busy_note
@@ -215,7 +215,7 @@ class Monitor(threading.Thread):
         ended = self.agent_exits.get(attempt, {})
         own = {rank: {**state, "agent_exit": ended[rank]} if rank in ended else state for rank, state in own.items()}
         stopped = {rank for rank, s in own.items() if s.get("pid") in self.stopped_pids}
-        self.board.publish(round_of(attempt, (*snapshots.values(), *exits.values())), own, stopped)
+        self.board.publish(round_of(attempt, snapshots, exits), own, stopped)
         return set(own)
 
     def _job_wide(self, attempt: int, snapshots, exits, max_age_s: float, not_before: float = 0.0,
@@ -224,7 +224,7 @@ class Monitor(threading.Thread):
         JobBoard.read for `max_age_s`, `not_before` and `until`); this node's own files win."""
         assert self.board is not None
         local = set(snapshots) | set(exits)
-        remote = self.board.read(round_of(attempt, (*snapshots.values(), *exits.values())), _world_size({**snapshots, **exits}), local, max_age_s,
+        remote = self.board.read(round_of(attempt, snapshots, exits), world_size_of({**snapshots, **exits}), local, max_age_s,
                                  not_before, until)
         remote = {rank: state for rank, state in remote.items() if rank not in snapshots and rank not in exits}
         return {**remote, **snapshots}, {**{r: s for r, s in remote.items() if "exit" in s}, **exits}
@@ -273,13 +273,13 @@ class Monitor(threading.Thread):
             view.unreachable = bool((view.snapshot or {}).get("remote")) and not view.alive and view.exit is None and view.exitcode is None
         if self.board is not None and not self.board.reachable:
             # The store the nodes share did not answer: the ranks never heard of are out of reach.
-            for rank in set(range(_world_size(snapshots))) - set(views):
+            for rank in set(range(world_size_of(snapshots))) - set(views):
                 views[rank] = RankView(rank, unreachable=True)
         diagnosis = self._diagnose_kept(attempt, Evidence(
             views,
             trigger="stall",
             now=now,
-            world_size=_world_size(snapshots),
+            world_size=world_size_of(snapshots),
             stragglers=self.tracker(attempt).findings(),
             script_checks=self._script_checks(attempt),
         ))
@@ -326,7 +326,7 @@ class Monitor(threading.Thread):
         attempt = self.restarts
         self.restarts += 1
         snapshots, exits = read_attempt(self.folder, attempt)
-        self.regrouped[attempt] = _world_size({**snapshots, **exits}) if (snapshots or exits) else 0
+        self.regrouped[attempt] = world_size_of({**snapshots, **exits}) if (snapshots or exits) else 0
         print(
             f"gradsync run: the job's nodes changed (a node joined): restarting the workers as attempt {attempt + 1} "
             f"with the new membership; attempt {attempt} was stopped for it, not for a failure",
@@ -356,11 +356,11 @@ class Monitor(threading.Thread):
             return  # no rank of this node reported: nothing to say, and the job's size is not known
         own = self._publish(attempt, snapshots, exits, _worker_pids())
         local = set(snapshots) | set(exits)
-        world_size = _world_size({**snapshots, **exits})
+        world_size = world_size_of({**snapshots, **exits})
         others = set(range(world_size)) - local
         deadline = time.monotonic() + END_WAIT_S
         ended: set[int] = set()
-        round_key = round_of(attempt, (*snapshots.values(), *exits.values()))
+        round_key = round_of(attempt, snapshots, exits)
         while self.board.reachable and time.monotonic() < deadline:
             remote = self.board.read(round_key, world_size, local, max_age_s=0.0)
             ended = {rank for rank, s in remote.items() if "exit" in s or "agent_exit" in s}
@@ -430,7 +430,7 @@ class Monitor(threading.Thread):
                 views,
                 trigger="failure" if failures else "exit",
                 now=self.clock(),
-                world_size=_world_size({**snapshots, **exits}),
+                world_size=world_size_of({**snapshots, **exits}),
                 stragglers=tracker.findings(),
                 script_checks=self._script_checks(attempt),
             ))
@@ -464,10 +464,6 @@ class Monitor(threading.Thread):
     def _script_checks(self, attempt: int) -> dict[int, dict[str, Any]]:
         """What --doctor-steps saw on each rank of `attempt`."""
         return read_by_rank(self.folder, attempt, layout.SCRIPT_CHECK)
-
-
-def _world_size(snapshots: dict[int, dict[str, Any]]) -> int:
-    return max(s.get("world_size", 1) for s in snapshots.values())
 
 
 def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int], fired: dict[int, dict]) -> dict[int, RankView]:

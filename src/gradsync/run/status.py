@@ -20,7 +20,7 @@ from typing import Any, Callable
 from gradsync.errors import ConfigError
 from gradsync.run.analysis.views import RankView
 from gradsync.run.analysis.wording import describe
-from gradsync.run.jobwide import JobBoard, StoreAddress, round_of
+from gradsync.run.jobwide import JobBoard, StoreAddress, round_of, world_size_of
 from gradsync.run.stacks import StacksRequest
 from gradsync.rundir import RunDir, read_attempt, read_json
 from gradsync.rundir.layout import RUNS_ROOT
@@ -72,8 +72,7 @@ def read_job(run_dir: str | Path, board: JobBoard | None = None, now: Callable[[
         board = JobBoard(address, BOARD_INTERVAL_S) if address is not None else None
     states = {**snapshots, **exits}
     if board is not None and states:
-        world_size = max(int(s.get("world_size") or 1) for s in states.values())
-        remote = board.read(round_of(attempt, states.values()), world_size, set(states), max_age_s=0.0)
+        remote = board.read(round_of(attempt, states), world_size_of(states), set(states), max_age_s=0.0)
         states = {**remote, **states}
     diagnosis = read_json(run.diagnosis)
     return JobState(run.root, attempt, dict(sorted(states.items())), now(), diagnosis if isinstance(diagnosis, dict) else None, board)

@@ -139,15 +139,19 @@ class SnapshotWriter(threading.Thread):
         except psutil.Error:
             return
         recorder = self.recorder
-        claimed = events.claimed_step()
         progress = {
-            # The trainer's own count when it runs (a resumed run continues from its checkpoint's step).
-            "optimizer_steps": recorder.optimizer_steps if claimed is None else claimed,
+            "optimizer_steps": self._optimizer_steps(),
             "backward_passes": recorder.backward_passes,
             "communication_wait_s": recorder.communication_wait_s,
         }
         with self.system_log.open("a") as log:
             log.write(json.dumps({"time": time.time(), **progress, **reading}) + "\n")
+
+    def _optimizer_steps(self) -> int:
+        """The trainer's own count when it runs (a resumed run continues from its checkpoint's
+        step), else the optimizer steps counted here."""
+        claimed = events.claimed_step()
+        return self.recorder.optimizer_steps if claimed is None else claimed
 
     def state(self, all_threads: bool = False) -> dict[str, Any]:
         """The rank's state now; every thread's stack too when `all_threads`, asked for
@@ -159,7 +163,6 @@ class SnapshotWriter(threading.Thread):
         now = time.time()
         self._backend = _backend() or self._backend  # remembered past the script's destroy_process_group
         activity = self._look(frame, stack, now)
-        claimed = events.claimed_step()
         ends = list(recorder.step_ends)
         state = {
             **self.identity,
@@ -170,8 +173,7 @@ class SnapshotWriter(threading.Thread):
             "stack": stack,
             "location": location(user_frame(frame)),
             "backward_passes": recorder.backward_passes,
-            # The trainer's own count when it runs (a resumed run continues from its checkpoint's step).
-            "optimizer_steps": recorder.optimizer_steps if claimed is None else claimed,
+            "optimizer_steps": self._optimizer_steps(),
             "step_time_s": statistics.median(b - a for a, b in zip(ends, ends[1:])) if len(ends) > 1 else None,
             "rss_mb": self._rss_mb(),
             "communication_wait_s": round(recorder.communication_wait_s, 3),

@@ -87,7 +87,7 @@ class RunDir:
     @property
     def job_board(self) -> Path:
         """Where this node's launcher reaches the other nodes' ranks: the rendezvous store's
-        address and the job's id, for `gradsync status` and `gradsync stacks` (None for one node)."""
+        address and the job's id, for `gradsync status` and `gradsync stacks` (absent for a one-node job)."""
         return self.root / "job-board.json"
 
     @property
