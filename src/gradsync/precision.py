@@ -9,7 +9,7 @@ rather than letting it pass unnoticed.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -35,12 +35,30 @@ def check_precision_supported(precision: str, device: torch.device) -> None:
 class MixedPrecision:
     """Autocast, loss scaling and the scaled optimizer step for one precision on one device."""
 
-    def __init__(self, precision: str, device: torch.device) -> None:
+    def __init__(self, precision: str, device: torch.device, agree_on_overflow: bool = False) -> None:
         self.precision = precision
         self.device_type = device.type
         self.dtype = _DTYPES[precision]
-        # Loss scaling only helps fp16; bf16 has the range of fp32.
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        # Loss scaling only helps fp16; bf16 has the range of fp32. `agree_on_overflow`: ranks hold
+        # different parameters (a pipeline's stages), so the scaler all-reduces whether any rank
+        # found inf/NaN, and every rank skips that step and lowers its scale alike.
+        self.scaler: torch.amp.GradScaler | None = None
+        if precision == "fp16":
+            if agree_on_overflow:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                self.scaler = ShardedGradScaler(device.type)
+            else:
+                self.scaler = torch.amp.GradScaler(device.type)
+
+    def loss_scale(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What multiplies a loss before its backward (fp16's scale), for a backward run
+        elsewhere (a pipeline's last stage); None without loss scaling. Every rank's scaler is
+        readied here, the ones that never see a loss too."""
+        if self.scaler is None:
+            return None
+        self.scaler.scale(torch.zeros((), device=self.device_type))  # creates the scale on first use
+        return self.scaler.scale
 
     def autocast(self) -> ContextManager[Any]:
         if self.dtype is None:

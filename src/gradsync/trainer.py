@@ -86,7 +86,9 @@ class Trainer:
         with self._failing_together():
             self._strategy = make_strategy(config.parallel.strategy, config, self._dist, self._clock, self._logger)
         # FSDP casts to bf16 through its own policy (parameters gathered in bf16), not autocast.
-        self._precision = MixedPrecision(config.precision if self._strategy.autocast else "fp32", self._dist.device)
+        # A pipeline's ranks hold different parameters: they skip an overflowing step together.
+        self._precision = MixedPrecision(config.precision if self._strategy.autocast else "fp32", self._dist.device,
+                                         agree_on_overflow=config.parallel.pipeline and self._dist.has_process_group)
         self._metrics = MetricsRecorder(
             config.metrics,
             self._clock,
@@ -299,6 +301,8 @@ class Trainer:
         assert loader is not None
         names = {id(p): name for name, p in model.named_parameters()}
         self._wrapped = self._strategy.wrap(model)
+        # What this rank trains: the user's module, sharded in place (FSDP, TP), or its stages (pipelines).
+        model = self._strategy.trained_module(self._wrapped)
         _rebind_optimizer(optimizer, names, dict(model.named_parameters()))
         mixed = step_mixed_groups_one_by_one(optimizer)
         if mixed and self.is_main:
@@ -481,6 +485,10 @@ class Trainer:
         # A sharded optimizer state (DTensors) is written by every rank, each its shards.
         if self._strategy.sharded:
             return model_state(self._model, shared, own, sharded={"optimizer": optimizer})
+        # A pipeline's is kept per parameter, by the ranks that hold it; each stage's first copy writes its buffers.
+        if self._strategy.staged:
+            return model_state(self._model, shared, own, staged=_per_parameter(optimizer),
+                               writes_buffers=self._strategy.placement.data_rank == 0)
         return model_state(self._model, {**shared, "optimizer": optimizer}, own)
 
     def _resume(self) -> None:
@@ -493,11 +501,15 @@ class Trainer:
         # Sharded optimizer state loads into tensors laid out as this run's (DCP reshards).
         model, optimizer = self._model, self._optimizer
         sharded = (lambda: {"optimizer": get_optimizer_state_dict(model, optimizer)}) if self._strategy.sharded else None
-        loaded = self._checkpointer.find_and_load(model_state(self._model), sharded)
+        staged = [name for name, _ in model.named_parameters()] if self._strategy.staged else None
+        loaded = self._checkpointer.find_and_load(model_state(self._model), sharded, staged)
         if loaded is None:
             return
         shared = loaded.shared
-        optimizer = loaded.sharded["optimizer"] if self._strategy.sharded else shared["optimizer"]
+        if self._strategy.staged:
+            optimizer = _from_per_parameter(loaded.staged, get_optimizer_state_dict(model, self._optimizer))
+        else:
+            optimizer = loaded.sharded["optimizer"] if self._strategy.sharded else shared["optimizer"]
         if loaded.own is not None and loaded.own.get("optimizer") is not None:
             optimizer = loaded.own["optimizer"]  # ranks that stepped alone (ddp.periodic) each saved their own
         set_optimizer_state_dict(self._model, self._optimizer, optimizer)
@@ -650,6 +662,16 @@ class Trainer:
             self._precision.backward(loss if weight == 1.0 else loss * weight)
         window.applied_samples += samples
 
+    def _pipeline_backward(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor], samples: int) -> torch.Tensor:
+        """The schedule's forwards and backwards of one batch (gradsync.parallel.pp)."""
+        window, record = self._window, self._record
+        assert window is not None and record is not None
+        scale = self._precision.loss_scale()
+        with phase("backward"):
+            loss = self._strategy.forward_backward(inputs, targets, loss_fn, window.weight(samples), scale)
+        window.applied_samples += samples
+        return loss
+
     def _close_window(self, reduced: bool) -> bool:
         """Reduce (if DDP did not), clip and step the optimizer; True if an update was applied."""
         window, record = self._window, self._record
@@ -793,7 +815,8 @@ class Trainer:
 
         Under FSDP and tensor parallelism the model is the user's module, sharded: its forward
         gathers parameters or exchanges activations, so every rank must run each evaluation
-        batch (`eval_loader` gives every rank as many).
+        batch (`eval_loader` gives every rank as many). Under a pipeline it is the pipelined
+        model, called under torch.no_grad(): every rank of the pipeline gets the outputs.
         """
         return self._strategy.unwrap(model)
 
@@ -959,6 +982,27 @@ class MicroStep:
         self._trainer._backward(loss, self.samples, synced=self.is_boundary)
         self.backward_done = True
 
+    def forward_backward(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+        """`loss_fn(model(inputs), targets)` and its backward, under any parallel strategy; the
+        loss (detached), equal on every rank that computed the batch together.
+
+        A pipeline ("pp") cannot be called like a module in training: its stages run the
+        forward and backward of micro-batches interleaved, and only the last stage sees
+        outputs. This one call works under every strategy, so one loop serves them all.
+        """
+        if self.backward_done:
+            raise GradsyncError("step.forward_backward() runs the backward: call it once per micro-step, without step.backward().")
+        trainer = self._trainer
+        strategy = trainer._strategy
+        if not hasattr(strategy, "forward_backward"):
+            loss = loss_fn(trainer._wrapped(inputs), targets)
+            self.backward(loss)
+            return loss.detach()
+        self._end_forward()
+        loss = trainer._pipeline_backward(inputs, targets, loss_fn, self.samples)
+        self.backward_done = True
+        return loss
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._end_forward()
         self._stack.close()
@@ -983,7 +1027,29 @@ def _rebind_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str], n
     is to build it after sharding; prepare() takes it either way). DDP keeps the parameters.
     """
     for group in optimizer.param_groups:
-        group["params"] = [now[names[id(p)]] for p in group["params"]]
+        # A pipeline's rank holds some of the layers: the others' parameters leave its optimizer.
+        group["params"] = [now[names[id(p)]] for p in group["params"] if names[id(p)] in now]
+
+
+def _per_parameter(optimizer: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict (keyed by parameter name) as one entry per parameter: its state
+    and its group's hyper-parameters. A pipeline's ranks hold different parameters, and the
+    next run may split the model differently: entries keyed by name load wherever they land."""
+    entries = {}
+    for group in optimizer["param_groups"]:
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        for name in group["params"]:
+            entries[name] = {"state": optimizer["state"].get(name, {}), "group": hyper}
+    return entries
+
+
+def _from_per_parameter(entries: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer state dict to load, from `_per_parameter` entries: this run's groups (the
+    parameters it holds), each with the hyper-parameters saved with its first parameter."""
+    groups = [{**entries[group["params"][0]]["group"], "params": list(group["params"])} if group["params"] else group
+              for group in current["param_groups"]]
+    state = {name: entries[name]["state"] for group in groups for name in group["params"] if entries[name]["state"]}
+    return {"state": state, "param_groups": groups}
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -68,7 +68,7 @@ def train(
     ballast: str | None = None,
     seen_log: str | None = None,
     one_cycle: bool = True,
-    parallel: str = "ddp",
+    parallel: str | dict = "ddp",  # a strategy's name, or its options
 ) -> dict:
     checkpoint = {"dir": checkpoint_dir, "every_steps": every_steps, "every_minutes": every_minutes, "resume": resume,
                   "async_save": async_save, "overwrite": overwrite} if checkpoint_dir else {}
@@ -79,8 +79,9 @@ def train(
         checkpoint=checkpoint,
         metrics={"log_every": 4, "progress": False, "tensorboard": False},
         # Tensor parallelism splits the hidden layer: the first Linear by columns, the last by rows.
-        parallel={"strategy": parallel, **({"tp_plan": {"0": "colwise", "3": "rowwise"}} if "tp" in parallel else {}),
-                  **({"tp_size": 2} if parallel == "fsdp+tp" else {}), **({"shard_size": 2} if parallel == "hsdp" else {})},
+        parallel=parallel if isinstance(parallel, dict) else {
+            "strategy": parallel, **({"tp_plan": {"0": "colwise", "3": "rowwise"}} if "tp" in parallel else {}),
+            **({"tp_size": 2} if parallel == "fsdp+tp" else {}), **({"shard_size": 2} if parallel == "hsdp" else {})},
     )
     warnings = _collect_warnings()  # after setup, which installs gradsync's own console handler first
     model = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Dropout(0.3), nn.Linear(hidden, 1))
@@ -102,7 +103,7 @@ def train(
                                       "indices": index.tolist()}) + "\n")
                 log.flush()
             with trainer.step() as step:
-                step.backward(F.mse_loss(model(x), y))
+                step.forward_backward(x, y, F.mse_loss)
             trainer.log(loss=0.0)
             counter.steps += step.stepped
             if ballast and trainer.is_main and os.path.exists(ballast) and any("could not be written" in w for w in warnings):

@@ -140,3 +140,22 @@ def test_the_demo_trains_sharded_and_tensor_parallel(tmp_path):
     assert samples["tp"] <= samples["fsdp"] <= samples["tp"] + 1
     assert 2 * steps["tp"][0]["samples"] == steps["fsdp"][0]["samples"], "one data-parallel rank: half the global batch"
     assert all(row["reductions"] == 1 for row in steps["fsdp"]) and all(row["reductions"] == 0 for row in steps["tp"])
+
+
+@pytest.mark.launches
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 60)
+def test_the_demo_trains_as_a_pipeline_to_the_demos_accuracy(tmp_path):
+    """`gradsync demo --parallel pp`: the CNN cut into two stages, one per process, trained to the
+    accuracy the DDP demo is held to, with the bubble measured on every step."""
+    done = subprocess.run(
+        [str(BIN / "gradsync"), "demo", "--parallel", "pp", "--profile-steps", "none", "--run-dir", str(tmp_path / "pp")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=DEMO_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "pp" / "metrics.jsonl").read_text().splitlines()]
+    accuracy = [row["eval/accuracy"] for row in rows if "eval/accuracy" in row]
+    assert accuracy[-1] >= 0.95, accuracy
+    steps = [row for row in rows if "pipeline_bubble_share" in row]
+    assert len(steps) == len([row for row in rows if "samples_per_s" in row]) > 0
+    assert all(0 < row["pipeline_bubble_share"] < 1 and row["p2p_bytes"] > 0 for row in steps)
+    assert "bubble" in done.stderr + done.stdout

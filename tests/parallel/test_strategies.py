@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 
 import gradsync
 from tests.harness import launch
+from tests.parallel.reference import one_process_sgd
 
 WIDTH, SAMPLES, BATCH, ACCUMULATION, LR, CLIP = 8, 45, 3, 2, 0.05, 0.5
 CASES = [("ddp", 2), ("fsdp", 2), ("fsdp", 4), ("hsdp", 4), ("tp", 2), ("fsdp+tp", 4)]
@@ -112,21 +113,8 @@ def _train(parallel, skip_batches=(), nan_samples=()):
 
 
 def reference_params(results):
-    """One process: SGD on each window's mean loss over every sample the data-parallel ranks applied, clipped."""
-    steps: dict[int, list[int]] = {}
-    for result in {r["data_rank"]: r for r in results}.values():  # a tensor-parallel group shares its samples
-        for step, indices in result["applied"]:
-            steps.setdefault(step, []).extend(indices)
     dataset = Regression()
-    model = make_model()
-    for step in sorted(steps):
-        idx = torch.tensor(steps[step])
-        model.zero_grad()
-        F.mse_loss(model(dataset.x[idx]), dataset.y[idx]).backward()
-        nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= LR * p.grad
+    model = one_process_sgd(results, make_model(), dataset.x, dataset.y, LR, CLIP)
     return [p.detach().reshape(-1).tolist() for p in model.parameters()]
 
 

@@ -51,13 +51,22 @@ EXIT_ON_SIGTERM = 128 + signal.SIGTERM
 class RunState:
     """One checkpoint's contents: the model's parameters and buffers, state shared by every
     rank, this rank's own, and state sharded over the ranks (DTensors: FSDP's and tensor
-    parallelism's optimizer state), which each rank writes its part of and loads resharded."""
+    parallelism's optimizer state), which each rank writes its part of and loads resharded.
+
+    A model spread over the ranks by layers (a pipeline's stages) has `staged` state: plain
+    state per parameter, keyed by the parameter's name, written by the ranks that hold it and
+    loaded by whichever ranks hold it next (so another split loads it too). Its ranks each
+    hold different parameters and buffers: the manifest lists them all, and `writes_buffers`
+    marks the ranks that write theirs (None: rank 0, whose buffers every rank uses).
+    """
 
     parameters: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
     shared: dict[str, Any]
     own: dict[str, Any]
     sharded: dict[str, Any] = field(default_factory=dict)
+    staged: dict[str, Any] = field(default_factory=dict)
+    writes_buffers: bool | None = None
 
     @property
     def model(self) -> dict[str, torch.Tensor]:
@@ -74,6 +83,7 @@ class Loaded:
     shared: dict[str, Any]
     own: dict[str, Any] | None
     sharded: dict[str, Any] = field(default_factory=dict)
+    staged: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -200,7 +210,7 @@ class Checkpointer:
             "step": step,
             "world_size": self.world_size,
             "time": time.time(),
-            "model": {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in state.model.items()},
+            "model": self._whole_model(_entries(state.model), spread=bool(state.staged)),
             "config": self.description,
             "data": {k: state.shared["loader"][k] for k in ("epoch", "position", "samples_consumed")} if "loader" in state.shared else {},
         }
@@ -211,7 +221,10 @@ class Checkpointer:
         }
         if state.sharded:
             contents["sharded"] = safe.encode(state.sharded)
-        if self.rank == 0 and state.buffers:
+        if state.staged:
+            contents["staged"] = {name: safe.encode(entry) for name, entry in state.staged.items()}
+        writes_buffers = self.rank == 0 if state.writes_buffers is None else state.writes_buffers
+        if writes_buffers and state.buffers:
             # Buffers (BatchNorm statistics) may differ across ranks between DDP's broadcasts
             # from rank 0; rank 0's are the ones every rank uses next, so only rank 0 saves them.
             contents["buffers"] = state.buffers
@@ -227,6 +240,15 @@ class Checkpointer:
             self._on_every_rank(step, path, lambda: self._commit(path, manifest))
         self.save_seconds += time.perf_counter() - started
         self._last_save_time = time.monotonic()
+
+    def _whole_model(self, mine: dict[str, Any], spread: bool) -> dict[str, Any]:
+        """The model's entries for the manifest: this rank's, or every rank's together when the
+        model is spread over them by layers."""
+        if not (spread and self.distributed):
+            return mine
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        return {name: entry for part in everyone for name, entry in part.items()}
 
     def _fresh_folder(self, path: Path) -> None:
         if self.rank == 0:
@@ -398,12 +420,14 @@ class Checkpointer:
 
     # -- resuming --------------------------------------------------------------------------
 
-    def find_and_load(self, model: RunState, sharded: Callable[[], dict[str, Any]] | None = None) -> Loaded | None:
+    def find_and_load(self, model: RunState, sharded: Callable[[], dict[str, Any]] | None = None,
+                      staged: list[str] | None = None) -> Loaded | None:
         """Load the checkpoint `resume` names into the parameters and buffers of `model` (in
         place) and return the rest.
 
         `sharded` builds the sharded state to load into (called only when there is a checkpoint:
-        building an optimizer's state dict initialises its state).
+        building an optimizer's state dict initialises its state). `staged`: the names of the
+        parameters whose staged state this rank loads (a pipeline's stages).
 
         None when `resume="auto"` finds no checkpoint at all: the run starts fresh.
         """
@@ -426,20 +450,20 @@ class Checkpointer:
                 raise CheckpointError(f"checkpoint.resume={resume!r}: no such checkpoint folder.")
         problems: list[str] = []
         for path in candidates:
-            manifest, trouble = self._check(path, model.model)
+            manifest, trouble = self._check(path, self._whole_model(_entries(model.model), spread=staged is not None))
             if trouble:
                 problems.append(f"{path.name}: " + "; ".join(trouble))
                 if resume == "auto":
                     self.warn(f"skipping checkpoint {path}: " + "; ".join(trouble))
                 continue
             assert manifest is not None
-            return self._load(path, manifest, model, sharded)
+            return self._load(path, manifest, model, sharded, staged)
         raise CheckpointError(
             "no valid checkpoint to resume from: " + " | ".join(problems)
             + ". Delete the broken folders, point checkpoint.resume at a good one, or set it to None to start fresh."
         )
 
-    def _check(self, path: Path, model: dict[str, torch.Tensor]) -> tuple[dict[str, Any] | None, list[str]]:
+    def _check(self, path: Path, model: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
         """The manifest and the problems every rank agrees on (each rank hashes its share of the files)."""
         try:
             manifest = store.read_manifest(path)
@@ -456,7 +480,8 @@ class Checkpointer:
             mine = [problem for part in everyone for problem in part]
         return manifest, mine
 
-    def _load(self, path: Path, manifest: dict[str, Any], model: RunState, sharded: Callable[[], dict[str, Any]] | None) -> Loaded:
+    def _load(self, path: Path, manifest: dict[str, Any], model: RunState, sharded: Callable[[], dict[str, Any]] | None,
+              staged: list[str] | None) -> Loaded:
         metadata = safe.read_metadata(path / ".metadata")
         # Each rank's own state (random streams, residuals) belongs to its place in the job: it is
         # taken back only by the same world size spread the same way (a strategy change moves
@@ -471,14 +496,19 @@ class Checkpointer:
             contents["buffers"] = model.buffers
         if same_world:
             contents[f"rank{self.rank}"] = _skeleton(metadata, own_prefix)
-        saved_sharded = any(key.startswith("sharded.") for key in metadata.state_dict_metadata)
-        if saved_sharded != (sharded is not None):
+        # How the optimizer state is kept must match: one copy, sharded DTensors, or per parameter.
+        saved_layout = next((layout for prefix, layout in _OPTIMIZER_LAYOUTS.items()
+                             if any(key.startswith(prefix) for key in metadata.state_dict_metadata)), "one copy")
+        this_layout = _OPTIMIZER_LAYOUTS["sharded."] if sharded is not None else (
+            _OPTIMIZER_LAYOUTS["staged."] if staged is not None else "one copy")
+        if saved_layout != this_layout:
             written = manifest.get("config", {}).get("parallel", {}).get("strategy", "ddp")
             raise CheckpointError(
-                f"{path} was written with parallel={written!r}, whose optimizer state is "
-                f"{'sharded over the ranks' if saved_sharded else 'one copy'}; this run keeps it "
-                f"{'sharded' if sharded is not None else 'as one copy'}. Resume with parallel={written!r}."
+                f"{path} was written with parallel={written!r}, whose optimizer state is kept as {saved_layout}; "
+                f"this run keeps it as {this_layout}. Resume with parallel={written!r}."
             )
+        if staged is not None:
+            contents["staged"] = {name: _skeleton(metadata, f"staged.{name}.") for name in staged}
         if sharded is not None:
             # Tensors load into this run's own layout (DCP reshards DTensors); the skeleton of
             # plain values is the checkpoint's.
@@ -494,7 +524,12 @@ class Checkpointer:
             shared=safe.decode(contents["shared"]),
             own=safe.decode(contents[f"rank{self.rank}"]) if same_world else None,
             sharded=safe.decode(contents["sharded"]) if sharded is not None else {},
+            staged={name: safe.decode(entry) for name, entry in contents.get("staged", {}).items()},
         )
+
+
+# The optimizer state's layouts, by the key prefix a checkpoint holds them under.
+_OPTIMIZER_LAYOUTS = {"sharded.": "shards over the ranks", "staged.": "one entry per parameter (a pipeline's stages)"}
 
 
 def _first_failure(failure: BaseException) -> BaseException:
@@ -518,9 +553,14 @@ def _skeleton(metadata: Any, prefix: str) -> dict[str, torch.Tensor]:
     return entries
 
 
-def _check_same_model(path: Path, manifest: dict[str, Any], model: dict[str, torch.Tensor]) -> None:
+def _entries(model: dict[str, torch.Tensor]) -> dict[str, list[Any]]:
+    """The manifest's description of model tensors: name -> [shape, dtype]."""
+    return {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in model.items()}
+
+
+def _check_same_model(path: Path, manifest: dict[str, Any], model: dict[str, list[Any]]) -> None:
     saved = {name: tuple(shape) for name, (shape, _) in manifest["model"].items()}
-    current = {name: tuple(t.shape) for name, t in model.items()}
+    current = {name: tuple(shape) for name, (shape, _) in model.items()}
     missing = sorted(set(current) - set(saved))
     unexpected = sorted(set(saved) - set(current))
     misshaped = sorted(name for name in set(saved) & set(current) if saved[name] != current[name])
@@ -543,6 +583,8 @@ def model_state(
     shared: dict[str, Any] | None = None,
     own: dict[str, Any] | None = None,
     sharded: dict[str, Any] | None = None,
+    staged: dict[str, Any] | None = None,
+    writes_buffers: bool | None = None,
 ) -> RunState:
     """The module's parameters and buffers by name, sharing their storage (DCP loads in place;
     under FSDP and tensor parallelism they are DTensors, each rank's shard)."""
@@ -554,4 +596,6 @@ def model_state(
         shared=shared or {},
         own=own or {},
         sharded=sharded or {},
+        staged=staged or {},
+        writes_buffers=writes_buffers,
     )

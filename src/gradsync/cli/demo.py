@@ -33,7 +33,7 @@ WORKER_OPTIONS = (
     "parallel",
 )
 WORKER_FLAGS = ("overwrite",)
-DEMO_STRATEGIES = ("ddp", "fsdp", "tp")  # the 2-D meshes need 4 ranks and a size per dimension  # switches passed on as --name when set
+DEMO_STRATEGIES = ("ddp", "fsdp", "tp", "pp")  # the 2-D meshes need 4 ranks and a size per dimension
 
 
 def _at_least(minimum: int):
@@ -75,7 +75,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--compression", choices=COMPRESSIONS, default=None, help="gradient compression")
     parser.add_argument(
         "--parallel", choices=DEMO_STRATEGIES, default=None,
-        help="ddp (default), fsdp (FSDP2, every layer sharded) or tp (the classifier split column/row-wise)",
+        help="ddp (default), fsdp (FSDP2, every layer sharded), tp (the classifier split column/row-wise) or pp "
+        "(the CNN cut into one pipeline stage per process, up to 4)",
     )
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go")
     parser.add_argument("--resume", choices=("auto",), default=None, help="auto: continue from the latest checkpoint, if any")

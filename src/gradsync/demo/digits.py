@@ -8,6 +8,7 @@ bottom as an example of the library's API.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -56,8 +57,8 @@ class DigitsCNN(nn.Module):
 @torch.no_grad()
 def test_accuracy(trainer: gradsync.Trainer, model: nn.Module, test_set: TensorDataset) -> float:
     """Accuracy over the whole test set: each rank scores its share, then the counts are summed."""
-    # DDP: the plain module, so evaluation runs no collective per batch. FSDP and tensor
-    # parallelism: the sharded model, whose forwards every rank runs (eval_loader gives each as many).
+    # DDP: the plain module, so evaluation runs no collective per batch. FSDP, tensor parallelism
+    # and pipelines: the spread model, whose forwards every rank runs (eval_loader gives each as many).
     net = trainer.unwrap(model)
     net.eval()
     correct = total = 0
@@ -69,11 +70,22 @@ def test_accuracy(trainer: gradsync.Trainer, model: nn.Module, test_set: TensorD
     return correct / total
 
 
+# Where the CNN's pipeline stages begin, by the number of stages: the convolutions and the
+# first Linear layer hold nearly all the work, so they go to different stages first.
+PIPELINE_SPLITS = {1: (), 2: ("classifier",), 3: ("features.3", "classifier"), 4: ("features.3", "classifier", "classifier.4")}
+
+
 def _parallel(strategy: str) -> dict:
     """The CNN has no transformer block for the standard tensor-parallel plan: its classifier's
-    two Linear layers are split column-wise then row-wise, the convolutions stay replicated."""
+    two Linear layers are split column-wise then row-wise, the convolutions stay replicated.
+    A pipeline puts one stage on each process (torchrun's WORLD_SIZE)."""
     if strategy == "tp":
         return {"strategy": "tp", "tp_plan": {"classifier.2": "colwise", "classifier.4": "rowwise"}}
+    if strategy == "pp":
+        stages = int(os.environ.get("WORLD_SIZE", "1"))
+        if stages not in PIPELINE_SPLITS:
+            raise SystemExit(f"the demo's pipeline cuts the CNN into at most 4 stages, one per process; got {stages} processes")
+        return {"strategy": "pp", "split_points": PIPELINE_SPLITS[stages]}
     return {"strategy": strategy}
 
 
@@ -85,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--compression", default="none", help="gradient compression (see gradsync.comm)")
-    parser.add_argument("--parallel", default="ddp", help="ddp, fsdp or tp (see gradsync.parallel)")
+    parser.add_argument("--parallel", default="ddp", help="ddp, fsdp, tp or pp (see gradsync.parallel)")
     parser.add_argument("--periodic-every", type=int, default=1,
                         help="optimizer steps each rank takes alone between agreements (1: DDP's all-reduce every step)")
     parser.add_argument("--periodic-method", default="average", help="average or diloco (see gradsync.comm.periodic)")
@@ -128,8 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     for epoch in trainer.epochs(args.epochs):
         for x, y in loader:
             with trainer.step() as step:
-                loss = F.cross_entropy(model(x), y)
-                step.backward(loss)
+                # model(x), the loss and its backward: one call that pipelines ("pp") need too
+                loss = step.forward_backward(x, y, F.cross_entropy)
             trainer.log(loss=loss)
         accuracy = test_accuracy(trainer, model, test_set)
         trainer.log({"eval/accuracy": accuracy})

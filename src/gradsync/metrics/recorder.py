@@ -154,9 +154,15 @@ def _communication(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         values["encode_s"] = statistics.fmean(r["comm"].get("encode_s", 0.0) for r in per_rank)
         values["decode_s"] = statistics.fmean(r["comm"].get("decode_s", 0.0) for r in per_rank)
     # FSDP and tensor parallelism move more than gradients: each kind's bytes (nccl-tests sizes).
-    for kind in ("all_gather_bytes", "reduce_scatter_bytes", "all_reduce_bytes"):
+    for kind in ("all_gather_bytes", "reduce_scatter_bytes", "all_reduce_bytes", "p2p_bytes"):
         if kind in comm:
             values[kind] = comm[kind]
+    if "pipeline_schedule_s" in comm:
+        # A pipeline's bubble, measured: the share of the step each rank's stages sat waiting
+        # inside the schedule (for neighbours' activations or gradients), averaged over ranks.
+        shares = [(r["comm"]["pipeline_schedule_s"] - r["comm"]["pipeline_compute_s"]) / r["step_time_s"]
+                  for r in per_rank if r["step_time_s"] > 0]
+        values["pipeline_bubble_share"] = statistics.fmean(shares) if shares else 0.0
     return values
 
 

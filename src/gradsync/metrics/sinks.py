@@ -29,6 +29,8 @@ _TAGS = {
     "busbw_gbps": "comm/busbw_gbps",
     "encode_s": "comm/encode_s",
     "decode_s": "comm/decode_s",
+    "p2p_bytes": "comm/p2p_bytes",
+    "pipeline_bubble_share": "comm/pipeline_bubble_share",
     "busy_spread_s": "system/busy_spread_s",
     "interval_slowest_rank": "system/slowest_rank",
     "gpu_util_spread": "system/gpu_util_spread",
@@ -92,6 +94,8 @@ def format_row(row: dict[str, Any], total_steps: int | None) -> str:
         parts.append(f"loss {row['loss']:.4f}")
     parts.append(f"{row['samples_per_s']:.0f} samples/s")
     parts.append(f"exposed comm {100 * row['exposed_comm_share']:.0f}%")
+    if "pipeline_bubble_share" in row:
+        parts.append(f"bubble {100 * row['pipeline_bubble_share']:.0f}%")
     if row["skipped"]:
         parts.append(f"skipped ({row['skipped']})")
     return " | ".join(parts)

@@ -1,4 +1,5 @@
-"""How the model is spread over the ranks: DDP, FSDP2, HSDP, tensor parallelism, FSDP + TP.
+"""How the model is spread over the ranks: DDP, FSDP2, HSDP, tensor parallelism, FSDP + TP,
+pipelines (alone or with DDP across them).
 
 `gradsync.setup(parallel=...)` picks one; each is a `Strategy` (gradsync.parallel.base) that
 the trainer drives through one interface, so accumulation, mixed precision, agreed skips,
@@ -23,6 +24,8 @@ _IMPLEMENTATIONS = {
     "hsdp": "gradsync.parallel.fsdp:HSDPStrategy",
     "tp": "gradsync.parallel.tp:TPStrategy",
     "fsdp+tp": "gradsync.parallel.tp:FSDPTPStrategy",
+    "pp": "gradsync.parallel.pp:PipelineStrategy",
+    "pp+ddp": "gradsync.parallel.pp:PipelineDDPStrategy",
 }
 
 

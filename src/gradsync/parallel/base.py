@@ -52,6 +52,9 @@ class Strategy:
     lockstep_forward = False
     # False when the strategy casts to bf16 itself (FSDP's MixedPrecisionPolicy), not autocast.
     autocast = True
+    # True when ranks hold different layers (a pipeline's stages): checkpoints keep optimizer
+    # state per parameter name, written by the ranks that hold it.
+    staged = False
 
     def __init__(self, config: Any, dist_context: DistContext, clock: Clock, logger: logging.Logger) -> None:
         self.config = config
@@ -68,7 +71,13 @@ class Strategy:
         raise NotImplementedError
 
     def unwrap(self, model: nn.Module) -> nn.Module:
+        """The module to evaluate with (Trainer.unwrap)."""
         return model
+
+    def trained_module(self, model: nn.Module) -> nn.Module:
+        """The module whose parameters this rank trains, by their names in the user's model:
+        the user's module (sharded in place under FSDP and TP), or a pipeline rank's stages."""
+        return self.unwrap(model)
 
     # -- a micro-step ----------------------------------------------------------------------
 

@@ -182,6 +182,8 @@ class MetricsRow(TypedDict, total=False):
     all_gather_bytes: float  # FSDP's parameter gathers (and TP's), nccl-tests sizes
     reduce_scatter_bytes: float
     all_reduce_bytes: float  # HSDP's across replicas, TP's activation exchanges
+    p2p_bytes: float  # a pipeline's activations and their gradients, sent by rank 0
+    pipeline_bubble_share: float  # the share of the step a pipeline's ranks waited inside the schedule
     # The last row of each gather interval also carries:
     system: dict[str, dict[str, float]]  # rank -> mean readings
     rank_busy_s: dict[str, float]
