@@ -20,7 +20,7 @@ REPORT = {
     "world_size": 2, "batch_size_per_worker": 32, "rounds": 2, "single_worker_samples_per_s": 43.0,
     "single_worker_runs": [43.5, 42.5, 43.0],
     "results": [
-        _row("no-comm", 0.95, [0.94, 0.96]), _row("torch-powersgd", 0.90, [0.88, 0.92], faults=11600.4),
+        _row("no-comm", 0.95, [0.94, 0.96]), _row("torch-powersgd", 0.90, [0.88, 0.92], faults=11600.4, loss=2.25),
         _row("torch-bf16", 0.70, faults=120), _row("fp32", 0.45, exposed=0.51, faults=130),
         _row("powersgd", 0.92, [0.91, 0.93], exposed=0.04, faults=210),
         _row("auto", 0.93, exposed=0.03, chosen="powersgd"),
@@ -33,12 +33,13 @@ def test_each_gradsync_configuration_sits_beside_the_peer_doing_the_same_thing()
     assert lines[1] == "gradsync bench train --configs ..."
     assert "One worker alone: 43.0 samples/s (43.5, 42.5, 43.0 around the rounds)" in lines[4]
     assert any(line.startswith("**Ceiling** (`no-comm`") and "95% (94–96)" in line for line in lines)
-    table = lines[lines.index("|---|---|---|---|---|---|---|---|") + 1:]
+    table = lines[lines.index("|---|---|---|---|---|---|---|---|---|") + 1:]
     assert table == [
-        "|  |  |  | `fp32` | 45% (45–45) | 130 | 51% | 2.0000 |",  # its peer, plain, did not run
-        "| `torch-powersgd` | 90% (88–92) | 11,600 | `powersgd` | 92% (91–93) | 210 | 4% | 2.0000 |",
-        "|  |  |  | `auto` (chose powersgd) | 93% (93–93) | — | 3% | 2.0000 |",  # a report without faults
-        "| `torch-bf16` | 70% (70–70) | 120 | | | | — | 2.0000 |",  # bf16 did not run: the peer stands alone
+        "|  |  |  |  | `fp32` | 45% (45–45) | 130 | 51% | 2.0000 |",  # its peer, plain, did not run
+        # each side's final loss beside it
+        "| `torch-powersgd` | 90% (88–92) | 11,600 | 2.2500 | `powersgd` | 92% (91–93) | 210 | 4% | 2.0000 |",
+        "|  |  |  |  | `auto` (chose powersgd) | 93% (93–93) | — | 3% | 2.0000 |",  # a report without faults
+        "| `torch-bf16` | 70% (70–70) | 120 | 2.0000 | | | | — | |",  # bf16 did not run: the peer stands alone
     ]
     assert not any("host_memory" in line for line in lines), "a report from before host_memory ran with the defaults"
 
@@ -90,7 +91,7 @@ def test_a_single_round_gives_single_figures_and_says_so():
                           {**_row("torch-powersgd", 0.81), "rounds": [{"scaling_efficiency": 0.81}]}]}
     lines = peer_table(report, "cmd").splitlines()
     assert "one round: a single figure each" in lines[4]
-    assert "| `torch-powersgd` | 81% | — | `powersgd` | 77% | — | 6% | 2.0000 |" in lines
+    assert "| `torch-powersgd` | 81% | — | 2.0000 | `powersgd` | 77% | — | 6% | 2.0000 |" in lines
 
 
 def test_autos_choice_is_said_for_every_round():

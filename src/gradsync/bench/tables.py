@@ -80,8 +80,8 @@ def peer_table(report: dict[str, Any], command: str) -> str:
                       "script runs."]
     lines += [
         "",
-        "| PyTorch peer | scaling efficiency | faults/step | gradsync | scaling efficiency | faults/step | exposed comm | final loss |",
-        "|---|---|---|---|---|---|---|---|",
+        "| PyTorch peer | scaling efficiency | faults/step | final loss | gradsync | scaling efficiency | faults/step | exposed comm | final loss |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     paired = set()
     for config, row in rows.items():
@@ -101,12 +101,16 @@ def peer_table(report: dict[str, Any], command: str) -> str:
         if peer is not None:
             paired.add(peer["config"])
             peer_name = f"`{peer['config']}`"
-        lines.append(f"| {peer_name} | {_efficiency(peer)} | {_faults(peer)} | {name} | {_efficiency(row)} | {_faults(row)} "
-                     f"| {_exposed(row)} | {row['final_loss']:.4f} |")
+        lines.append(f"| {peer_name} | {_efficiency(peer)} | {_faults(peer)} | {_loss(peer)} | {name} | {_efficiency(row)} "
+                     f"| {_faults(row)} | {_exposed(row)} | {_loss(row)} |")
     for config, row in rows.items():
         if config in PEER_OF.values() and config not in paired:
-            lines.append(f"| `{config}` | {_efficiency(row)} | {_faults(row)} | | | | — | {row['final_loss']:.4f} |")
+            lines.append(f"| `{config}` | {_efficiency(row)} | {_faults(row)} | {_loss(row)} | | | | — | |")
     return "\n".join(lines)
+
+
+def _loss(row: dict[str, Any] | None) -> str:
+    return f"{row['final_loss']:.4f}" if row is not None and row.get("final_loss") is not None else ""
 
 
 def splice(text: str, marker: str, block: str) -> str:
