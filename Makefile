@@ -140,12 +140,17 @@ bench-resnet-slow-links: $(STAMP)
 		--marker bench-resnet-20mbit --command "OMP_NUM_THREADS=1 $(RESNET_20MBIT)"
 
 # The parallelism strategies side by side on the GPT: 4 workers on 2 simulated hosts joined by
-# 300 Mbit/s, then on this host's loopback (the 300 Mbit/s run needs root; ~15 min in all).
+# 300 Mbit/s, then on this host's loopback (the 300 Mbit/s run needs root; ~20 min in all). Both
+# tables in docs/parallel.md are rewritten from these runs.
+PARALLEL_BENCH = gradsync bench train --workload gpt --configs ddp,fsdp,hsdp,tp,fsdp+tp,pp,pp+ddp --steps 12 --warmup 3 \
+	--batch-size 8
 bench-parallel: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload gpt --hosts 2 --nproc-per-node 2 --link 300mbit \
-		--configs ddp,fsdp,hsdp,tp,fsdp+tp --steps 12 --warmup 3 --batch-size 8 --json > gradsync_runs/bench-parallel-300mbit.json
-	OMP_NUM_THREADS=1 $(BIN)/gradsync bench train --workload gpt --nproc-per-node 4 \
-		--configs ddp,fsdp,hsdp,tp,fsdp+tp --steps 12 --warmup 3 --batch-size 8 --json > gradsync_runs/bench-parallel-loopback.json
+	OMP_NUM_THREADS=1 $(BIN)/$(PARALLEL_BENCH) --hosts 2 --nproc-per-node 2 --link 300mbit --output-dir gradsync_runs/bench-parallel-300mbit
+	$(BIN)/python -m gradsync.bench.tables gradsync_runs/bench-parallel-300mbit/report.json docs/parallel.md --kind strategies \
+		--marker bench-parallel-300mbit --command "OMP_NUM_THREADS=1 $(PARALLEL_BENCH) --hosts 2 --nproc-per-node 2 --link 300mbit"
+	OMP_NUM_THREADS=1 $(BIN)/$(PARALLEL_BENCH) --nproc-per-node 4 --output-dir gradsync_runs/bench-parallel-loopback
+	$(BIN)/python -m gradsync.bench.tables gradsync_runs/bench-parallel-loopback/report.json docs/parallel.md --kind strategies \
+		--marker bench-parallel-loopback --command "OMP_NUM_THREADS=1 $(PARALLEL_BENCH) --nproc-per-node 4"
 
 # What metering tensor parallelism's exchanges (a dispatch mode) costs a TP step, side by side.
 bench-tp-meter: $(STAMP)

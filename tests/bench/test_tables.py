@@ -101,3 +101,25 @@ def test_autos_choice_is_said_for_every_round():
     rounds[1]["chosen"] = "bf16"
     differing = {**REPORT, "results": [{**_row("auto", 0.93, chosen="powersgd"), "rounds": rounds}]}
     assert any("`auto` (chose powersgd, bf16 in its rounds)" in line for line in peer_table(differing, "cmd").splitlines())
+
+
+def test_the_strategies_table_gives_each_ones_layout_bubble_bytes_and_state():
+    from gradsync.bench.tables import strategies_table
+
+    def strategy(config, parallel, bubble=None):
+        return {**_row(config, 0.5, exposed=0.25), "samples_per_s_per_worker": 10.0, "bubble_share": bubble,
+                "traffic_bytes_per_step": 3 * 2**20, "state_mb_per_worker": 15.0, "peak_rss_mb_per_worker": 500.0,
+                "parallel": parallel}
+
+    report = {**REPORT, "world_size": 4, "batch_size_per_worker": 8, "results": [
+        strategy("ddp", {"strategy": "ddp"}),
+        strategy("hsdp", {"strategy": "hsdp", "mesh": {"replicate": 2, "shard": 2}}),
+        strategy("pp+ddp", {"strategy": "pp+ddp", "pp_size": 2, "dp_size": 2, "schedule": "1f1b", "microbatches": 4}, 0.3),
+    ]}
+    lines = strategies_table(report, "make bench-parallel").splitlines()
+    assert "4 workers, batch 8 per worker" in lines[4]
+    assert lines[-3:] == [
+        "| ddp | 4 copies | 10.0 | 50% (50–50) | 25% | — | 3.0 MB | 15.0 MB | 500 MB | 2.0000 |",
+        "| hsdp | replicate 2 x shard 2 | 10.0 | 50% (50–50) | 25% | — | 3.0 MB | 15.0 MB | 500 MB | 2.0000 |",
+        "| pp+ddp | pp 2 x dp 2, 1f1b, 4 micro-batches | 10.0 | 50% (50–50) | 25% | 30% | 3.0 MB | 15.0 MB | 500 MB | 2.0000 |",
+    ]

@@ -21,7 +21,7 @@ def _units(model):
 def test_fsdp_units_are_the_repeated_blocks_and_the_block_sized_rest():
     # A transformer: its blocks, and the embedding and output head (each larger than a block),
     # which left in the root would stay gathered through forward and backward.
-    assert _units(TinyGPT()) == ["blocks.0", "blocks.1", "blocks.2", "blocks.3", "tokens", "head"]
+    assert _units(TinyGPT()) == ["blocks.0", "blocks.1", "blocks.2", "blocks.3", "embed", "head"]
     # A ResNet: its residual blocks (the stem and the head are smaller than one).
     assert _units(ResNet18()) == [f"layers.{i}" for i in range(8)]
     # An MLP's Linear layers repeat: each is a unit; nothing repeats in a lone Linear.

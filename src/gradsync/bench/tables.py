@@ -1,12 +1,13 @@
-"""The docs' tables of a `bench train` report: gradsync's configurations beside the PyTorch peer
-doing the same thing, with the ceiling, written into a Markdown file between two markers.
+"""The docs' tables of a `bench train` report, written into a Markdown file between two markers:
+gradsync's configurations beside the PyTorch peer doing the same thing, with the ceiling
+(`--kind peers`), or the parallel strategies side by side (`--kind strategies`).
 
 A table in the docs goes stale the moment the code changes, and one copied by hand from a log
 drifts from the run it claims to come from. So the docs hold the table a make target wrote from
 one report, with the command that produced it (date-free, so rerunning it changes only the
 numbers):
 
-    python -m gradsync.bench.tables REPORT.json DOC.md --marker NAME --command "make bench-..."
+    python -m gradsync.bench.tables REPORT.json DOC.md --marker NAME --command "make bench-..." [--kind strategies]
 
 replaces what lies between `<!-- NAME -->` and `<!-- /NAME -->` in DOC.md.
 """
@@ -113,6 +114,50 @@ def _loss(row: dict[str, Any] | None) -> str:
     return f"{row['final_loss']:.4f}" if row is not None and row.get("final_loss") is not None else ""
 
 
+def _layout(parallel: dict[str, Any], world: int) -> str:
+    """How a strategy spread the model: its mesh, or its pipeline."""
+    if parallel.get("strategy") in ("pp", "pp+ddp"):
+        dp = f" x dp {parallel['dp_size']}" if parallel.get("dp_size", 1) > 1 else ""
+        return f"pp {parallel['pp_size']}{dp}, {parallel['schedule']}, {parallel['microbatches']} micro-batches"
+    mesh = parallel.get("mesh")
+    return " x ".join(f"{name} {size}" for name, size in mesh.items()) if mesh else f"{world} copies"
+
+
+def _megabytes(value: float | None) -> str:
+    return "—" if value is None else f"{value / 2**20:.1f} MB"
+
+
+def strategies_table(report: dict[str, Any], command: str) -> str:
+    """The Markdown block of the parallel strategies side by side: throughput against the lone
+    worker, exposed communication and a pipeline's bubble, what a worker sends and holds, and
+    the final loss (every strategy trains the same model on the same global batches)."""
+    runs = report.get("single_worker_runs") or [report["single_worker_samples_per_s"]]
+    lines = [
+        "```",
+        command,
+        "```",
+        "",
+        f"{report['world_size']} workers, batch {report['batch_size_per_worker']} per worker, "
+        f"{report.get('rounds', 1)} round(s). One worker alone: {report['single_worker_samples_per_s']:.1f} samples/s "
+        f"({', '.join(f'{r:.1f}' for r in runs)} around the rounds).",
+        "",
+        "| strategy | layout | samples/s per worker | scaling efficiency | exposed comm | bubble | sent per step | model state | peak RSS | final loss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["results"]:
+        bubble = "—" if row.get("bubble_share") is None else f"{row['bubble_share']:.0%}"
+        lines.append(
+            f"| {row['config']} | {_layout(row.get('parallel') or {}, report['world_size'])} "
+            f"| {row['samples_per_s_per_worker']:.1f} | {_efficiency(row)} | {_exposed(row)} | {bubble} "
+            f"| {_megabytes(row.get('traffic_bytes_per_step'))} | {row['state_mb_per_worker']:.1f} MB "
+            f"| {row['peak_rss_mb_per_worker']:.0f} MB | {_loss(row)} |"
+        )
+    return "\n".join(lines)
+
+
+TABLES = {"peers": peer_table, "strategies": strategies_table}
+
+
 def splice(text: str, marker: str, block: str) -> str:
     """`text` with what lies between `<!-- marker -->` and `<!-- /marker -->` replaced by `block`."""
     start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
@@ -129,8 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("doc", type=Path, help="the Markdown file to update")
     parser.add_argument("--marker", required=True, help="the name in the <!-- NAME --> ... <!-- /NAME --> markers")
     parser.add_argument("--command", required=True, help="the command that produced the report, shown above the table")
+    parser.add_argument("--kind", choices=sorted(TABLES), default="peers",
+                        help="peers: gradsync's configurations beside PyTorch's (default); strategies: the parallel strategies")
     args = parser.parse_args(argv)
-    block = peer_table(json.loads(args.report.read_text()), args.command)
+    block = TABLES[args.kind](json.loads(args.report.read_text()), args.command)
     args.doc.write_text(splice(args.doc.read_text(), args.marker, block))
 
 

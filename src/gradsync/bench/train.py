@@ -61,7 +61,7 @@ from gradsync.host_memory import allocator_environment
 from gradsync.rundir import RunDir
 
 COMPRESSIONS = ("fp32", "fp16", "bf16", "powersgd", "int8", "topk", "auto")
-STRATEGIES = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp")
+STRATEGIES = ("ddp", "fsdp", "hsdp", "tp", "fsdp+tp", "pp", "pp+ddp")
 PERIODIC = {"diloco": "diloco", "local-sgd": "average"}  # config -> ddp.periodic.method (every --periodic-every steps)
 CONFIGS = COMPRESSIONS + STRATEGIES + tuple(PERIODIC) + PEERS
 SWEEP_MAX = "64M"  # largest all-reduce in the report's bandwidth sweep
@@ -72,12 +72,21 @@ def compression_for(config: str) -> str:
     return "none" if config in ("fp32", *STRATEGIES, *PERIODIC) else config
 
 
-def parallel_for(config: str, world: int, local_world: int) -> dict[str, Any]:
+def parallel_for(config: str, world: int, local_world: int, split_points: dict[int, tuple[str, ...]] | None = None) -> dict[str, Any]:
     """The strategy of a configuration; the 2-D ones split at the host (a host's workers share
-    the fast links), or in halves when every worker is on one host."""
+    the fast links), or in halves when every worker is on one host. A pipeline spans the hosts
+    (its activations cross the slow link, "pp+ddp"'s all-reduce stays on a host's), cut at the
+    workload's `split_points` for that many stages."""
     if config not in STRATEGIES:
         return {"strategy": "ddp"}
     inner = local_world if 1 < local_world < world else max(world // 2, 1)
+    if config in ("pp", "pp+ddp"):
+        stages = world if config == "pp" else world // inner
+        if stages not in (split_points or {}):
+            raise ConfigError(f"--configs {config}: this workload has no pipeline cut into {stages} stages "
+                              f"(it has {sorted(split_points or {}) or 'none'}).")
+        return {"strategy": config, "split_points": split_points[stages],  # type: ignore[index]
+                **({"pp_size": stages} if config == "pp+ddp" else {})}
     return {"strategy": config, **({"shard_size": inner} if config == "hsdp" else {}),
             **({"tp_size": inner} if config == "fsdp+tp" else {})}
 
@@ -92,6 +101,9 @@ def traffic_bytes(row: dict[str, Any], parallel: dict[str, Any], world: int) -> 
     mesh = parallel.get("mesh", {})
     if parallel["strategy"] == "ddp":
         return row.get("comm_bytes", 0) * 2 * share(world)
+    if parallel["strategy"] in ("pp", "pp+ddp"):
+        # Point-to-point bytes go once; a stage's all-reduce runs among its dp_size copies.
+        return row.get("p2p_bytes", 0) + row.get("all_reduce_bytes", 0) * 2 * share(parallel.get("dp_size", 1))
     shard = mesh.get("shard", mesh.get("dp", 1))  # FSDP's group
     exchange = mesh.get("replicate", mesh.get("tp", 1))  # HSDP's replicas, or the tensor-parallel group
     return (row.get("all_gather_bytes", 0) + row.get("reduce_scatter_bytes", 0)) * share(shard) \
@@ -144,7 +156,7 @@ def worker_main(argv: list[str] | None = None) -> None:
     workload = WORKLOADS[args.workload]
     auto = args.config == "auto"
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    parallel = parallel_for(args.config, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    parallel = parallel_for(args.config, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), workload.split_points)
     trainer = setup(
         host_memory=args.host_memory,
         ddp={
@@ -161,17 +173,18 @@ def worker_main(argv: list[str] | None = None) -> None:
     dataset = workload.build_dataset(args.steps * args.batch_size * trainer.world_size)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(trainable, lr=args.lr, momentum=0.9)
-    # A tensor-parallel group computes one copy of the model: it takes its workers' batches together.
-    group_batch = args.batch_size * (parallel.get("tp_size") or (world if parallel["strategy"] == "tp" else 1))
+    # A tensor-parallel group or a pipeline computes one copy of the model: it takes its workers' batches together.
+    together = {"tp": world, "pp": world}.get(parallel["strategy"]) or parallel.get("tp_size") or parallel.get("pp_size") or 1
+    group_batch = args.batch_size * together
     model, optimizer, loader = trainer.prepare(model, optimizer, dataset, batch_size=group_batch, shuffle=False)
     step_ends: list[float] = []
     faults: list[int] = []
     loss_value = float("nan")
     for _ in trainer.epochs(1):
         for batch in loader:
+            inputs, targets = batch
             with trainer.step() as step:
-                loss = workload.loss(model, batch)
-                step.backward(loss)
+                loss = step.forward_backward(inputs, targets, workload.loss_fn)  # a pipeline's way, every strategy's too
             trainer.log(loss=loss)
             step_ends.append(time.perf_counter())
             faults.append(minor_page_faults())
@@ -205,6 +218,8 @@ def worker_main(argv: list[str] | None = None) -> None:
             "comm_bytes_per_step": statistics.fmean(r.get("comm_bytes", 0) for r in late) if late else 0,
             "traffic_bytes_per_step": statistics.fmean(traffic_bytes(r, summary["parallel"], trainer.world_size) for r in late) if late else 0,
             "compression_ratio": statistics.fmean(ratios) if (ratios := [r["compression_ratio"] for r in late if "compression_ratio" in r]) else None,
+            # A pipeline's idle share of the step (gradsync.parallel.pp), measured on every rank.
+            "bubble_share": statistics.fmean(bubbles) if (bubbles := [r["pipeline_bubble_share"] for r in late if "pipeline_bubble_share" in r]) else None,
             "final_loss": summary["loss"] if summary["loss"] is not None else loss_value,
             "loss_curve": [[r["step"], r.get("loss")] for r in rows],
             "chosen": chosen,

@@ -7,7 +7,7 @@ configurations are compared, and the model shapes are the ones that matter for c
 - resnet18: the CIFAR variant of ResNet-18 (11.2M parameters, 3x32x32 images), conv-heavy.
 - gpt: a small decoder-only transformer on synthetic token streams, matmul-heavy
   with one large embedding gradient (5.3M parameters); its blocks fit the standard
-  tensor-parallel plan.
+  tensor-parallel plan, and its forward is its children in order, so a pipeline cuts it.
 - gpt-lora: the same GPT fine-tuned with LoRA (base frozen, rank-8 adapters on attention and
   MLP: 0.2M trainable parameters), the parameter-efficient case whose gradients are tiny.
 - mlp: a 3-layer perceptron (0.6M parameters) that makes tests and quick checks cheap.
@@ -15,7 +15,7 @@ configurations are compared, and the model shapes are the ones that matter for c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -28,8 +28,14 @@ from torch.utils.data import Dataset, TensorDataset
 class Workload:
     name: str
     build_model: Callable[[], nn.Module]
-    build_dataset: Callable[[int], Dataset]  # (number of samples) -> dataset
-    loss: Callable[[nn.Module, tuple[torch.Tensor, ...]], torch.Tensor]
+    build_dataset: Callable[[int], Dataset]  # (number of samples) -> (inputs, targets) samples
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) -> mean loss
+    # Where a pipeline of N stages cuts the model, by N (gradsync.parallel.pp); absent: not cut.
+    split_points: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        inputs, targets = batch
+        return self.loss_fn(model(inputs), targets)
 
 
 # -- ResNet-18, CIFAR variant (3x3 stem, no max-pool) --------------------------------------------
@@ -73,9 +79,8 @@ def _images(samples: int) -> Dataset:
     return TensorDataset(images, (images.flatten(1) @ teacher).argmax(1))
 
 
-def _classification_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    inputs, labels = batch
-    return F.cross_entropy(model(inputs), labels)
+def _classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels)
 
 
 # -- a small GPT ---------------------------------------------------------------------------------
@@ -121,22 +126,33 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class TinyGPT(nn.Module):
-    """A decoder-only transformer (pre-norm blocks, learned positions): 5.3M parameters."""
+class Embedding(nn.Module):
+    """Token embeddings plus learned positions."""
 
-    def __init__(self, width: int = 256, layers: int = 4, heads: int = 4) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
         self.tokens = nn.Embedding(VOCAB, width)
         self.positions = nn.Parameter(torch.zeros(CONTEXT, width))
-        self.blocks = nn.ModuleList([Block(width, heads) for _ in range(layers)])
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tokens(tokens) + self.positions[: tokens.shape[1]]
+
+
+class TinyGPT(nn.Module):
+    """A decoder-only transformer (pre-norm blocks, learned positions): 5.3M parameters.
+
+    Written as its children in order (embedding, blocks, norm, head), as a pipeline needs to cut
+    it between blocks."""
+
+    def __init__(self, width: int = 256, layers: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = Embedding(width)
+        self.blocks = nn.Sequential(*(Block(width, heads) for _ in range(layers)))
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, VOCAB, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(tokens) + self.positions[: tokens.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
+        return self.head(self.norm(self.blocks(self.embed(tokens))))
 
 
 class LoRALinear(nn.Module):
@@ -179,9 +195,8 @@ def _token_streams(samples: int) -> Dataset:
     return TensorDataset(tokens[:, :-1], tokens[:, 1:])
 
 
-def _language_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    inputs, targets = batch
-    return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+def _language_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 # -- a small MLP ---------------------------------------------------------------------------------
@@ -200,7 +215,10 @@ def _vectors(samples: int) -> Dataset:
 
 WORKLOADS = {
     "resnet18": Workload("resnet18", ResNet18, _images, _classification_loss),
-    "gpt": Workload("gpt", TinyGPT, _token_streams, _language_loss),
+    # The head (a 256 x 4096 matmul per token) costs about a block and a third: the last stage
+    # takes one block fewer.
+    "gpt": Workload("gpt", TinyGPT, _token_streams, _language_loss,
+                    split_points={2: ("blocks.3",), 4: ("blocks.1", "blocks.2", "blocks.3")}),
     "gpt-lora": Workload("gpt-lora", lora_gpt, _token_streams, _language_loss),
-    "mlp": Workload("mlp", _mlp, _vectors, _classification_loss),
+    "mlp": Workload("mlp", _mlp, _vectors, _classification_loss, split_points={2: ("2",), 4: ("1", "2", "4")}),
 }

@@ -217,6 +217,7 @@ class PipelineStrategy(Strategy):
         self._compute_s = 0.0
         self._schedule_s = 0.0
         self._p2p_bytes = 0.0
+        self._all_reduce_bytes = 0.0  # "pp+ddp": each stage's gradient all-reduces across pipelines
         self._idle_s_last = 0.0
         self._reductions = 0  # gradient reductions across pipelines ("pp+ddp")
         self._synced = True  # whether the micro-step running reduces (its window's last)
@@ -379,6 +380,7 @@ class PipelineStrategy(Strategy):
         schedule.step(*args, target=targets if self.is_last else None)
         if self._synced and self.ddp_modules:
             self._reductions += 1  # the schedule's last backward all-reduced each stage's gradients
+            self._all_reduce_bytes += self._gradient_bytes()
         wall = time.perf_counter() - started
         self._schedule_s += wall
         self._idle_s_last += max(0.0, wall - (self._compute_s - compute_before))
@@ -406,7 +408,9 @@ class PipelineStrategy(Strategy):
         return idle
 
     def comm_counters(self) -> dict[str, float]:
-        return {"raw_bytes": self._p2p_bytes, "sent_bytes": self._p2p_bytes, "p2p_bytes": self._p2p_bytes,
+        total = self._p2p_bytes + self._all_reduce_bytes
+        return {"raw_bytes": total, "sent_bytes": total, "p2p_bytes": self._p2p_bytes,
+                **({"all_reduce_bytes": self._all_reduce_bytes} if self.ddp_modules else {}),
                 "pipeline_compute_s": self._compute_s, "pipeline_schedule_s": self._schedule_s}
 
     # -- the update ----------------------------------------------------------------------------------
@@ -436,7 +440,13 @@ class PipelineStrategy(Strategy):
                 dist.all_reduce(grad, group=self.dp_group)
                 p.grad = grad.div_(self.layout.dp_size)
         self._reductions += 1
+        self._all_reduce_bytes += self._gradient_bytes()
         return True
+
+    def _gradient_bytes(self) -> int:
+        """The bytes one all-reduce of this rank's stage gradients carries (nccl-tests' size)."""
+        assert self.shard is not None
+        return sum(p.numel() * p.element_size() for p in self.shard.parameters() if p.requires_grad)
 
     def describe(self) -> dict[str, Any]:
         layout = self.layout
