@@ -126,27 +126,34 @@ class TrainerConfig:
         strategy = self.parallel.strategy
         if strategy == "ddp":
             return
-        if self.precision == "fp16":
+        pipeline = self.parallel.pipeline
+        # A pipeline's ranks agree on overflows (gradsync.precision), so fp16 works there.
+        if self.precision == "fp16" and not pipeline:
             raise ConfigError(
                 f"precision='fp16' with parallel={strategy!r}: fp16 needs a loss scaler whose overflow check sees "
                 "every gradient, and each rank holds only its shard. Use precision='bf16' (no scaler needed)."
             )
         compression = self.ddp.compression.name
-        if compression not in ("none", "bf16") or (compression == "bf16" and strategy == "tp"):
-            raise ConfigError(
-                f"ddp.compression={compression!r} with parallel={strategy!r}: "
-                + ("tensor parallelism alone reduces no gradients, so there is nothing to compress."
-                   if strategy == "tp" else
-                   "FSDP reduce-scatters gradient shards inside its own backward, which DDP's compression hooks "
-                   "cannot reach. 'bf16' maps to FSDP's reduce_dtype; int8, top-k and PowerSGD work with parallel='ddp'.")
-            )
+        if compression not in ("none", "bf16") or (compression == "bf16" and strategy in ("tp", "pp", "pp+ddp")):
+            if strategy == "tp":
+                why = "tensor parallelism alone reduces no gradients, so there is nothing to compress."
+            elif pipeline:
+                why = ("a pipeline's stages reduce their gradients (under 'pp+ddp') inside torch's schedule, where "
+                       "gradsync's compression hooks are not installed; compression works with parallel='ddp'.")
+            else:
+                why = ("FSDP reduce-scatters gradient shards inside its own backward, which DDP's compression hooks "
+                       "cannot reach. 'bf16' maps to FSDP's reduce_dtype; int8, top-k and PowerSGD work with parallel='ddp'.")
+            raise ConfigError(f"ddp.compression={compression!r} with parallel={strategy!r}: {why}")
         defaults = DDPConfig()
+        # "pp+ddp" wraps each stage in DDP, with its bucket size.
+        own = ("bucket_cap_mb",) if strategy == "pp+ddp" else ()
         changed = [name for name in ("bucket_cap_mb", "find_unused_parameters", "static_graph", "gradient_as_bucket_view",
-                                     "comm_hook", "periodic") if getattr(self.ddp, name) != getattr(defaults, name)]
+                                     "comm_hook", "periodic")
+                   if name not in own and getattr(self.ddp, name) != getattr(defaults, name)]
         if changed:
             raise ConfigError(
-                f"ddp.{', ddp.'.join(changed)} set with parallel={strategy!r}: these are DDP's options and FSDP and "
-                "tensor parallelism have no such setting. Drop them, or use parallel='ddp'."
+                f"ddp.{', ddp.'.join(changed)} set with parallel={strategy!r}: these are DDP's options and this "
+                "strategy has no such setting. Drop them, or use parallel='ddp'."
             )
 
     @classmethod

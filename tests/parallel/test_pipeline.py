@@ -94,6 +94,20 @@ def test_pipeline_options_are_checked_at_setup():
     assert ParallelConfig.of({"strategy": "pp", "split_points": "3"}).split_points == ("3",)
 
 
+def test_fp16_is_offered_to_pipelines_and_compression_is_refused_with_the_reason():
+    from gradsync.config import TrainerConfig
+
+    # The stages' scalers agree on overflows, so fp16 (on CUDA) is allowed, unlike under FSDP.
+    TrainerConfig.from_kwargs(parallel="pp", precision="fp16")
+    with pytest.raises(ConfigError, match="fp16 needs a loss scaler"):
+        TrainerConfig.from_kwargs(parallel="fsdp", precision="fp16")
+    with pytest.raises(ConfigError, match="inside torch's schedule"):
+        TrainerConfig.from_kwargs(parallel={"strategy": "pp+ddp", "pp_size": 2}, ddp={"compression": "powersgd"})
+    TrainerConfig.from_kwargs(parallel={"strategy": "pp+ddp", "pp_size": 2}, ddp={"bucket_cap_mb": 5.0})
+    with pytest.raises(ConfigError, match="bucket_cap_mb"):
+        TrainerConfig.from_kwargs(parallel="pp", ddp={"bucket_cap_mb": 5.0})
+
+
 def test_a_batch_is_cut_into_equal_micro_batches():
     assert split_batch(8, 4, full=True) == 4
     assert split_batch(6, 4, full=False) == 3, "a short last batch: the most equal micro-batches up to 4"
