@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gradsync import compat, events
 from gradsync.callsite import caller_location
 from gradsync.run.harmless import Bookkeeping, BookkeepingByKind
+from gradsync.run.pipeline_labels import PipelineLabels, watch_pipelining
 from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
 
 CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
@@ -137,6 +138,8 @@ class CollectiveRecorder:
         self._warned: set[str] = set()
         self.bookkeeping = BookkeepingByKind()  # each hook's, by kind (gradsync.run.harmless)
         self.calling = threading.local()  # .active inside a recorded call on this thread
+        # What a pipeline stage's sends and receives carry (stage, micro-batch), named in their records' kind.
+        self.pipeline_labels = PipelineLabels()
         # Async collectives waiting for their futures: the training thread appends while the snapshot
         # thread may be settling, so a deque (atomic ends) and one settler at a time.
         self.issued: deque[tuple[Record, Any]] = deque()
@@ -428,6 +431,7 @@ _SIGNATURES: dict[str, tuple[int, Callable[[tuple, dict], str], int | None]] = {
     "irecv": (2, lambda a, k: _tensor_text(_arg(a, k, 0, "tensor")) + _peer(a, k, "src"), None),
 }
 _ALWAYS_ASYNC = frozenset({"isend", "irecv"})
+_POINT_TO_POINT_TENSOR = frozenset({"send", "recv", "isend", "irecv"})  # their first argument is the message
 # torch tells a P2POp's direction by comparing its function with its own module's isend/irecv
 # (`op.op is isend`): the user's `dist.isend` must be the very same object there too.
 _COMPARED_BY_IDENTITY = frozenset({"isend", "irecv"})
@@ -467,7 +471,9 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
             is_async = op in _ALWAYS_ASYNC or (
                 async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
             )
-            record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs), args=exchanged)
+            kind = recorder.pipeline_labels.of(_arg(args, kwargs, 0, "tensor")) if op in _POINT_TO_POINT_TENSOR else ""
+            record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs), kind,
+                                    args=exchanged)
         if not is_async or record is None:  # (None: entering failed, and the call runs alone)
             return recorder.run_blocking(record, lambda: original(*args, **kwargs), bookkeeping)
         try:
@@ -984,8 +990,10 @@ def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Calla
     originals.append((torch.autograd, "backward", torch.autograd.backward))
     # Looked up once here, not on every backward pass.
     torch.autograd.backward = _wrap_backward(recorder, torch.autograd.backward, compat.AUTOGRAD_CALLBACK.get(None))
+    unlabel = watch_pipelining(recorder.pipeline_labels)
 
     def uninstall() -> None:
+        unlabel()
         for owner, name, original in reversed(originals):
             setattr(owner, name, original)
 
