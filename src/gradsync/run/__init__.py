@@ -4,7 +4,8 @@
 - `worker`: the worker entry point: installs the recorder, routes output (`output`,
   `output_filter`), runs the user's script, publishes its state to the run folder.
 - `collectives`: what each worker communicated (every collective, DDP's buckets and broadcasts);
-  `callsite` finds the user's line of each.
+  `callsite` finds the user's line of each; `pipeline_labels` says what a pipeline stage's sends
+  and receives carry (stage, micro-batch).
 - `harmless`: how every hook installed in a worker keeps its own failures out of the script's calls.
 - `monitor`: the launcher-side watcher (stalls, drift); `analysis`: the diagnosis (its `rules`
   holds the ordered rule chain, its other modules one question each); `publish`: diagnosis.json
