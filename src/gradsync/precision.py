@@ -43,6 +43,7 @@ class MixedPrecision:
         # different parameters (a pipeline's stages), so the scaler all-reduces whether any rank
         # found inf/NaN, and every rank skips that step and lowers its scale alike.
         self.scaler: torch.amp.GradScaler | None = None
+        self._scale_ready = False  # loss_scale() made the scaler create its scale
         if precision == "fp16":
             if agree_on_overflow:
                 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -57,7 +58,9 @@ class MixedPrecision:
         readied here, the ones that never see a loss too."""
         if self.scaler is None:
             return None
-        self.scaler.scale(torch.zeros((), device=self.device_type))  # creates the scale on first use
+        if not self._scale_ready:
+            self.scaler.scale(torch.zeros((), device=self.device_type))  # creates the scale on first use
+            self._scale_ready = True
         return self.scaler.scale
 
     def autocast(self) -> ContextManager[Any]:

@@ -49,13 +49,11 @@ def _exposed(row: dict[str, Any]) -> str:
     return "—" if row.get("exposed_comm_share") is None else f"{row['exposed_comm_share']:.0%}"
 
 
-def peer_table(report: dict[str, Any], command: str) -> str:
-    """The Markdown block: the command, the lone worker, the ceiling, then one row per gradsync
-    configuration with its peer beside it (peers without a gradsync twin get a row of their own)."""
-    rows = {r["config"]: r for r in report["results"]}
+def _heading(report: dict[str, Any], command: str) -> list[str]:
+    """Every table's first lines: the command, then the workers, the rounds and the lone worker."""
     runs = report.get("single_worker_runs") or [report["single_worker_samples_per_s"]]
     rounds = report.get("rounds", 1)
-    lines = [
+    return [
         "```",
         command,
         "```",
@@ -66,6 +64,13 @@ def peer_table(report: dict[str, Any], command: str) -> str:
         + f". One worker alone: {report['single_worker_samples_per_s']:.1f} samples/s "
         f"({', '.join(f'{r:.1f}' for r in runs)} around the rounds).",
     ]
+
+
+def peer_table(report: dict[str, Any], command: str) -> str:
+    """The Markdown block: the command, the lone worker, the ceiling, then one row per gradsync
+    configuration with its peer beside it (peers without a gradsync twin get a row of their own)."""
+    rows = {r["config"]: r for r in report["results"]}
+    lines = _heading(report, command)
     if CEILING in rows:
         lines += ["", f"**Ceiling** (`{CEILING}`: the same workers training side by side, never communicating): "
                       f"{_efficiency(rows[CEILING])}. No communication setting can beat it on this machine."]
@@ -131,15 +136,7 @@ def strategies_table(report: dict[str, Any], command: str) -> str:
     """The Markdown block of the parallel strategies side by side: throughput against the lone
     worker, exposed communication and a pipeline's bubble, what a worker sends and holds, and
     the final loss (every strategy trains the same model on the same global batches)."""
-    runs = report.get("single_worker_runs") or [report["single_worker_samples_per_s"]]
-    lines = [
-        "```",
-        command,
-        "```",
-        "",
-        f"{report['world_size']} workers, batch {report['batch_size_per_worker']} per worker, "
-        f"{report.get('rounds', 1)} round(s). One worker alone: {report['single_worker_samples_per_s']:.1f} samples/s "
-        f"({', '.join(f'{r:.1f}' for r in runs)} around the rounds).",
+    lines = _heading(report, command) + [
         "",
         "| strategy | layout | samples/s per worker | scaling efficiency | exposed comm | bubble | sent per step | model state | peak RSS | final loss |",
         "|---|---|---|---|---|---|---|---|---|---|",

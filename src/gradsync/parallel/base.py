@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 if TYPE_CHECKING:
@@ -179,11 +180,32 @@ def clip_dtensor_aware(parameters: list[nn.Parameter], max_norm: float) -> float
             norm = norm.full_tensor()
         squares += float(norm) ** 2
     total = math.sqrt(squares)
-    coefficient = max_norm / (total + 1e-6)  # clip_grad_norm_'s own formula
+    scale_to_norm(grads, total, max_norm)
+    return total
+
+
+def scale_to_norm(grads: list[torch.Tensor], total: float, max_norm: float) -> None:
+    """Scale `grads`, whose global norm is `total`, down to `max_norm` (clip_grad_norm_'s own formula)."""
+    coefficient = max_norm / (total + 1e-6)
     if coefficient < 1.0:
         for grad in grads:
             grad.mul_(coefficient)
-    return total
+
+
+def average_gradients(parameters: list[nn.Parameter], group: Any, size: int) -> None:
+    """Average the parameters' gradients over `group` (of `size` ranks) by hand, one all-reduce
+    per dtype; a rank without a gradient for a parameter contributes zeros."""
+    by_dtype: dict[torch.dtype, list[nn.Parameter]] = defaultdict(list)
+    for p in parameters:
+        by_dtype[p.dtype].append(p)
+    for same in by_dtype.values():
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in same])
+        dist.all_reduce(flat, group=group)
+        flat.div_(size)
+        offset = 0
+        for p in same:
+            p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
 
 
 def step_mixed_groups_one_by_one(optimizer: torch.optim.Optimizer) -> list[int]:

@@ -11,11 +11,8 @@ import contextlib
 import inspect
 import re
 import time
-from collections import defaultdict
 from typing import Any, Callable, ContextManager, Iterator
 
-import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -26,7 +23,7 @@ from gradsync.comm.compression import make_hook
 from gradsync.comm.periodic import PeriodicSync
 from gradsync.errors import ConfigError
 from gradsync.metrics import CommTimer, StepRecord
-from gradsync.parallel.base import Strategy
+from gradsync.parallel.base import Strategy, average_gradients
 
 UNUSED_CHECK_STEPS = 10  # optimizer steps watched to tell whether find_unused_parameters is needed
 _UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
@@ -123,18 +120,7 @@ class DDPStrategy(Strategy):
         if self.ddp_model is None or self._model is None or self.periodic is not None:
             return False  # under periodic synchronisation, gradients stay local
         start = self.clock.mark()
-        params = [p for p in self._model.parameters() if p.requires_grad]
-        by_dtype: dict[torch.dtype, list[nn.Parameter]] = defaultdict(list)
-        for p in params:
-            by_dtype[p.dtype].append(p)
-        for group in by_dtype.values():
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group])
-            dist.all_reduce(flat)
-            flat.div_(self.dist.world_size)
-            offset = 0
-            for p in group:
-                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
+        average_gradients([p for p in self._model.parameters() if p.requires_grad], None, self.dist.world_size)
         self._reduced_by_hand += 1
         self._spans.append((start, self.clock.mark()))
         return True

@@ -41,7 +41,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gradsync.errors import ConfigError, GradsyncError
-from gradsync.parallel.base import Placement, Strategy
+from gradsync.comm.auto import auto_bucket_cap_mb
+from gradsync.parallel.base import Placement, Strategy, average_gradients, scale_to_norm
 
 # -- cutting the model ------------------------------------------------------------------------
 
@@ -248,7 +249,7 @@ class PipelineStrategy(Strategy):
             device = self.dist.device
             self.ddp_modules = [
                 DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                        process_group=self.dp_group, bucket_cap_mb=self._bucket_cap_mb())
+                                        process_group=self.dp_group, bucket_cap_mb=self._bucket_cap_mb(module))
                 for module in self.stage_modules
             ]
         self.logger.info(
@@ -297,9 +298,10 @@ class PipelineStrategy(Strategy):
         return split_batch(batch_len, self.microbatches, full=full,
                            multiple_of=self.layout.pp_size if self.config.parallel.schedule == "interleaved-1f1b" else 1)
 
-    def _bucket_cap_mb(self) -> float:
+    def _bucket_cap_mb(self, stage: nn.Module) -> float:
+        """ddp.bucket_cap_mb for a stage's DDP; "auto" sizes it from the stage's gradients, as under DDP."""
         cap = self.config.ddp.bucket_cap_mb
-        return 25.0 if cap == "auto" else float(cap)
+        return auto_bucket_cap_mb(stage) if cap == "auto" else float(cap)
 
     def _meter(self, stage: Any) -> None:
         """Time this stage's compute and count the bytes it sends (our own stage objects only)."""
@@ -424,21 +426,14 @@ class PipelineStrategy(Strategy):
         if self.layout.pp_size > 1:
             dist.all_reduce(squares, group=self.pp_group)
         total = math.sqrt(float(squares))
-        coefficient = max_norm / (total + 1e-6)
-        if coefficient < 1.0:
-            for grad in grads:
-                grad.mul_(coefficient)
+        scale_to_norm(grads, total, max_norm)
         return total
 
     def reduce_unsynced(self) -> bool:
         """The window's boundary batch was skipped: average the stages' gradients across pipelines by hand."""
         if self.layout.dp_size == 1 or self.shard is None:
             return False
-        for p in self.shard.parameters():
-            if p.requires_grad:
-                grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                dist.all_reduce(grad, group=self.dp_group)
-                p.grad = grad.div_(self.layout.dp_size)
+        average_gradients([p for p in self.shard.parameters() if p.requires_grad], self.dp_group, self.layout.dp_size)
         self._reductions += 1
         self._all_reduce_bytes += self._gradient_bytes()
         return True

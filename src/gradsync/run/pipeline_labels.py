@@ -95,7 +95,10 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
         if name != STAGE_MODULE:
             return None
         sys.meta_path.remove(self)  # the real finders find it; and this runs once
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except Exception:  # whatever the import would say, it says it without this finder in the way
+            return None
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader, on_load = spec.loader, self.on_load
