@@ -396,10 +396,13 @@ def _host_trial(trial: Trial, work: Path, outcome: Outcome) -> None:
             host = cluster.hosts[1]
             subprocess.run(["ip", "-n", host.name, "link", "set", host.interface, "down"], check=True)
             time.sleep(STALL_TIMEOUT_S + 5)  # longer than the stall timeout: both sides must give up on the other
-            # On a busy machine a side may not have given up yet; were the link back before it
-            # has, a save held up by the cut could still commit and the job would resume from a
-            # step later than the one read here.
-            _wait_for(lambda: all(launch.first(_DETECTED, fault_at) for launch in launches), min(deadline, time.monotonic() + 2 * STALL_TIMEOUT_S))
+            # The link stays down until both sides gave up and their workers have ended. A worker
+            # asked to stop saves on SIGTERM: were the link back within that grace, the held-up
+            # step and its save could still complete, and the job would resume from a step later
+            # than the one read here (seen on a busy machine: steps lost -1).
+            _wait_for(lambda: all(launch.first(_DETECTED, fault_at) for launch in launches)
+                      and not any(JOB in line for index in range(2) for line in cluster.command_lines(index)),
+                      min(deadline, time.monotonic() + 2 * STALL_TIMEOUT_S), poll_s=0.2)
             fault_step = _reached(progress, work / "ckpt")
             subprocess.run(["ip", "-n", host.name, "link", "set", host.interface, "up"], check=True)
             codes = [launch.wait(deadline) for launch in launches]

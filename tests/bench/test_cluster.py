@@ -128,6 +128,15 @@ def _serve_and_connect(cluster: SimulatedCluster, mode: str, size: int = 0) -> t
     return server_out, client_out
 
 
+def _wait(predicate, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _addresses(cluster: SimulatedCluster, index: int) -> set[tuple[str, str, str]]:
     """(interface, family, address) of every address host `index` sees."""
     proc = cluster.run(index, ["ip", "-o", "addr"], stdout=subprocess.PIPE, text=True)
@@ -157,6 +166,14 @@ def test_hosts_are_isolated_connected_and_removed(needs_cluster, hosts):
             assert [a for name, family, a in seen if name == host.interface and family == "inet6"] == []
         _, echoed = _serve_and_connect(cluster, "echo")
         assert echoed.strip() == "ping"
+        sleeper = cluster.run(1, [PY, "-c", "import time; time.sleep(60)", "sleeper-on-host-1"])
+        try:
+            assert _wait(lambda: any("sleeper-on-host-1" in line for line in cluster.command_lines(1)))
+            assert not any("sleeper-on-host-1" in line for line in cluster.command_lines(0))
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        assert not any("sleeper-on-host-1" in line for line in cluster.command_lines(1))
     assert list_namespaces(prefix) == []
     cluster.close()  # idempotent
 

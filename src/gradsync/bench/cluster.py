@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
@@ -167,11 +168,15 @@ def _cmd(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def _pids_in(namespace: str) -> list[int]:
+    return [int(pid) for pid in _cmd("ip", "netns", "pids", namespace, check=False).stdout.split() if pid.isdigit()]
+
+
 def _kill_everything_in(namespace: str) -> None:
-    for pid in _cmd("ip", "netns", "pids", namespace, check=False).stdout.split():
+    for pid in _pids_in(namespace):
         try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ValueError, ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
 
 
@@ -479,6 +484,17 @@ class SimulatedCluster:
         )
         self._processes.append(process)
         return process
+
+    def command_lines(self, host_index: int) -> list[str]:
+        """The command lines of the processes running on host `host_index` now (arguments joined by
+        spaces), so that a harness can wait for some of them to end."""
+        lines = []
+        for pid in _pids_in(self._host(host_index).name):
+            try:
+                lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass  # it ended meanwhile
+        return lines
 
     def kill_host(self, host_index: int) -> None:
         """The host dies: SIGKILL every process on it at once, launcher and workers alike (torchrun
