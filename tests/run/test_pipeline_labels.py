@@ -13,24 +13,55 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradsync.run.pipeline_labels import PipelineLabels
+from gradsync.run.pipeline_labels import PipelineLabels, PipelineMessage, _StageSteps
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 JOB = REPO_ROOT / "tests/run/pipeline_job.py"
 
 
+def _message(**changes) -> PipelineMessage:
+    facts = dict(stage=0, stages=2, step=3, microbatch=1, microbatches=4, schedule="ScheduleGPipe", carries="activations",
+                 direction="to", peer_stage=1)
+    return PipelineMessage(**(facts | changes))
+
+
 def test_a_label_belongs_to_its_tensor_only():
     labels = PipelineLabels()
     message = torch.zeros(3)
-    labels.label(message, "pipeline stage 0 of 2: micro-batch 1's activations to stage 1")
-    assert labels.of(message).endswith("to stage 1")
-    assert labels.of(torch.zeros(3)) == ""
+    labels.label(message, _message())
+    assert labels.of(message).text == "pipeline stage 0 of 2, step 3: micro-batch 1 of 4's activations to stage 1"
+    assert labels.of(torch.zeros(3)) is None
     key = id(message)
     del message
     gc.collect()
     stranger = [torch.zeros(3) for _ in range(64)]  # one may take the freed id: it gets no label
-    assert all(labels.of(t) == "" for t in stranger) and key in labels._labels
+    assert all(labels.of(t) is None for t in stranger) and key in labels._labels
+
+
+def test_a_messages_facts_are_what_its_text_says_and_set_up_has_no_micro_batch():
+    assert _message().facts() == {"stage": 0, "stages": 2, "step": 3, "microbatch": 1, "microbatches": 4,
+                                  "schedule": "ScheduleGPipe", "carries": "activations", "direction": "to", "peer_stage": 1}
+    setup = _message(microbatch=None, carries="setup", direction="with", peer_stage=None, microbatches=8)
+    assert setup.text == "pipeline stage 0 of 2, step 3: setting up for 8 micro-batches (the shapes its neighbours send)"
+
+
+def test_a_step_begins_when_micro_batch_0s_forward_is_built_again():
+    class Stage:  # any object a schedule drives
+        pass
+
+    steps, middle, first = _StageSteps(), Stage(), Stage()
+    assert steps.note(middle, "", -1)[0] == 1  # set-up, before the first step
+    seen = [steps.note(middle, method, chunk)[0] for method, chunk in [
+        ("get_fwd_recv_ops", 0), ("get_fwd_send_ops", 0), ("get_fwd_recv_ops", 1), ("get_fwd_send_ops", 1),
+        ("get_bwd_recv_ops", 0), ("get_bwd_send_ops", 0),
+        ("get_fwd_recv_ops", 0), ("get_fwd_send_ops", 0), ("get_bwd_recv_ops", 1),
+    ]]
+    assert seen == [1, 1, 1, 1, 1, 1, 2, 2, 2]
+    assert steps.note(middle, "", -1)[0] == 3  # a new schedule's set-up belongs to the next step
+    # A first stage never builds receives in some schedules: its sends alone count the steps.
+    assert [steps.note(first, "get_fwd_send_ops", chunk)[0] for chunk in (0, 1, 0, 1, 0)] == [1, 1, 2, 2, 3]
+    assert steps.note(first, "get_fwd_send_ops", 0)[1] == ""  # no schedule among the callers here
 
 
 @pytest.mark.launches
@@ -66,9 +97,12 @@ def test_a_pipeline_whose_stages_disagree_is_named_by_stage_and_micro_batch(tmp_
     assert done.returncode != 0
     # The last stage waits for micro-batch 4's activations (the first sent 0-3); the first waits
     # for micro-batch 0's gradients, at the lines that call schedule.step.
-    assert "irecv (pipeline stage 1 of 2: micro-batch 4's activations from stage 0" in out
-    assert "irecv (pipeline stage 0 of 2: micro-batch 0's gradients from stage 1" in out
     diagnosis = json.loads((tmp_path / "run" / "diagnosis.json").read_text())
+    said = json.dumps(diagnosis)
+    assert "irecv (pipeline stage 1 of 2, step 1: micro-batch 4 of 8's activations from stage 0" in said
+    assert "irecv (pipeline stage 0 of 2, step 1: micro-batch 0 of 4's gradients from stage 1" in said
+    assert "pipeline_microbatch_mismatch" in out
+    assert diagnosis["findings"][0]["category"] == "pipeline_microbatch_mismatch"
     assert "pipeline_job.py:" in json.dumps(diagnosis)
 
 

@@ -63,6 +63,7 @@ HEALTHY = [
     "healthy_long_native_call",
     "healthy_busy_child",
     "healthy_slow_loader_workers",
+    "healthy_pipeline",
 ]
 # Scripts launched with another --nproc-per-node than 2.
 NPROC = {"healthy_spawn": 1}
@@ -108,6 +109,10 @@ BROKEN = [
     "safe_main_swallows",
     "endless_loop",
     "destroyed_group_then_backward",  # its verdict: tests/run/test_harmless.py
+    "pipeline_stage_skips_batch",
+    "pipeline_microbatches_differ",
+    "pipeline_schedule_differs",
+    "pipeline_sequence_grows",
 ]
 # tests/run/zoo/redteam: scripts written from public failure reports by a helper that had not read
 # gradsync (see its README), with what `gradsync run` must say of each (REDTEAM_VERDICTS, below).
@@ -603,6 +608,37 @@ def test_a_skipped_send_is_two_ranks_waiting_for_each_other_not_a_hang(zoo):
     run = zoo["skipped_send"]
     finding = _assert_error(run, "collective_mismatch", [0, 1], {0: "metric", 1: "recv"})
     assert "rank 1 waits in recv" in finding["message"] and "for rank 0" in finding["message"], run.explain()
+
+
+# -- pipelines (torch.distributed.pipelining): named by stage, step and micro-batch, and by which
+# of the invariants their stages share was broken (gradsync.run.analysis.pipelines)
+
+
+def test_a_pipeline_stage_that_skips_a_batch_is_named_by_the_steps_each_stage_ran(zoo):
+    run = zoo["pipeline_stage_skips_batch"]
+    finding = _assert_error(run, "pipeline_steps_differ", [1], {0: "first_stage", 1: "last_stage"})
+    assert "stage 1 (rank 1) ran 4 steps of its schedule and finished the script, while stage 0 (rank 0) is in step 5" in finding["message"], run.explain()
+    assert "micro-batch 1 of 4's activations to stage 1" in finding["message"], run.explain()
+
+
+def test_pipeline_stages_built_for_different_micro_batch_counts_explain_the_loss_error_it_caused(zoo):
+    run = zoo["pipeline_microbatches_differ"]
+    finding = _assert_error(run, "pipeline_microbatch_mismatch", [0, 1], {0: "first_stage", 1: "last_stage"})
+    assert "stage 0 (rank 0) 4, stage 1 (rank 1) 8" in finding["message"], run.explain()
+    assert "raised ValueError: Expected input batch_size (4) to match target batch_size (2)" in finding["message"], run.explain()
+
+
+def test_pipeline_stages_running_different_schedules_are_named_with_both(zoo):
+    run = zoo["pipeline_schedule_differs"]
+    finding = _assert_error(run, "pipeline_schedule_mismatch", [0, 1], {0: "first_stage", 1: "last_stage"})
+    assert "stage 0 (rank 0) ScheduleGPipe, stage 1 (rank 1) Schedule1F1B" in finding["message"], run.explain()
+
+
+def test_a_pipeline_batch_of_another_shape_is_named_by_both_shapes_and_its_step(zoo):
+    run = zoo["pipeline_sequence_grows"]
+    finding = _assert_error(run, "pipeline_shape_mismatch", [0, 1], {0: "first_stage", 1: "last_stage"})
+    assert "In step 3, stage 0 (rank 0) sent micro-batch 0's activations as float32[2, 9, 16]" in finding["message"], run.explain()
+    assert "stage 1 (rank 1) expected float32[2, 6, 16] (it received 1152 bytes where it had posted room for 768)" in finding["message"], run.explain()
 
 
 def test_ranks_blocked_in_different_groups_are_named_with_their_lines(zoo):

@@ -471,7 +471,10 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
             is_async = op in _ALWAYS_ASYNC or (
                 async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
             )
-            kind = recorder.pipeline_labels.of(_arg(args, kwargs, 0, "tensor")) if op in _POINT_TO_POINT_TENSOR else ""
+            kind = ""
+            message = recorder.pipeline_labels.of(_arg(args, kwargs, 0, "tensor")) if op in _POINT_TO_POINT_TENSOR else None
+            if message is not None or (message := recorder.pipeline_labels.setting_up()) is not None:
+                kind, exchanged = message.text, {"pipeline": message.facts()}
             record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs), kind,
                                     args=exchanged)
         if not is_async or record is None:  # (None: entering failed, and the call runs alone)

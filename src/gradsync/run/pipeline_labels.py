@@ -1,5 +1,5 @@
-"""What a pipeline's point-to-point messages carry: which stage, which micro-batch, activations
-or gradients, to or from which stage.
+"""What a pipeline's point-to-point messages carry: which stage, which step of its schedule,
+which micro-batch, activations or gradients, to or from which stage.
 
 `torch.distributed.pipelining` sends each micro-batch's activations forward (and, in backward,
 their gradients back) with isend/irecv between neighbouring stages. The recorder sees each send
@@ -7,6 +7,10 @@ and receive, its tensor and its peer, but not what it is for; a hang between sta
 better as "stage 1 waits for micro-batch 2's activations from stage 0". A stage builds each
 message's operations in `get_fwd_recv_ops(i)` and its three kin, so those are wrapped to label
 the operations' tensors, and the recorder reads the label when the operation is issued.
+
+A label is a `PipelineMessage`: its text goes into the record's kind, its facts into the record's
+args (gradsync.rundir.records.PipelineFacts), so the analysis can compare what each stage was
+built for (schedule, micro-batch count) and where it is (step, micro-batch) without parsing words.
 
 The wrapping happens when the user's script imports the stage module, not before: importing
 it costs about a second, which scripts without pipelines must not pay. Labels are kept by
@@ -20,31 +24,112 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from gradsync.rundir.records import PipelineFacts
 
 STAGE_MODULE = "torch.distributed.pipelining.stage"
 _PRUNE_AT = 4096  # labels kept before dead ones are dropped
 
 
+@dataclass(frozen=True)
+class PipelineMessage:
+    """What one send or receive of a pipeline carries, as its stage built it. A stage's set-up
+    (the shapes and dtypes its neighbours tell it at its first step) carries "setup", with no
+    micro-batch and no known peer stage."""
+
+    stage: int
+    stages: int
+    step: int  # the stage's schedule steps begun so far, this one included (1 = the first)
+    microbatch: int | None
+    microbatches: int | None  # what the stage was prepared for (None: not known)
+    schedule: str  # the schedule class driving the stage ("ScheduleGPipe"), "" when not found
+    carries: str  # "activations", "gradients" or "setup"
+    direction: str  # "to", "from", or "with" for set-up
+    peer_stage: int | None
+
+    @property
+    def text(self) -> str:
+        where = f"pipeline stage {self.stage} of {self.stages}, step {self.step}"
+        if self.microbatch is None:
+            count = f" for {self.microbatches} micro-batches" if self.microbatches else ""
+            return f"{where}: setting up{count} (the shapes its neighbours send)"
+        of = f" of {self.microbatches}" if self.microbatches else ""
+        return f"{where}: micro-batch {self.microbatch}{of}'s {self.carries} {self.direction} stage {self.peer_stage}"
+
+    def facts(self) -> PipelineFacts:
+        return PipelineFacts(stage=self.stage, stages=self.stages, step=self.step, microbatch=self.microbatch,
+                             microbatches=self.microbatches, schedule=self.schedule, carries=self.carries,
+                             direction=self.direction, peer_stage=self.peer_stage)
+
+
 class PipelineLabels:
-    """Tensor -> what it carries between stages (set when the stage builds its operations)."""
+    """Tensor -> the message it carries between stages (set when the stage builds its operations),
+    and the set-up a stage is in on this thread (whose messages torch builds inside)."""
 
     def __init__(self) -> None:
-        self._labels: dict[int, tuple[weakref.ref, str]] = {}
+        self._labels: dict[int, tuple[weakref.ref, PipelineMessage]] = {}
+        self._setting_up = threading.local()
 
-    def label(self, tensor: Any, text: str) -> None:
+    def label(self, tensor: Any, message: PipelineMessage) -> None:
         try:
-            self._labels[id(tensor)] = (weakref.ref(tensor), text)
+            self._labels[id(tensor)] = (weakref.ref(tensor), message)
         except TypeError:  # not weak-referenceable: go without
             return
         if len(self._labels) > _PRUNE_AT:
             self._labels = {key: entry for key, entry in self._labels.items() if entry[0]() is not None}
 
-    def of(self, tensor: Any) -> str:
-        """The label of `tensor`, or "" when no stage made one for it."""
+    def of(self, tensor: Any) -> PipelineMessage | None:
+        """The message `tensor` carries, or None when no stage labelled it."""
         entry = self._labels.get(id(tensor))
-        return entry[1] if entry is not None and entry[0]() is tensor else ""
+        return entry[1] if entry is not None and entry[0]() is tensor else None
+
+    def setting_up(self) -> PipelineMessage | None:
+        """The set-up a stage is in on this thread: every message sent meanwhile is part of it."""
+        return getattr(self._setting_up, "message", None)
+
+
+class _StageSteps:
+    """Which step of its schedule each stage is in, and which schedule drives it.
+
+    A step begins when a forward builder already called with micro-batch 0 is called with it
+    again: every schedule builds micro-batch 0's forward messages once per step, whether or not
+    the stage receives (the first stage's receive builder returns nothing, and some schedules
+    never call it)."""
+
+    def __init__(self) -> None:
+        self._states: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+    def note(self, stage: Any, method: str, chunk: int) -> tuple[int, str]:
+        """(the step `stage` is in, the schedule driving it) as it builds `method`'s messages for
+        micro-batch `chunk`; `method` "" is the stage's set-up, which comes before the next step."""
+        state = self._states.get(stage)
+        if state is None:
+            state = self._states[stage] = [0, set(), ""]  # step, forward builders seen at chunk 0, schedule
+        if not method:  # the set-up, before the step's first message
+            return state[0] + 1, state[2]
+        if chunk == 0 and method in _FORWARD_BUILDERS:
+            if state[0] == 0 or method in state[1]:
+                state[0], state[1], state[2] = state[0] + 1, set(), _driving_schedule() or state[2]
+            state[1].add(method)
+        return max(state[0], 1), state[2]
+
+
+def _driving_schedule() -> str:
+    """The class of the schedule whose step is running, found among the callers (a stage does
+    not know its schedule; the schedule's methods run with it as `self`)."""
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if owner is not None and any(base.__name__ == "_PipelineSchedule" for base in type(owner).__mro__):
+            return type(owner).__name__
+        frame = frame.f_back
+    return ""
 
 
 # (method, what travels, direction, the peer stage's offset)
@@ -56,14 +141,23 @@ _MESSAGES = (
 )
 
 
-def _labelled(labels: PipelineLabels, original: Callable, carries: str, direction: str, offset: int) -> Callable:
+_FORWARD_BUILDERS = ("get_fwd_recv_ops", "get_fwd_send_ops")
+
+
+def _labelled(labels: PipelineLabels, steps: _StageSteps, method: str, original: Callable, carries: str, direction: str,
+              offset: int) -> Callable:
     def build_ops(stage: Any, chunk: int, *args: Any, **kwargs: Any) -> Any:
         ops = original(stage, chunk, *args, **kwargs)
         try:
-            text = (f"pipeline stage {stage.stage_index} of {stage.num_stages}: micro-batch {chunk}'s {carries} "
-                    f"{direction} stage {stage.stage_index + offset}")
+            step, schedule = steps.note(stage, method, chunk)
+            chunks = getattr(stage, "chunks", None)
+            message = PipelineMessage(
+                stage=int(stage.stage_index), stages=int(stage.num_stages), step=step, microbatch=int(chunk),
+                microbatches=int(chunks) if isinstance(chunks, int) else None, schedule=schedule, carries=carries,
+                direction=direction, peer_stage=int(stage.stage_index) + offset,
+            )
             for op in ops:
-                labels.label(op.tensor, text)
+                labels.label(op.tensor, message)
         except Exception:  # a label is never worth failing the script's step
             pass
         return ops
@@ -72,16 +166,53 @@ def _labelled(labels: PipelineLabels, original: Callable, carries: str, directio
     return build_ops
 
 
+def _in_setup(labels: PipelineLabels, steps: _StageSteps, original: Callable) -> Callable:
+    """A stage's `_prepare_*_infra(num_microbatches, ...)`, with the messages it exchanges labelled:
+    the stage learns its neighbours' shapes there, before any micro-batch, so a stage built for
+    another micro-batch count or schedule is known even when it fails during its set-up."""
+
+    def prepare(stage: Any, num_microbatches: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = labels.setting_up()
+        try:
+            step, schedule = steps.note(stage, "", -1)
+            labels._setting_up.message = PipelineMessage(
+                stage=int(stage.stage_index), stages=int(stage.num_stages), step=step, microbatch=None,
+                microbatches=int(num_microbatches) if isinstance(num_microbatches, int) else None,
+                schedule=_driving_schedule() or schedule, carries="setup", direction="with", peer_stage=None,
+            )
+        except Exception:  # a label is never worth failing the script's step
+            pass
+        try:
+            return original(stage, num_microbatches, *args, **kwargs)
+        finally:
+            labels._setting_up.message = outer
+
+    prepare.__gradsync_original__ = original  # type: ignore[attr-defined]
+    return prepare
+
+
+_SETUP = ("_prepare_forward_infra", "_prepare_backward_infra")
+
+
 def _wrap_stage_class(labels: PipelineLabels, module: Any, undo: list[tuple[Any, str, Any]]) -> None:
     base = getattr(module, "_PipelineStageBase", None)
     if base is None:
         return
+    steps = _StageSteps()
     for method, carries, direction, offset in _MESSAGES:
         original = base.__dict__.get(method)
         if original is None or hasattr(original, "__gradsync_original__"):
             continue
         undo.append((base, method, original))
-        setattr(base, method, _labelled(labels, original, carries, direction, offset))
+        setattr(base, method, _labelled(labels, steps, method, original, carries, direction, offset))
+    # The set-up is each concrete stage class's own (the base's is abstract).
+    for owner in [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, base)]:
+        for method in _SETUP:
+            original = owner.__dict__.get(method)
+            if original is None or getattr(original, "__isabstractmethod__", False) or hasattr(original, "__gradsync_original__"):
+                continue
+            undo.append((owner, method, original))
+            setattr(owner, method, _in_setup(labels, steps, original))
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):

@@ -40,6 +40,22 @@ class RingRecord(TypedDict):
     error: str | None
 
 
+class PipelineFacts(TypedDict):
+    """What a pipeline stage's send or receive carries, in a record's args under "pipeline"
+    (gradsync.run.pipeline_labels): the stages of one pipeline must agree on the schedule and the
+    micro-batch count, run the same steps, and send what their neighbour expects."""
+
+    stage: int
+    stages: int
+    step: int  # the stage's schedule steps begun so far, this one included
+    microbatch: int | None  # None: the stage's set-up, before any micro-batch
+    microbatches: int | None
+    schedule: str  # the schedule's class name, "" when not found
+    carries: str  # "activations", "gradients" or "setup"
+    direction: str  # "to", "from", or "with" for set-up
+    peer_stage: int | None
+
+
 class FlightDump(TypedDict):
     """A rank's Flight Recorder entries (RunDir.flight), newest last, in the ring records' shape:
     group, seq (None for point-to-point), op, signature, state ("finished", or "entered" while the
@@ -225,6 +241,10 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "collective_mismatch": (ERROR, "ranks called different collectives at the same point"),
     "shape_mismatch": (ERROR, "the same collective at the same line with different tensors"),
     "rank_exited": (ERROR, "a rank finished its script while others still expected it"),
+    "pipeline_schedule_mismatch": (ERROR, "a pipeline's stages run different schedules, so their sends and receives never pair"),
+    "pipeline_microbatch_mismatch": (ERROR, "a pipeline's stages were built for different numbers of micro-batches per step"),
+    "pipeline_shape_mismatch": (ERROR, "a pipeline stage sent a tensor of another shape or dtype than its neighbour expected"),
+    "pipeline_steps_differ": (ERROR, "a pipeline's stages ran different numbers of steps: one skipped a batch or had fewer"),
     "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
     "out_of_memory": (ERROR, "a rank failed to allocate memory, as its last words say; the others' errors are consequences"),
     "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),

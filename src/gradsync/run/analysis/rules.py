@@ -23,6 +23,7 @@ from gradsync.run.analysis.crashes import crashed_ranks, fired_fault, first_cras
 from gradsync.run.analysis.exits import late_collective_finding, late_collectives
 from gradsync.run.analysis.health import health_findings
 from gradsync.run.analysis.meshes import blame_differing_meshes
+from gradsync.run.analysis.pipelines import pipeline_finding
 from gradsync.run.analysis.positions import position_finding, unreachable_finding
 from gradsync.run.analysis.rank_lines import rank_lines, unexplained_failure
 from gradsync.run.analysis.views import RankView
@@ -111,6 +112,11 @@ def _cause(
     # An injected fault is the known cause, whatever its peers went through.
     if injected:
         return injected_finding(injected, views)
+    # A pipeline's stages pair their sends and receives by order, so one that waits for good (or
+    # whose backend aborted on the sizes) is explained by what its stage and its peer disagree on:
+    # schedule, micro-batch count, the message's shape, and without a crash the steps run.
+    if trigger != "exit" and (pipeline := pipeline_finding(views, crashes)) is not None:
+        return pipeline
     # A rank that failed by itself: the others' "Connection closed by peer" are its consequences.
     if crashes:
         return first_crash_finding(crashes, views)

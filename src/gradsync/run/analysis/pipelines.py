@@ -1,0 +1,209 @@
+"""What the stages of a pipeline must agree on, and which disagreement left them waiting.
+
+A pipeline's stages talk only to their neighbours, by sends and receives that torch's schedules
+pair by order: stage 1's third receive meets stage 0's third send, whatever each meant by it. So
+they must agree on what orders those messages (the schedule class, the micro-batch count), run
+the same steps (one per batch), and send what the neighbour's buffer was made for (shape and
+dtype). Each record of a pipeline message carries its stage's facts (gradsync.run.pipeline_labels);
+this module compares a waiting stage's with its peer's, in that order, and says which invariant
+broke. Anything else (a crash, a peer busy elsewhere) is left to the other questions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gradsync.run.analysis.crashes import is_consequence
+from gradsync.run.analysis.views import P2P_PEER, RankView, where_is
+from gradsync.run.analysis.wording import describe, first_line
+from gradsync.rundir.records import Finding, PipelineFacts
+
+
+@dataclass
+class _Stage:
+    """A rank where a pipeline left it: the message it waits in (or last handled) and its facts."""
+
+    view: RankView
+    record: dict[str, Any]
+    facts: PipelineFacts
+    waiting: bool
+
+    @property
+    def name(self) -> str:
+        return f"stage {self.facts['stage']} (rank {self.view.rank})"
+
+    def at(self) -> str:
+        """Where the rank stands: waiting in its message, or how it ended after its last one."""
+        view, message = self.view, f"{describe(self.record)} at {self.record.get('site') or '?'}"
+        exception = view.exception()
+        if self.waiting:
+            return f"rank {view.rank} {'waits' if view.alive or view.exitcode is None else 'was waiting'} in {message}"
+        if view.finished:
+            return f"rank {view.rank} finished the script after {message}"
+        if exception is not None and not is_consequence(exception):
+            raised = f"{exception['type']}: {first_line(exception['message'])}"
+            return f"rank {view.rank} raised {raised} at {exception.get('location') or '?'}, after {message}"
+        return f"rank {view.rank} last handled {message}"
+
+
+def pipeline_facts(record: dict[str, Any] | None) -> PipelineFacts | None:
+    return ((record or {}).get("args") or {}).get("pipeline")
+
+
+def _stage(view: RankView) -> _Stage | None:
+    """Where a pipeline left this rank: the message it waits in, else its last one."""
+    waiting = view.waiting_on()
+    if not view.finished and (facts := pipeline_facts(waiting)) is not None:
+        return _Stage(view, waiting, facts, True)
+    for record in reversed(view.records):
+        if (facts := pipeline_facts(record)) is not None:
+            return _Stage(view, record, facts, False)
+    return None
+
+
+def pipeline_finding(views: dict[int, RankView], crashes: list[RankView]) -> Finding | None:
+    """The invariant a waiting stage and its peer broke, if any: the schedule, the micro-batch
+    count, the shape of the message between them, or (when no rank crashed) the steps run.
+
+    The steps are compared only without a crash: in a healthy pipeline the first stage may be a
+    step ahead of the last (it starts the next batch once its last gradients came back), so a
+    crash elsewhere can freeze neighbours in different steps. The other three hold at every
+    moment, so they are a cause whatever else failed (a stage's backend that aborted on a size
+    mismatch is counted as a crash). A rank of a node that stopped reporting is left out: its
+    records stop where it was last heard of."""
+    stages = {rank: stage for rank, view in views.items() if not view.unreachable and (stage := _stage(view)) is not None}
+    neighbours = []
+    for rank in sorted(stages):
+        match = P2P_PEER.search(stages[rank].record.get("signature") or "")
+        if match and (peer := stages.get(int(match.group(2)))) is not None:
+            neighbours.append((stages[rank], peer))
+    # What a stage was built for holds whatever it is doing: compared for every pair of neighbours.
+    for stage, peer in neighbours:
+        for question in (_schedules, _microbatches):
+            if (finding := question(stage, peer)) is not None:
+                return finding
+    # Where it is, only for a stage that waits for its neighbour.
+    questions = (_shapes,) if crashes else (_shapes, _steps)
+    for stage, peer in neighbours:
+        for question in questions if stage.waiting else ():
+            if (finding := question(stage, peer)) is not None:
+                return finding
+    return None
+
+
+def _locations(*stages: _Stage) -> dict[str, str]:
+    return {str(s.view.rank): s.record.get("site") or where_is(s.view) for s in stages}
+
+
+def _schedules(stage: _Stage, peer: _Stage) -> Finding | None:
+    mine, theirs = stage.facts["schedule"], peer.facts["schedule"]
+    if not mine or not theirs or mine == theirs:
+        return None
+    return Finding(
+        "pipeline_schedule_mismatch",
+        "error",
+        sorted({stage.view.rank, peer.view.rank}),
+        f"The pipeline's stages run different schedules: {stage.name} {mine}, {peer.name} {theirs}. Each "
+        "schedule orders its sends and receives its own way, so a stage waits for a message its neighbour "
+        f"sends later or never ({stage.at()}; {peer.at()}).",
+        "Build the same schedule class on every stage, chosen once for the whole job (not per rank or per "
+        "stage), with the same n_microbatches; in gradsync's trainer, ParallelConfig's schedule does this.",
+        locations=_locations(stage, peer),
+    )
+
+
+def _microbatches(stage: _Stage, peer: _Stage) -> Finding | None:
+    mine, theirs = stage.facts["microbatches"], peer.facts["microbatches"]
+    if not mine or not theirs or mine == theirs:
+        return None
+    fewer, more = (stage, peer) if mine < theirs else (peer, stage)
+    return Finding(
+        "pipeline_microbatch_mismatch",
+        "error",
+        sorted({stage.view.rank, peer.view.rank}),
+        f"The pipeline's stages were built for different numbers of micro-batches per step: {stage.name} "
+        f"{mine}, {peer.name} {theirs}. {more.name.capitalize()} expects micro-batches that "
+        f"{fewer.name} never handles (it runs micro-batches 0 to {min(mine, theirs) - 1} each step), and each "
+        f"splits its batch into micro-batches of another size ({stage.at()}; {peer.at()}).",
+        "Give every stage's schedule the same n_microbatches, computed from what every rank shares (the "
+        "batch size and the job's configuration), never from a rank's own data, stage or rank; and feed "
+        "every stage batches of the same size. In gradsync's trainer, ParallelConfig's microbatches does this.",
+        locations=_locations(stage, peer),
+    )
+
+
+def _tensor(signature: str | None) -> str:
+    """'float32[2, 16]' from 'float32[2, 16] src=0': what the message holds, without its peer."""
+    return P2P_PEER.sub("", signature or "")
+
+
+def _counterpart(stage: _Stage, peer: _Stage) -> dict[str, Any] | None:
+    """The peer's record of the message `stage` waits in: the same step, micro-batch and cargo,
+    sent where `stage` receives and received where it sends."""
+    facts = stage.facts
+    for record in reversed(peer.view.records):
+        other = pipeline_facts(record)
+        if (other is not None and other["step"] == facts["step"] and other["microbatch"] == facts["microbatch"]
+                and other["carries"] == facts["carries"] and other["stage"] == facts["peer_stage"]
+                and other["peer_stage"] == facts["stage"] and other["direction"] != facts["direction"]):
+            return record
+    return None
+
+
+def _shapes(stage: _Stage, peer: _Stage) -> Finding | None:
+    other = _counterpart(stage, peer)
+    if other is None or _tensor(other.get("signature")) == _tensor(stage.record.get("signature")):
+        return None
+    sender, receiver = (peer, stage) if stage.facts["direction"] == "from" else (stage, peer)
+    sent = _tensor((other if sender is peer else stage.record).get("signature"))
+    expected = _tensor((stage.record if receiver is stage else other).get("signature"))
+    facts = stage.facts
+    why = ("a stage fixes its receive buffers to what it inferred (or was given) at its first step, so a later "
+           "batch of another shape (a longer sequence, a short last batch) no longer fits" if facts["step"] > 1 else
+           "the receiving stage was built for other tensors (its input_args or output_args, or the cut) than its "
+           "neighbour produces")
+    words = receiver.view.last_words.sizes() if receiver.view.last_words is not None else ""
+    return Finding(
+        "pipeline_shape_mismatch",
+        "error",
+        sorted({sender.view.rank, receiver.view.rank}),
+        f"In step {facts['step']}, {sender.name} sent micro-batch {facts['microbatch']}'s {facts['carries']} as "
+        f"{sent}, and {receiver.name} expected {expected}{f' ({words})' if words else ''}: {why} "
+        f"({stage.at()}; {peer.at()}).",
+        "Keep every batch the same shape across steps: pad sequences to one length (or to a few, with a "
+        "stage and schedule per length), drop a short last batch (drop_last=True); and check that each "
+        "stage's input_args and output_args are the shapes and dtypes its neighbours really exchange.",
+        locations=_locations(stage, peer),
+    )
+
+
+def _steps(stage: _Stage, peer: _Stage) -> Finding | None:
+    mine, theirs = stage.facts["step"], peer.facts["step"]
+    elsewhere = peer.view.waiting_on() if not peer.waiting and not peer.view.finished else None
+    if peer.view.finished:
+        situation = (f"{peer.name} ran {theirs} steps of its schedule and finished the script, while {stage.name} "
+                     f"is in step {mine}")
+    elif peer.waiting:
+        situation = f"{stage.name} is in step {mine} of its schedule and {peer.name} in step {theirs}"
+    elif elsewhere is not None:
+        situation = (f"{peer.name} left the pipeline after {theirs} steps and waits in {describe(elsewhere)} at "
+                     f"{elsewhere.get('site') or '?'}, while {stage.name} is in step {mine}")
+    else:
+        return None
+    if mine == theirs or (not peer.waiting and theirs > mine):
+        return None
+    behind = peer if theirs < mine else stage
+    return Finding(
+        "pipeline_steps_differ",
+        "error",
+        [behind.view.rank],
+        f"The pipeline's stages ran different numbers of steps: {situation} ({stage.at()}; {peer.at()}). "
+        f"{behind.name.capitalize()} skipped a batch the others trained on, or had fewer batches. The stages "
+        "pair their messages by order, so from the skipped batch on, each step joined one stage's batch with "
+        "another's (the loss met inputs and targets of different batches) until a stage ran out.",
+        "Run schedule.step on every stage for every batch: decide to skip a batch on all of the pipeline's "
+        "ranks together (gradsync's agree_any, or an all_reduce of the flag), and give every stage the same "
+        "number of batches (the same sampler and drop_last on every stage).",
+        locations=_locations(stage, peer),
+    )
