@@ -63,6 +63,13 @@ def test_exposed_communication_above_30_percent_is_advised_with_its_share_and_th
     assert exposed_communication(_records(rows=_rows(exposed=0.029))) is None  # 29%
 
 
+def test_a_pipelines_waiting_is_advised_as_its_bubble_not_as_traffic_to_compress():
+    rows = [{**row, "pipeline_bubble_share": 0.4} for row in _rows(exposed=0.045)]
+    advice = exposed_communication(_records(rows=rows))
+    assert "the pipeline's stages wait 40% of the step for each other (its bubble), of 45% spent waiting" in advice.measured
+    assert "more micro-batches" in advice.action and "compression" not in advice.action
+
+
 def test_ranks_busy_time_spread_names_the_usual_slowest_rank():
     advice = rank_imbalance(_records(rows=_rows(busy_spread=0.02, slowest=1)))
     assert advice is not None and advice.measured.startswith("rank 1 is usually the busiest") and "20%" in advice.measured

@@ -67,6 +67,20 @@ def test_a_micro_batch_count_mismatch_explains_the_crash_it_caused_during_set_up
     assert "raised ValueError: Expected input batch_size (4)" in finding["message"]
 
 
+def test_a_stage_that_went_on_to_an_evaluation_schedule_is_not_compared_with_one_stuck_before_it():
+    # Stage 0 finished step 2's training and started step 3: an evaluation with 2 micro-batches.
+    # Stage 1 never left step 2 (stuck in a barrier only it calls): not a micro-batch mismatch.
+    barrier = record(7, op="barrier", signature="", site="train.py:50", state="entered", entered=9_999.0)
+    barrier["index"] = 9_999.0
+    views = {
+        0: view(0, [*one_step(0, 2), message(0, 3, 0, "activations", "to", 1, microbatches=2,
+                                             schedule="_ScheduleForwardOnly", state="entered")], alive=True),
+        1: view(1, [*one_step(1, 2), barrier], alive=True),
+    }
+    finding = _only_error(diagnose(views, trigger="stall", now=200.0))
+    assert finding["category"] not in ("pipeline_microbatch_mismatch", "pipeline_schedule_mismatch"), finding
+
+
 def test_stages_running_different_schedules_are_named_with_both():
     views = {
         0: view(0, [message(0, 1, 2, "activations", "to", 1, state="entered")], alive=True),

@@ -28,17 +28,19 @@ SCRIPTS = {
     "clip_on_rank0": ("doctor_zoo/clip_on_rank0.py", 3),
     "scheduler_on_rank0": ("doctor_zoo/scheduler_on_rank0.py", 5),  # StepLR(step_size=2): lr moves at step 3
     "same_path_saves": ("doctor_zoo/same_path_saves.py", 4),  # saves at step 3
+    "pipeline_dtype_reinterpreted": ("doctor_zoo/pipeline_dtype_reinterpreted.py", 3),
     # The near-misses of the mistakes above, done right:
     "healthy_seeding": ("doctor_zoo/healthy_seeding.py", 20),  # 16 steps: finishes before K
     "healthy_data_split": ("doctor_zoo/healthy_data_split.py", 12),  # into the 2nd epoch's warm-up pass
     "healthy_loss_scale": ("doctor_zoo/healthy_loss_scale.py", 4),
     "healthy_rank0_duties": ("doctor_zoo/healthy_rank0_duties.py", 20),  # 16 steps: finishes before K
+    "healthy_pipeline_bf16_link": ("doctor_zoo/healthy_pipeline_bf16_link.py", 3),
 }
 
 # The session's fixture makes every run above; pytest's default 300 s is less than they may take.
 pytestmark = [pytest.mark.launches, guard_of(SCRIPTS)]
 
-HEALTHY = ["healthy_seeding", "healthy_data_split", "healthy_loss_scale", "healthy_rank0_duties"]
+HEALTHY = ["healthy_seeding", "healthy_data_split", "healthy_loss_scale", "healthy_rank0_duties", "healthy_pipeline_bf16_link"]
 
 
 # Launched under `make test`: a failure (exit code 1, the terminal block) and a healthy run (exit
@@ -111,6 +113,16 @@ def test_a_loss_divided_by_the_world_size_under_ddp(doctor):
     assert f"backward at {run.line('backward')}" in finding["message"]
     assert finding["details"] == {"scale": 0.5, "world_size": 2}
     assert_warned(run, "loss_scaled_by_world_size")
+
+
+def test_pipeline_stages_that_read_each_others_bfloat16_as_float16_are_named_with_both_dtypes(doctor):
+    # Same byte count, so the run itself goes on: only the labels of the messages show it.
+    run = doctor["pipeline_dtype_reinterpreted"]
+    finding = run.only("pipeline_messages_differ", "error")
+    assert finding["locations"] == {"0": run.line("first_stage"), "1": run.line("last_stage")}, run.explain()
+    assert ("Stage 0 (rank 0) sent its activations as bfloat16[2, 16], and stage 1 (rank 1) received them into "
+            "float16[2, 16]; stage 1 (rank 1) sent its gradients as float16[2, 16]") in finding["message"], run.explain()
+    assert_failed(run, "pipeline_messages_differ")
 
 
 def test_rank_0_left_in_eval_mode_is_named_with_its_eval_line(doctor):

@@ -126,6 +126,9 @@ def exposed_communication(records: RunRecords) -> Advice | None:
     share = sum(r["exposed_comm_s"] for r in rows) / total
     if share <= EXPOSED_SHARE:
         return None
+    bubbles = [r["pipeline_bubble_share"] for r in rows if r.get("pipeline_bubble_share") is not None]
+    if bubbles:
+        return _pipeline_bubble(share, statistics.fmean(bubbles))
     link = [r["busbw_gbps"] for r in rows if r.get("busbw_gbps")]
     on_link = f" while the gradient all-reduce reached {statistics.median(link):.2f} GB/s bus bandwidth" if link else ""
     compressed = any((r.get("compression_ratio") or 1.0) > 1.0 for r in rows)
@@ -141,6 +144,20 @@ def exposed_communication(records: RunRecords) -> Advice | None:
     return Advice("exposed_communication", share,
                   f"exposed communication is {share:.0%} of the step{on_link}" + _at_most_faster(share, "all of it hidden"),
                   action)
+
+
+def _pipeline_bubble(exposed: float, bubble: float) -> Advice:
+    """Under a pipeline the step's waiting is mostly its bubble (stages idle for their neighbours'
+    micro-batches), which compression does not shorten: more micro-batches, interleaving and an
+    even cut do."""
+    return Advice(
+        "exposed_communication", exposed,
+        f"the pipeline's stages wait {bubble:.0%} of the step for each other (its bubble), of {exposed:.0%} spent "
+        "waiting for communication" + _at_most_faster(exposed, "all of it hidden"),
+        "shrink the bubble: more micro-batches per batch (parallel={'microbatches': ...}, with a larger batch), the "
+        "interleaved 1F1B schedule (stages_per_rank=2), or split points that give every stage the same compute (the "
+        "stage the others wait for is the busiest rank: move a block off it)",
+    )
 
 
 def rank_imbalance(records: RunRecords) -> Advice | None:

@@ -143,3 +143,13 @@ class Patches:
     def undo(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+
+def group_ranks(group: Any) -> list[int] | None:
+    """The global ranks of a process group; None when torch cannot say (then every rank is assumed)."""
+    try:
+        import torch.distributed as dist
+
+        return list(dist.get_process_group_ranks(group))
+    except Exception:  # a group torch no longer knows: compared as before, across every rank
+        return None

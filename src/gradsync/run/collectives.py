@@ -475,8 +475,11 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
             message = recorder.pipeline_labels.of(_arg(args, kwargs, 0, "tensor")) if op in _POINT_TO_POINT_TENSOR else None
             if message is not None or (message := recorder.pipeline_labels.setting_up()) is not None:
                 kind, exchanged = message.text, {"pipeline": message.facts()}
-            record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature_of(args, kwargs), kind,
-                                    args=exchanged)
+            signature = signature_of(args, kwargs)
+            record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature, kind, args=exchanged)
+            if message is not None:
+                for listener in recorder.pipeline_labels.listeners:
+                    listener(message, signature)
         if not is_async or record is None:  # (None: entering failed, and the call runs alone)
             return recorder.run_blocking(record, lambda: original(*args, **kwargs), bookkeeping)
         try:

@@ -73,6 +73,9 @@ class PipelineLabels:
     def __init__(self) -> None:
         self._labels: dict[int, tuple[weakref.ref, PipelineMessage]] = {}
         self._setting_up = threading.local()
+        # Called with (message, signature) for each labelled message the recorder records: the
+        # script check's pipeline watch (none in a plain run).
+        self.listeners: list[Callable[[PipelineMessage, str], None]] = []
 
     def label(self, tensor: Any, message: PipelineMessage) -> None:
         try:

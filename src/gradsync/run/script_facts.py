@@ -52,7 +52,7 @@ from torch.utils.data.distributed import DistributedSampler
 from gradsync import compat
 from gradsync.callsite import caller_location, is_user_file
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
-from gradsync.run.check_primitives import Patches, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
+from gradsync.run.check_primitives import Patches, group_ranks, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.moments import Moments
 from gradsync.run.scriptcheck.registry import selected_checks
@@ -116,6 +116,8 @@ class ScriptCheck:
         """Patch what the checks watch, around the recorder's patches (so install it after the
         recorder); returns a function that undoes it."""
         patches = Patches()
+        if self.moments.listened("pipeline_message"):
+            self._install_pipeline_moment(patches)
         patches.on_undo(register_optimizer_step_pre_hook(self._before_step).remove)
         patches.on_undo(register_optimizer_step_post_hook(self._after_step).remove)
         check = self
@@ -278,6 +280,19 @@ class ScriptCheck:
         for op in ("all_reduce", "reduce", "broadcast"):
             if hasattr(dist, op):
                 patches.wrap(dist, op, make(op))
+
+    def _install_pipeline_moment(self, patches: Patches) -> None:
+        """Each pipeline message the recorder labels (gradsync.run.pipeline_labels), offered as the
+        "pipeline_message" moment: the recorder already knows what it carries."""
+        moments, listeners = self.moments, self.recorder.pipeline_labels.listeners
+        messages = self.bookkeeping["the script check's pipeline moment"]
+
+        def heard(message: Any, signature: str) -> None:
+            with messages:
+                moments.emit("pipeline_message", message, signature)
+
+        listeners.append(heard)
+        patches.on_undo(lambda: listeners.remove(heard) if heard in listeners else None)
 
     def _install_backward_moment(self, patches: Patches) -> None:
         """Every backward call, offered as the "backward" moment with the tensors it starts from,
@@ -487,6 +502,9 @@ class ScriptCheck:
         watch = ddp._gradsync_watch
         return {
             "site": site,
+            # The ranks DDP averages over: its replicas. Under pipeline (or any hybrid) parallelism each
+            # stage's DDP spans only the ranks holding that stage, and only they must agree.
+            "group": group_ranks(ddp.process_group),
             "parameter_order": order,
             "find_unused_parameters": bool(ddp.find_unused_parameters),
             "usage_checked_passes": watch.checked_passes,

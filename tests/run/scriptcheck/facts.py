@@ -96,10 +96,12 @@ def rng_forward(before: int, after: int, evals=(), eval_site=None) -> dict:
             "eval_modules": list(evals), "eval_count": len(evals), "eval_site": eval_site}
 
 
-def step_taken(step: int, grads: int = 1, hyper: str = "lr=0.1", calls=(), before: int = 10, after: int = 11) -> dict:
-    """An optimizer step as a rank recorded it going in (gradients, settings, parameters) and out."""
+def step_taken(step: int, grads: int = 1, hyper: str = "lr=0.1", calls=(), before: int = 10, after: int = 11,
+               replicas: list[int] | None = None) -> dict:
+    """An optimizer step as a rank recorded it going in (gradients, settings, parameters) and out;
+    `replicas`: the ranks of the stepped DDP's group (None: unknown, every rank)."""
     return {"step": step, "optimizer": 0, "site": "train.py:40", "hyperparameters": hyper, "grads": grads,
-            "params_before": before, "params_after": after, "calls": list(calls)}
+            "params_before": before, "params_after": after, "calls": list(calls), "replicas": replicas}
 
 
 TRAIN_LOADER = {"key": "train.py:30#0", "site": "train.py:30", "feeds_training": True}

@@ -22,3 +22,18 @@ def test_buffers_count_only_when_ddp_does_not_sync_them():
     assert categories(synced) == []  # the next forward starts from rank 0's buffers
     unsynced = {r: script_facts(models=[model({}, {"bn.running_mean": r}, buffers_synced=False)]) for r in (0, 1)}
     assert categories(unsynced) == ["buffers_diverged"]
+
+
+def test_the_replicas_of_a_pipeline_stage_are_compared_among_the_ranks_of_its_data_parallel_group():
+    # Two stages x two replicas: ranks 0 and 2 hold stage 0, ranks 1 and 3 stage 1, each stage in a
+    # DDP over its own replicas. The stages hold different models under the same names.
+    stage0, stage1, drifted = {"0.weight": 1, "0.bias": 2}, {"0.weight": 7, "0.bias": 8}, {"0.weight": 1, "0.bias": 5}
+    groups = {0: [0, 2], 2: [0, 2], 1: [1, 3], 3: [1, 3]}
+    held = {0: stage0, 2: stage0, 1: stage1, 3: stage1}
+    healthy = {rank: script_facts(models=[model(held[rank], group=groups[rank])]) for rank in range(4)}
+    assert categories(healthy) == []
+    healthy[2] = script_facts(models=[model(drifted, group=[0, 2])])
+    (finding,) = findings(healthy)
+    assert (finding.category, finding.ranks, finding.details) == ("parameters_diverged", [0, 2], {"parameters": ["0.bias"]})
+    # Without the groups (an older gradsync's facts), every rank is one group, as before.
+    assert categories({rank: script_facts(models=[model(held[rank])]) for rank in range(4)}) == ["parameters_diverged"]

@@ -42,3 +42,21 @@ def test_parameters_moved_between_steps_on_one_rank_are_blamed_on_it():
     # Every rank changing them alike (weight clamping on every rank): the replicas stay equal.
     alike = [step_taken(1, before=1, after=2), step_taken(2, before=5, after=6)]
     assert consistency_categories({r: consistency_facts(steps_taken=alike) for r in (0, 1)}) == []
+
+
+def test_under_pipeline_parallelism_each_stages_replicas_are_compared_among_themselves():
+    # Ranks 0 and 2 hold stage 0, ranks 1 and 3 stage 1: the stages' gradients and parameters
+    # differ by design, each stage's replicas' must not.
+    replicas = {0: [0, 2], 2: [0, 2], 1: [1, 3], 3: [1, 3]}
+    stage = {0: 1, 2: 1, 1: 7, 3: 7}
+
+    def steps(rank, moved_at_2=False):
+        value = stage[rank]
+        return [step_taken(1, grads=value, before=value, after=value + 1, replicas=replicas[rank]),
+                step_taken(2, grads=value, before=value + (5 if moved_at_2 else 1), after=value + 2, replicas=replicas[rank])]
+
+    healthy = {rank: consistency_facts(steps_taken=steps(rank)) for rank in range(4)}
+    assert consistency_categories(healthy) == []
+    drifted = {**healthy, 2: consistency_facts(steps_taken=steps(2, moved_at_2=True))}
+    (finding,) = consistency_found(drifted)
+    assert (finding.ranks, finding.details["differs"]) == ([2], "parameters")

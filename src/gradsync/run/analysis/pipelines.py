@@ -78,9 +78,11 @@ def pipeline_finding(views: dict[int, RankView], crashes: list[RankView]) -> Fin
         match = P2P_PEER.search(stages[rank].record.get("signature") or "")
         if match and (peer := stages.get(int(match.group(2)))) is not None:
             neighbours.append((stages[rank], peer))
-    # What a stage was built for holds whatever it is doing: compared for every pair of neighbours.
+    # What a stage was built for holds whatever it is doing: compared for every pair of neighbours
+    # in the same step (a later step may run another schedule on purpose: an evaluation pass with
+    # fewer micro-batches, which a neighbour stuck elsewhere has not reached).
     for stage, peer in neighbours:
-        for question in (_schedules, _microbatches):
+        for question in (_schedules, _microbatches) if stage.facts["step"] == peer.facts["step"] else ():
             if (finding := question(stage, peer)) is not None:
                 return finding
     # Where it is, only for a stage that waits for its neighbour.
@@ -181,6 +183,12 @@ def _shapes(stage: _Stage, peer: _Stage) -> Finding | None:
 def _steps(stage: _Stage, peer: _Stage) -> Finding | None:
     mine, theirs = stage.facts["step"], peer.facts["step"]
     elsewhere = peer.view.waiting_on() if not peer.waiting and not peer.view.finished else None
+    if mine == theirs or (not peer.waiting and theirs > mine):
+        return None
+    behind = peer if theirs < mine else stage
+    why = (f"{behind.name.capitalize()} skipped a batch the others trained on, or had fewer batches. The stages pair "
+           "their messages by order, so from the skipped batch on, each step joined one stage's batch with another's "
+           "(the loss met inputs and targets of different batches) until a stage ran out.")
     if peer.view.finished:
         situation = (f"{peer.name} ran {theirs} steps of its schedule and finished the script, while {stage.name} "
                      f"is in step {mine}")
@@ -189,21 +197,18 @@ def _steps(stage: _Stage, peer: _Stage) -> Finding | None:
     elif elsewhere is not None:
         situation = (f"{peer.name} left the pipeline after {theirs} steps and waits in {describe(elsewhere)} at "
                      f"{elsewhere.get('site') or '?'}, while {stage.name} is in step {mine}")
+        why = (f"{peer.name.capitalize()} had fewer batches, skipped a step the others ran, or calls that collective "
+               "where the other stages do not.")
     else:
         return None
-    if mine == theirs or (not peer.waiting and theirs > mine):
-        return None
-    behind = peer if theirs < mine else stage
     return Finding(
         "pipeline_steps_differ",
         "error",
         [behind.view.rank],
-        f"The pipeline's stages ran different numbers of steps: {situation} ({stage.at()}; {peer.at()}). "
-        f"{behind.name.capitalize()} skipped a batch the others trained on, or had fewer batches. The stages "
-        "pair their messages by order, so from the skipped batch on, each step joined one stage's batch with "
-        "another's (the loss met inputs and targets of different batches) until a stage ran out.",
+        f"The pipeline's stages ran different numbers of steps: {situation} ({stage.at()}; {peer.at()}). {why}",
         "Run schedule.step on every stage for every batch: decide to skip a batch on all of the pipeline's "
-        "ranks together (gradsync's agree_any, or an all_reduce of the flag), and give every stage the same "
-        "number of batches (the same sampler and drop_last on every stage).",
+        "ranks together (gradsync's agree_any, or an all_reduce of the flag), give every stage the same "
+        "number of batches (the same sampler and drop_last on every stage), and call a collective (a barrier, a "
+        "metric's all_reduce) on every rank or none.",
         locations=_locations(stage, peer),
     )

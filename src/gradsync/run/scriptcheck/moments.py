@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gradsync.run.check_primitives import hyperparameters, tensors_fingerprint
+from gradsync.run.check_primitives import group_ranks, hyperparameters, tensors_fingerprint
 from gradsync.run.harmless import Bookkeeping
 
 # moment -> what its listeners are called with
@@ -34,6 +34,8 @@ MOMENTS = {
     "step_starts": "(optimizer, step): a counted optimizer step starts (step = its number, from 1)",
     "step_ends": "(optimizer, step): that step returned",
     "collective": "(op, tensors, site): the script called torch.distributed's op on these tensors",
+    "pipeline_message": "(message, signature): a pipeline stage sent or received a labelled message "
+    "(gradsync.run.pipeline_labels.PipelineMessage; signature: its tensor and peer, as recorded)",
     "file_written": "(file, how): the script wrote `file` with torch.save (how='torch.save'), or opened it for "
     "writing from its own files (how='open'; libraries open files of their own)",
 }
@@ -70,6 +72,15 @@ class Moments:
     def stepped_parameters(self, optimizer: Any) -> list[Any]:
         """The parameters of DDP models that `optimizer` steps: the ones averaged alike on every rank."""
         return [p for group in optimizer.param_groups for p in group["params"] if id(p) in self.ddp_parameters]
+
+    def replicas(self, optimizer: Any) -> list[int] | None:
+        """The ranks that hold the same DDP model as the one `optimizer` steps (its DDP's process
+        group): the ranks whose updates must agree. None: no DDP model, or a group torch cannot name."""
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for ddp in self.models:
+            if any(id(p) in stepped for p in ddp.module.parameters()):
+                return group_ranks(ddp.process_group)
+        return None
 
     def going_in(self, optimizer: Any) -> dict[str, Any]:
         """Going into the step of `optimizer` starting now: a fingerprint of the DDP parameters it

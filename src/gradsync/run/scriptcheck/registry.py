@@ -14,7 +14,7 @@ from gradsync.errors import ConfigError
 from gradsync.rundir.records import Finding, register_categories
 from gradsync.run.scriptcheck import (
     accumulation, data_split, dataset_generator, eval_mode, find_unused, fsdp_root, identical_batches,
-    loss_scale, parameter_order, replicas, same_file, sampler_epoch, sampler_overlap, shared_random_draws, skipped_step,
+    loss_scale, parameter_order, pipeline_messages, replicas, same_file, sampler_epoch, sampler_overlap, shared_random_draws, skipped_step,
     averaging, state_writes, tensor_parallel_inputs, uneven_batches, update_differs,
 )
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
@@ -29,6 +29,7 @@ CHECKS: tuple[Check, ...] = (
     replicas.CHECK,
     find_unused.CHECK,
     tensor_parallel_inputs.CHECK,
+    pipeline_messages.CHECK,
     fsdp_root.CHECK,
     shared_random_draws.CHECK,
     dataset_generator.CHECK,

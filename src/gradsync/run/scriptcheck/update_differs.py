@@ -31,7 +31,9 @@ CALLS_PER_STEP = 16  # update-changing calls kept between two optimizer steps
 class UpdateFacts(TypedDict):
     """What the watch records on one rank (under "update_differs" in its facts file)."""
 
-    steps: list[dict[str, Any]]  # {"step", "optimizer", "site", "hyperparameters", "grads", "params_before", "params_after", "calls"}
+    # {"step", "optimizer", "site", "hyperparameters", "grads", "params_before", "params_after", "calls",
+    #  "replicas": the ranks of the stepped DDP's process group, or None}
+    steps: list[dict[str, Any]]
 
 
 class UpdateWatch:
@@ -95,6 +97,7 @@ class UpdateWatch:
             "grads": tensors_fingerprint(p.grad for p in self.moments.stepped_parameters(optimizer) if p.grad is not None),
             "params_before": going_in["parameters"],
             "calls": calls,
+            "replicas": self.moments.replicas(optimizer),
         }
         self.steps.append(record)
         self._open_step[index] = record
@@ -116,6 +119,25 @@ def update_differs(checks: RankFacts) -> list[Finding]:
     recorded = own_facts(checks, NAME)
     if recorded is None:
         return []
+    # Compared among the replicas of one model: under pipeline (or hybrid) parallelism a DDP spans
+    # only the ranks holding the same stage, whose gradients and parameters are another model's.
+    for members in _replica_groups(recorded):
+        findings = _differs_among({rank: checks[rank] for rank in members}, {rank: recorded[rank] for rank in members})
+        if findings:
+            return findings
+    return []
+
+
+def _replica_groups(recorded: dict[int, Any]) -> list[list[int]]:
+    """The ranks grouped by the replicas their steps' DDP spans (every rank where unknown)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for rank, facts in sorted(recorded.items()):
+        replicas = next((step.get("replicas") for step in facts["steps"] if step.get("replicas")), None)
+        groups.setdefault(tuple(replicas) if replicas else tuple(sorted(recorded)), []).append(rank)
+    return [members for _, members in sorted(groups.items()) if len(members) >= 2]
+
+
+def _differs_among(checks: RankFacts, recorded: dict[int, Any]) -> list[Finding]:
     records: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for rank, facts in recorded.items():
         for record in facts["steps"]:
