@@ -106,6 +106,52 @@ def test_a_message_sent_in_another_shape_than_the_receiver_posted_names_both_sha
     assert "first step" in finding["message"]
 
 
+def test_a_sender_that_skipped_a_micro_batch_is_named_where_the_orders_part():
+    # Stage 0 sent micro-batches 0, 1, 3 (it skipped 2); stage 1 took the third message for its
+    # micro-batch 2 and waits for a fourth, while stage 0 waits for gradients.
+    sent = [message(0, 2, m, "activations", "to", 1) for m in (0, 1, 3)]
+    received = [message(1, 2, m, "activations", "from", 0) for m in (0, 1, 2)]
+    views = {
+        0: view(0, [*one_step(0, 1), *sent, message(0, 2, 0, "gradients", "from", 1, state="entered")], alive=True),
+        1: view(1, [*one_step(1, 1), *received, message(1, 2, 3, "activations", "from", 0, state="entered")], alive=True),
+    }
+    finding = _only_error(diagnose(views, trigger="stall", now=200.0))
+    assert finding["category"] == "pipeline_microbatch_skipped" and finding["ranks"] == [0], finding
+    assert ("In step 2, stage 0 (rank 0) went past micro-batch 2's activations without sending it (stage 0 (rank 0) "
+            "sent micro-batches 0, 1, 3; stage 1 (rank 1) received 0, 1, 2 and waits for 3)") in finding["message"]
+
+
+def test_a_receiver_that_went_on_without_the_last_micro_batch_skipped_it():
+    # GPipe: stage 1 received 0-2, skipped 3 and went on to send gradients; stage 0 waits to send 3
+    # and has no gradient receive open (it posts them once its sends are done).
+    views = {
+        0: view(0, [*[message(0, 1, m, "activations", "to", 1) for m in range(3)],
+                    message(0, 1, 3, "activations", "to", 1, state="entered")], alive=True),
+        1: view(1, [*[message(1, 1, m, "activations", "from", 0) for m in range(3)],
+                    message(1, 1, 0, "gradients", "to", 0, state="entered")], alive=True),
+    }
+    finding = _only_error(diagnose(views, trigger="stall", now=200.0))
+    assert finding["category"] == "pipeline_microbatch_skipped" and finding["ranks"] == [1], finding
+    assert "stage 1 (rank 1) went past micro-batch 3's activations without receiving it" in finding["message"]
+
+
+def test_1f1b_neighbours_blocked_mid_exchange_have_skipped_nothing():
+    # Stage 0 sends micro-batch 2's activations and receives micro-batch 1's gradients at once;
+    # stage 1 sends those gradients: a network that stopped delivering, not a skipped micro-batch.
+    views = {
+        0: view(0, [*[message(0, 1, m, "activations", "to", 1) for m in range(2)], message(0, 1, 0, "gradients", "from", 1),
+                    message(0, 1, 2, "activations", "to", 1, schedule="Schedule1F1B", state="entered"),
+                    message(0, 1, 1, "gradients", "from", 1, schedule="Schedule1F1B", state="entered")], alive=True),
+        1: view(1, [*[message(1, 1, m, "activations", "from", 0) for m in range(2)], message(1, 1, 0, "gradients", "to", 0),
+                    message(1, 1, 1, "gradients", "to", 0, schedule="Schedule1F1B", state="entered")], alive=True),
+    }
+    for v in views.values():  # one schedule throughout
+        for r in v.records:
+            r["args"]["pipeline"]["schedule"] = "Schedule1F1B"
+    finding = _only_error(diagnose(views, trigger="stall", now=200.0))
+    assert not finding["category"].startswith("pipeline_"), finding
+
+
 def test_a_stage_that_finished_with_fewer_steps_skipped_a_batch():
     views = {
         0: view(0, [*one_step(0, 4), message(0, 5, 1, "activations", "to", 1, state="entered")], alive=True),

@@ -110,6 +110,7 @@ BROKEN = [
     "endless_loop",
     "destroyed_group_then_backward",  # its verdict: tests/run/test_harmless.py
     "pipeline_stage_skips_batch",
+    "pipeline_stage_skips_microbatch",
     "pipeline_microbatches_differ",
     "pipeline_schedule_differs",
     "pipeline_sequence_grows",
@@ -619,6 +620,14 @@ def test_a_pipeline_stage_that_skips_a_batch_is_named_by_the_steps_each_stage_ra
     finding = _assert_error(run, "pipeline_steps_differ", [1], {0: "first_stage", 1: "last_stage"})
     assert "stage 1 (rank 1) ran 4 steps of its schedule and finished the script, while stage 0 (rank 0) is in step 5" in finding["message"], run.explain()
     assert "micro-batch 1 of 4's activations to stage 1" in finding["message"], run.explain()
+
+
+def test_a_pipeline_stage_that_skips_a_micro_batch_is_named_where_the_stages_orders_part(zoo):
+    run = zoo["pipeline_stage_skips_microbatch"]
+    # Named at the lines of the hand-written schedule where each waits (the script's own code).
+    finding = _assert_error(run, "pipeline_microbatch_skipped", [0], {0: "bwd_recv", 1: "fwd_recv"})
+    assert ("In step 2, stage 0 (rank 0) went past micro-batch 2's activations without sending it (stage 0 (rank 0) "
+            "sent micro-batches 0, 1, 3; stage 1 (rank 1) received 0, 1, 2 and waits for 3)") in finding["message"], run.explain()
 
 
 def test_pipeline_stages_built_for_different_micro_batch_counts_explain_the_loss_error_it_caused(zoo):

@@ -244,6 +244,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "pipeline_schedule_mismatch": (ERROR, "a pipeline's stages run different schedules, so their sends and receives never pair"),
     "pipeline_microbatch_mismatch": (ERROR, "a pipeline's stages were built for different numbers of micro-batches per step"),
     "pipeline_shape_mismatch": (ERROR, "a pipeline stage sent a tensor of another shape or dtype than its neighbour expected"),
+    "pipeline_microbatch_skipped": (ERROR, "a pipeline stage went past a micro-batch of a step that its neighbour sent or received"),
     "pipeline_steps_differ": (ERROR, "a pipeline's stages ran different numbers of steps: one skipped a batch or had fewer"),
     "rank_crashed": (ERROR, "a rank raised or was killed first; the others' errors are consequences"),
     "out_of_memory": (ERROR, "a rank failed to allocate memory, as its last words say; the others' errors are consequences"),

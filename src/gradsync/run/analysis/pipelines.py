@@ -64,9 +64,10 @@ def _stage(view: RankView) -> _Stage | None:
 
 def pipeline_finding(views: dict[int, RankView], crashes: list[RankView]) -> Finding | None:
     """The invariant a waiting stage and its peer broke, if any: the schedule, the micro-batch
-    count, the shape of the message between them, or (when no rank crashed) the steps run.
+    count, the shape of the message between them, or (when no rank crashed) the micro-batches of
+    the step and the steps run.
 
-    The steps are compared only without a crash: in a healthy pipeline the first stage may be a
+    Micro-batches and steps are compared only without a crash: in a healthy pipeline the first stage may be a
     step ahead of the last (it starts the next batch once its last gradients came back), so a
     crash elsewhere can freeze neighbours in different steps. The other three hold at every
     moment, so they are a cause whatever else failed (a stage's backend that aborted on a size
@@ -86,7 +87,7 @@ def pipeline_finding(views: dict[int, RankView], crashes: list[RankView]) -> Fin
             if (finding := question(stage, peer)) is not None:
                 return finding
     # Where it is, only for a stage that waits for its neighbour.
-    questions = (_shapes,) if crashes else (_shapes, _steps)
+    questions = (_shapes,) if crashes else (_shapes, _skipped_microbatch, _steps)
     for stage, peer in neighbours:
         for question in questions if stage.waiting else ():
             if (finding := question(stage, peer)) is not None:
@@ -140,17 +141,18 @@ def _tensor(signature: str | None) -> str:
     return P2P_PEER.sub("", signature or "")
 
 
+def _pairs_with(record: dict[str, Any], facts: PipelineFacts) -> bool:
+    """Whether `record` is the other end of the message `facts` describe: the same step,
+    micro-batch and cargo, sent where that one is received and received where it is sent."""
+    other = pipeline_facts(record)
+    return (other is not None and other["step"] == facts["step"] and other["microbatch"] == facts["microbatch"]
+            and other["carries"] == facts["carries"] and other["stage"] == facts["peer_stage"]
+            and other["peer_stage"] == facts["stage"] and other["direction"] != facts["direction"])
+
+
 def _counterpart(stage: _Stage, peer: _Stage) -> dict[str, Any] | None:
-    """The peer's record of the message `stage` waits in: the same step, micro-batch and cargo,
-    sent where `stage` receives and received where it sends."""
-    facts = stage.facts
-    for record in reversed(peer.view.records):
-        other = pipeline_facts(record)
-        if (other is not None and other["step"] == facts["step"] and other["microbatch"] == facts["microbatch"]
-                and other["carries"] == facts["carries"] and other["stage"] == facts["peer_stage"]
-                and other["peer_stage"] == facts["stage"] and other["direction"] != facts["direction"]):
-            return record
-    return None
+    """The peer's record of the message `stage` waits in."""
+    return next((record for record in reversed(peer.view.records) if _pairs_with(record, stage.facts)), None)
 
 
 def _shapes(stage: _Stage, peer: _Stage) -> Finding | None:
@@ -180,6 +182,70 @@ def _shapes(stage: _Stage, peer: _Stage) -> Finding | None:
     )
 
 
+def _sequence(view: RankView, step: int, carries: str, stage: int, peer_stage: int, direction: str) -> tuple[list[int], list[int]]:
+    """The micro-batches whose `carries` stage `stage` (on this rank) sent to (direction "to") or
+    received from ("from") `peer_stage` in `step`, in the order it did: those done, and those it
+    still waits in."""
+    done: list[int] = []
+    waiting: list[int] = []
+    for record in view.records:
+        facts = pipeline_facts(record)
+        if (facts is not None and facts["microbatch"] is not None and facts["step"] == step and facts["carries"] == carries
+                and facts["stage"] == stage and facts["peer_stage"] == peer_stage and facts["direction"] == direction):
+            (waiting if record["state"] == "entered" else done).append(facts["microbatch"])
+    return done, waiting
+
+
+def _skipped_microbatch(stage: _Stage, peer: _Stage) -> Finding | None:
+    """Within one step, the micro-batches one stage sends over a link are the ones its neighbour
+    receives, in the same order. Where the two orders first part, the side with the higher number
+    skipped the other's (its neighbour read the next message as the skipped micro-batch). Where
+    they agree so far, a side that waits for a micro-batch its neighbour went past (the neighbour
+    waits in another message, which nothing open on this side answers) was skipped by it."""
+    facts = stage.facts
+    if facts["microbatch"] is None or not peer.waiting or peer.facts["step"] != facts["step"]:
+        return None
+    step, carries = facts["step"], facts["carries"]
+    sender, receiver = (stage, peer) if facts["direction"] == "to" else (peer, stage)
+    link = (step, carries, sender.facts["stage"], receiver.facts["stage"])
+    sent, sending = _sequence(sender.view, *link, "to")
+    received, receiving = _sequence(receiver.view, step, carries, receiver.facts["stage"], sender.facts["stage"], "from")
+    lacking, skipped = None, None
+    for out, into in zip(sent, received):
+        if out != into:
+            lacking, skipped = (sender, into) if out > into else (receiver, out)
+            break
+    else:
+        for side, waits, other, other_done, other_waits in ((sender, sending, receiver, received, receiving),
+                                                            (receiver, receiving, sender, sent, sending)):
+            went_past = other.waiting and not any(r["state"] == "entered" and _pairs_with(r, other.facts)
+                                                  for r in side.view.records[-32:])
+            missed = [m for m in waits if m not in other_done and m not in other_waits and other_done and m > other_done[-1]]
+            if went_past and missed:
+                lacking, skipped = other, missed[0]
+                break
+    if lacking is None:
+        return None
+    verb = "sending" if lacking is sender else "receiving"
+    told = (f"{sender.name} sent micro-batches {_numbers(sent)}" + (f" and waits to send {_numbers(sending)}" if sending else "")
+            + f"; {receiver.name} received {_numbers(received)}" + (f" and waits for {_numbers(receiving)}" if receiving else ""))
+    return Finding(
+        "pipeline_microbatch_skipped",
+        "error",
+        [lacking.view.rank],
+        f"In step {step}, {lacking.name} went past micro-batch {skipped}'s {carries} without {verb} it ({told}). The "
+        "stages pair their messages by order, so from there on they disagree on which micro-batch each message is, "
+        f"and now each waits for the other ({stage.at()}; {peer.at()}).",
+        "Run every micro-batch on every stage: a micro-batch of padding only still goes through the pipeline "
+        "(weight its loss to zero instead of skipping it), or skip the whole batch on all stages together.",
+        locations=_locations(stage, peer),
+    )
+
+
+def _numbers(values: list[int]) -> str:
+    return ", ".join(map(str, values)) if values else "none"
+
+
 def _steps(stage: _Stage, peer: _Stage) -> Finding | None:
     mine, theirs = stage.facts["step"], peer.facts["step"]
     elsewhere = peer.view.waiting_on() if not peer.waiting and not peer.view.finished else None
@@ -192,6 +258,9 @@ def _steps(stage: _Stage, peer: _Stage) -> Finding | None:
     if peer.view.finished:
         situation = (f"{peer.name} ran {theirs} steps of its schedule and finished the script, while {stage.name} "
                      f"is in step {mine}")
+        why = (f"{peer.name.capitalize()} left the training loop early: fewer batches, a batch it skipped, an early stop "
+               "of its own (a NaN check, a `break`) or an error it caught. If it skipped a batch, the stages paired "
+               "their messages by order from there on, each step joining one stage's batch with another's.")
     elif peer.waiting:
         situation = f"{stage.name} is in step {mine} of its schedule and {peer.name} in step {theirs}"
     elif elsewhere is not None:
