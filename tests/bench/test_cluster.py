@@ -338,3 +338,22 @@ def test_a_signal_removes_the_cluster(needs_cluster, signum):
             child.kill()
     assert child.returncode != 0  # the signal still ends the program
     assert list_namespaces(prefix) == []
+
+
+@pytest.mark.launches
+@pytest.mark.timeout(60)
+def test_a_killed_runs_namespaces_are_removed_by_the_next_cluster_and_a_live_ones_kept(needs_cluster):
+    # A run SIGKILLed mid-way leaves its namespaces, and whatever runs inside, behind.
+    gone = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    orphan, live = f"gs{int(gone.stdout)}c9h0", f"gs{os.getpid()}c9h0"
+    for name in (orphan, live):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    left = subprocess.Popen(["ip", "netns", "exec", orphan, PY, "-c", "import time; time.sleep(60)"])
+    try:
+        with SimulatedCluster(ClusterSpec(hosts=2, link="1gbit")):
+            assert orphan not in list_namespaces("gs") and live in list_namespaces("gs")
+        assert left.wait(timeout=20) != 0  # ended with its namespace
+    finally:
+        left.kill()
+        for name in (orphan, live):
+            subprocess.run(["ip", "netns", "del", name], check=False)

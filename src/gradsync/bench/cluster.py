@@ -58,6 +58,7 @@ __all__ = [
     "SimulatedCluster",
     "available",
     "list_namespaces",
+    "remove_orphans",
     "main",
     "run_torchrun",
     "FIRST_MASTER_PORT",
@@ -189,6 +190,47 @@ def list_namespaces(prefix: str | None = None) -> list[str]:
     done = _cmd("ip", "netns", "list", check=False)
     names = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
     return [name for name in names if name.startswith(prefix)]
+
+
+def _delete_namespace(name: str) -> None:
+    # Anything still inside (a process that left its session, a grandchild) would keep the
+    # namespace and its links alive after `ip netns del`: end it first.
+    _kill_everything_in(name)
+    host = re.search(r"h(\d+)$", name)
+    if host is not None:  # one end of a veth pair removes the other
+        _cmd("ip", "-n", name, "link", "del", f"gs{host.group(1)}", check=False)
+    elif name.endswith("sw"):
+        _cmd("ip", "-n", name, "link", "del", "br0", check=False)
+    _cmd("ip", "netns", "del", name, check=False)
+
+
+_OWNED = re.compile(r"^gs(\d+)c")
+
+
+def remove_orphans() -> list[str]:
+    """Delete the namespaces an earlier gradsync process made and could not delete (it was
+    SIGKILLed: no handler runs), with whatever still runs inside them; returns their names.
+
+    Only names of gradsync's own pattern (gs<pid>c...) whose process is gone are touched: a live
+    owner (another run beside this one) keeps its cluster."""
+    removed = []
+    for name in list_namespaces("gs"):
+        owner = _OWNED.match(name)
+        if owner is None or _alive(int(owner.group(1))):
+            continue
+        _delete_namespace(name)
+        removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _process_prefix() -> str:
@@ -359,6 +401,8 @@ class SimulatedCluster:
     def _build(self) -> None:
         spec = self.spec
         subnet = _pick_subnet()
+        # Namespaces of earlier runs that were killed before they could delete them.
+        remove_orphans()
         # Reuse of our pid by a crashed earlier run could leave a namespace with our name behind.
         existing = set(list_namespaces(self.prefix))
         names = [f"{self.prefix}h{i}" for i in range(spec.hosts)]
@@ -427,15 +471,7 @@ class SimulatedCluster:
             if process in self._processes:
                 self._processes.remove(process)
         for name in list(reversed(self._namespaces)):
-            # Anything still inside (a process that left its session, a grandchild) would keep the
-            # namespace and its links alive after `ip netns del`: end it first.
-            _kill_everything_in(name)
-            host = re.search(r"h(\d+)$", name)
-            if host is not None:  # one end of a veth pair removes the other
-                _cmd("ip", "-n", name, "link", "del", f"gs{host.group(1)}", check=False)
-            elif name.endswith("sw"):
-                _cmd("ip", "-n", name, "link", "del", "br0", check=False)
-            _cmd("ip", "netns", "del", name, check=False)
+            _delete_namespace(name)
             if name in self._namespaces:
                 self._namespaces.remove(name)
         self._hosts = []
