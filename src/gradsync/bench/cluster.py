@@ -49,6 +49,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+import psutil
+
 from gradsync.errors import ConfigError, GradsyncError
 
 __all__ = [
@@ -216,21 +218,11 @@ def remove_orphans() -> list[str]:
     removed = []
     for name in list_namespaces("gs"):
         owner = _OWNED.match(name)
-        if owner is None or _alive(int(owner.group(1))):
+        if owner is None or psutil.pid_exists(int(owner.group(1))):
             continue
         _delete_namespace(name)
         removed.append(name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _process_prefix() -> str:

@@ -472,8 +472,9 @@ def _wrap_collective(recorder: CollectiveRecorder, op: str, original: Callable) 
                 async_position is not None and _arg(args, kwargs, async_position, "async_op", False)
             )
             kind = ""
-            message = recorder.pipeline_labels.of(_arg(args, kwargs, 0, "tensor")) if op in _POINT_TO_POINT_TENSOR else None
-            if message is not None or (message := recorder.pipeline_labels.setting_up()) is not None:
+            # Only sends and receives carry a pipeline's messages: other collectives skip the lookup.
+            message = recorder.pipeline_labels.message(_arg(args, kwargs, 0, "tensor")) if op in _POINT_TO_POINT_TENSOR else None
+            if message is not None:
                 kind, exchanged = message.text, {"pipeline": message.facts()}
             signature = signature_of(args, kwargs)
             record = recorder.enter(op, _arg(args, kwargs, group_position, "group"), signature, kind, args=exchanged)

@@ -21,13 +21,14 @@ is left out.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 from gradsync.rundir.records import PipelineFacts
 
@@ -94,6 +95,22 @@ class PipelineLabels:
         """The set-up a stage is in on this thread: every message sent meanwhile is part of it."""
         return getattr(self._setting_up, "message", None)
 
+    def message(self, tensor: Any) -> PipelineMessage | None:
+        """What a send or receive of `tensor` carries: its label, else the set-up it is part of."""
+        return self.of(tensor) or self.setting_up()
+
+    @contextlib.contextmanager
+    def setup(self, message: PipelineMessage | None) -> Iterator[None]:
+        """Label every message sent on this thread meanwhile as part of `message`'s set-up (None:
+        leave the labels as they are)."""
+        outer = self.setting_up()
+        if message is not None:
+            self._setting_up.message = message
+        try:
+            yield
+        finally:
+            self._setting_up.message = outer
+
 
 class _StageSteps:
     """Which step of its schedule each stage is in, and which schedule drives it.
@@ -103,22 +120,29 @@ class _StageSteps:
     the stage receives (the first stage's receive builder returns nothing, and some schedules
     never call it)."""
 
+    @dataclass
+    class _State:
+        step: int = 0
+        started_by: set[str] = field(default_factory=set)  # forward builders called at micro-batch 0 this step
+        schedule: str = ""
+
     def __init__(self) -> None:
-        self._states: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        self._states: weakref.WeakKeyDictionary[Any, _StageSteps._State] = weakref.WeakKeyDictionary()
 
     def note(self, stage: Any, method: str, chunk: int) -> tuple[int, str]:
         """(the step `stage` is in, the schedule driving it) as it builds `method`'s messages for
         micro-batch `chunk`; `method` "" is the stage's set-up, which comes before the next step."""
         state = self._states.get(stage)
         if state is None:
-            state = self._states[stage] = [0, set(), ""]  # step, forward builders seen at chunk 0, schedule
+            state = self._states[stage] = self._State()
         if not method:  # the set-up, before the step's first message
-            return state[0] + 1, state[2]
+            return state.step + 1, state.schedule
         if chunk == 0 and method in _FORWARD_BUILDERS:
-            if state[0] == 0 or method in state[1]:
-                state[0], state[1], state[2] = state[0] + 1, set(), _driving_schedule() or state[2]
-            state[1].add(method)
-        return max(state[0], 1), state[2]
+            if state.step == 0 or method in state.started_by:
+                state.step, state.started_by = state.step + 1, set()
+                state.schedule = _driving_schedule() or state.schedule
+            state.started_by.add(method)
+        return max(state.step, 1), state.schedule
 
 
 def _driving_schedule() -> str:
@@ -147,18 +171,23 @@ _MESSAGES = (
 _FORWARD_BUILDERS = ("get_fwd_recv_ops", "get_fwd_send_ops")
 
 
+def _stage_message(stage: Any, step: int, schedule: str, microbatch: int | None, microbatches: Any, carries: str,
+                   direction: str, peer_stage: int | None) -> PipelineMessage:
+    return PipelineMessage(
+        stage=int(stage.stage_index), stages=int(stage.num_stages), step=step, microbatch=microbatch,
+        microbatches=int(microbatches) if isinstance(microbatches, int) else None, schedule=schedule,
+        carries=carries, direction=direction, peer_stage=peer_stage,
+    )
+
+
 def _labelled(labels: PipelineLabels, steps: _StageSteps, method: str, original: Callable, carries: str, direction: str,
               offset: int) -> Callable:
     def build_ops(stage: Any, chunk: int, *args: Any, **kwargs: Any) -> Any:
         ops = original(stage, chunk, *args, **kwargs)
         try:
             step, schedule = steps.note(stage, method, chunk)
-            chunks = getattr(stage, "chunks", None)
-            message = PipelineMessage(
-                stage=int(stage.stage_index), stages=int(stage.num_stages), step=step, microbatch=int(chunk),
-                microbatches=int(chunks) if isinstance(chunks, int) else None, schedule=schedule, carries=carries,
-                direction=direction, peer_stage=int(stage.stage_index) + offset,
-            )
+            message = _stage_message(stage, step, schedule, int(chunk), getattr(stage, "chunks", None), carries, direction,
+                                     int(stage.stage_index) + offset)
             for op in ops:
                 labels.label(op.tensor, message)
         except Exception:  # a label is never worth failing the script's step
@@ -175,20 +204,14 @@ def _in_setup(labels: PipelineLabels, steps: _StageSteps, original: Callable) ->
     another micro-batch count or schedule is known even when it fails during its set-up."""
 
     def prepare(stage: Any, num_microbatches: Any, *args: Any, **kwargs: Any) -> Any:
-        outer = labels.setting_up()
+        message = None
         try:
             step, schedule = steps.note(stage, "", -1)
-            labels._setting_up.message = PipelineMessage(
-                stage=int(stage.stage_index), stages=int(stage.num_stages), step=step, microbatch=None,
-                microbatches=int(num_microbatches) if isinstance(num_microbatches, int) else None,
-                schedule=_driving_schedule() or schedule, carries="setup", direction="with", peer_stage=None,
-            )
+            message = _stage_message(stage, step, _driving_schedule() or schedule, None, num_microbatches, "setup", "with", None)
         except Exception:  # a label is never worth failing the script's step
             pass
-        try:
+        with labels.setup(message):
             return original(stage, num_microbatches, *args, **kwargs)
-        finally:
-            labels._setting_up.message = outer
 
     prepare.__gradsync_original__ = original  # type: ignore[attr-defined]
     return prepare

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradsync.run.analysis.crashes import is_consequence
-from gradsync.run.analysis.views import P2P_PEER, RankView, where_is
+from gradsync.run.analysis.views import P2P_PEER, RankView, message_tensor, where_is
 from gradsync.run.analysis.wording import describe, first_line
 from gradsync.rundir.records import Finding, PipelineFacts
 
@@ -136,11 +136,6 @@ def _microbatches(stage: _Stage, peer: _Stage) -> Finding | None:
     )
 
 
-def _tensor(signature: str | None) -> str:
-    """'float32[2, 16]' from 'float32[2, 16] src=0': what the message holds, without its peer."""
-    return P2P_PEER.sub("", signature or "")
-
-
 def _pairs_with(record: dict[str, Any], facts: PipelineFacts) -> bool:
     """Whether `record` is the other end of the message `facts` describe: the same step,
     micro-batch and cargo, sent where that one is received and received where it is sent."""
@@ -157,11 +152,11 @@ def _counterpart(stage: _Stage, peer: _Stage) -> dict[str, Any] | None:
 
 def _shapes(stage: _Stage, peer: _Stage) -> Finding | None:
     other = _counterpart(stage, peer)
-    if other is None or _tensor(other.get("signature")) == _tensor(stage.record.get("signature")):
+    if other is None or message_tensor(other.get("signature")) == message_tensor(stage.record.get("signature")):
         return None
     sender, receiver = (peer, stage) if stage.facts["direction"] == "from" else (stage, peer)
-    sent = _tensor((other if sender is peer else stage.record).get("signature"))
-    expected = _tensor((stage.record if receiver is stage else other).get("signature"))
+    sent = message_tensor((other if sender is peer else stage.record).get("signature"))
+    expected = message_tensor((stage.record if receiver is stage else other).get("signature"))
     facts = stage.facts
     why = ("a stage fixes its receive buffers to what it inferred (or was given) at its first step, so a later "
            "batch of another shape (a longer sequence, a short last batch) no longer fits" if facts["step"] > 1 else
@@ -207,8 +202,7 @@ def _skipped_microbatch(stage: _Stage, peer: _Stage) -> Finding | None:
         return None
     step, carries = facts["step"], facts["carries"]
     sender, receiver = (stage, peer) if facts["direction"] == "to" else (peer, stage)
-    link = (step, carries, sender.facts["stage"], receiver.facts["stage"])
-    sent, sending = _sequence(sender.view, *link, "to")
+    sent, sending = _sequence(sender.view, step, carries, sender.facts["stage"], receiver.facts["stage"], "to")
     received, receiving = _sequence(receiver.view, step, carries, receiver.facts["stage"], sender.facts["stage"], "from")
     lacking, skipped = None, None
     for out, into in zip(sent, received):
@@ -248,13 +242,10 @@ def _numbers(values: list[int]) -> str:
 
 def _steps(stage: _Stage, peer: _Stage) -> Finding | None:
     mine, theirs = stage.facts["step"], peer.facts["step"]
-    elsewhere = peer.view.waiting_on() if not peer.waiting and not peer.view.finished else None
     if mine == theirs or (not peer.waiting and theirs > mine):
         return None
     behind = peer if theirs < mine else stage
-    why = (f"{behind.name.capitalize()} skipped a batch the others trained on, or had fewer batches. The stages pair "
-           "their messages by order, so from the skipped batch on, each step joined one stage's batch with another's "
-           "(the loss met inputs and targets of different batches) until a stage ran out.")
+    elsewhere = peer.view.waiting_on() if not peer.waiting and not peer.view.finished else None
     if peer.view.finished:
         situation = (f"{peer.name} ran {theirs} steps of its schedule and finished the script, while {stage.name} "
                      f"is in step {mine}")
@@ -263,6 +254,9 @@ def _steps(stage: _Stage, peer: _Stage) -> Finding | None:
                "their messages by order from there on, each step joining one stage's batch with another's.")
     elif peer.waiting:
         situation = f"{stage.name} is in step {mine} of its schedule and {peer.name} in step {theirs}"
+        why = (f"{behind.name.capitalize()} skipped a batch the others trained on, or had fewer batches. The stages pair "
+               "their messages by order, so from the skipped batch on, each step joined one stage's batch with another's "
+               "(the loss met inputs and targets of different batches) until a stage ran out.")
     elif elsewhere is not None:
         situation = (f"{peer.name} left the pipeline after {theirs} steps and waits in {describe(elsewhere)} at "
                      f"{elsewhere.get('site') or '?'}, while {stage.name} is in step {mine}")

@@ -167,6 +167,11 @@ def last_site(view: RankView) -> str | None:
 P2P_PEER = re.compile(r" (src|dst)=(\d+)$")
 
 
+def message_tensor(signature: str | None) -> str:
+    """'float32[2, 16]' from 'float32[2, 16] src=0': what a send or receive holds, without its peer."""
+    return P2P_PEER.sub("", signature or "")
+
+
 # Where, on a stack, a rank blocks in a collective the recorder does not see.
 _UNRECORDED_WAIT = re.compile(r"torch/distributed/(_functional_collectives\.py|distributed_c10d\.py|tensor/)\S* in (\w+)")
 

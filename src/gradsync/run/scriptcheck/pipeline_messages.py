@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 
 from gradsync.callsite import caller_location
 from gradsync.rundir.records import Finding
-from gradsync.run.analysis.views import P2P_PEER
+from gradsync.run.analysis.views import message_tensor
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.check_primitives import Patches
 from gradsync.run.scriptcheck.compare import ranks_text
@@ -65,7 +65,7 @@ class PipelineWatch:
             link = self._links[key] = LinkFacts(stage=message.stage, peer_stage=message.peer_stage, carries=message.carries,
                                                 direction=message.direction, tensors=[], microbatches=[], schedules=[],
                                                 site=caller_location())
-        tensor = P2P_PEER.sub("", signature)
+        tensor = message_tensor(signature)
         if tensor not in link["tensors"] and len(link["tensors"]) < KEPT_TENSORS:
             link["tensors"].append(tensor)
         if message.microbatches is not None and message.microbatches not in link["microbatches"]:

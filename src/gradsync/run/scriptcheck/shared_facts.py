@@ -1,30 +1,38 @@
-"""What several checks' rules read of the ranks' facts the same way: the DDP models every rank
-built, and a check's own facts when every rank has them."""
+"""What several checks' rules read of the ranks' facts the same way: which ranks hold replicas of
+one DDP model, the DDP models they built, and a check's own facts when every rank has them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gradsync.run.scriptcheck.unit import RankFacts
 
 
+def replica_groups(groups: Mapping[int, Sequence[int] | None]) -> list[list[int]]:
+    """The ranks grouped by the process group each says its DDP model spans (rank -> that
+    group's ranks), the groups of two ranks or more. Under pipeline (or any hybrid) parallelism a
+    DDP spans only the ranks holding the same stage; the other stages hold other models under the
+    same parameter names, so they are never compared. A rank whose group is not known (facts of an
+    older gradsync) is taken to span every rank."""
+    everyone = tuple(sorted(groups))
+    by_group: dict[tuple[int, ...], list[int]] = {}
+    for rank, group in sorted(groups.items()):
+        by_group.setdefault(tuple(group) if group else everyone, []).append(rank)
+    return [members for _, members in sorted(by_group.items()) if len(members) >= 2]
+
+
 def common_models(checks: RankFacts) -> list[dict[int, Any]]:
-    """For each DDP model built in the same place of construction order by the ranks of its
-    process group: rank -> its facts. A DDP over a subgroup (a pipeline stage's replicas, one
-    dimension of a mesh) is compared among the ranks it spans, so the replicas of different stages,
-    which hold different models, are never compared with each other. A model whose group is not
-    known (facts of an older gradsync) is taken to span every rank."""
+    """For each DDP model built in the same place of construction order, by the ranks of its
+    process group (`replica_groups`): rank -> its facts."""
     if len(checks) < 2:
         return []
     count = min(len(facts["models"]) for facts in checks.values())
     compared = []
     for index in range(count):
-        by_group: dict[tuple[int, ...], dict[int, Any]] = {}
-        for rank, facts in checks.items():
-            model = facts["models"][index]
-            group = model.get("group")
-            by_group.setdefault(tuple(group) if group is not None else tuple(sorted(checks)), {})[rank] = model
-        compared += [models for _, models in sorted(by_group.items()) if len(models) >= 2]
+        models = {rank: facts["models"][index] for rank, facts in checks.items()}
+        compared += [{rank: models[rank] for rank in members}
+                     for members in replica_groups({rank: model.get("group") for rank, model in models.items()})]
     return compared
 
 

@@ -20,7 +20,7 @@ from gradsync.run.check_primitives import Patches, tensors_fingerprint
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.scriptcheck.compare import odd_ones_out, ranks_text, settings_differ
 from gradsync.run.scriptcheck.moments import Moments
-from gradsync.run.scriptcheck.shared_facts import own_facts
+from gradsync.run.scriptcheck.shared_facts import own_facts, replica_groups
 from gradsync.run.scriptcheck.unit import Category, Check, RankFacts
 
 NAME = "update_differs"
@@ -121,20 +121,13 @@ def update_differs(checks: RankFacts) -> list[Finding]:
         return []
     # Compared among the replicas of one model: under pipeline (or hybrid) parallelism a DDP spans
     # only the ranks holding the same stage, whose gradients and parameters are another model's.
-    for members in _replica_groups(recorded):
+    replicas = {rank: next((step.get("replicas") for step in facts["steps"] if step.get("replicas")), None)
+                for rank, facts in recorded.items()}
+    for members in replica_groups(replicas):
         findings = _differs_among({rank: checks[rank] for rank in members}, {rank: recorded[rank] for rank in members})
         if findings:
             return findings
     return []
-
-
-def _replica_groups(recorded: dict[int, Any]) -> list[list[int]]:
-    """The ranks grouped by the replicas their steps' DDP spans (every rank where unknown)."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for rank, facts in sorted(recorded.items()):
-        replicas = next((step.get("replicas") for step in facts["steps"] if step.get("replicas")), None)
-        groups.setdefault(tuple(replicas) if replicas else tuple(sorted(recorded)), []).append(rank)
-    return [members for _, members in sorted(groups.items()) if len(members) >= 2]
 
 
 def _differs_among(checks: RankFacts, recorded: dict[int, Any]) -> list[Finding]:
