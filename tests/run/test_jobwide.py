@@ -356,6 +356,44 @@ def test_how_an_agent_saw_a_rank_end_reaches_the_other_node(tmp_path, store, mon
         assert diagnosis["ranks"]["1"].startswith("killed by SIGKILL")
 
 
+def test_what_a_rank_said_as_it_died_reaches_the_other_node(tmp_path, store, monkeypatch):
+    """Rank 0 (node 0) aborts in Gloo's size check, so soon after a restart that its last
+    snapshot still shows no group: the backend's "580 vs 4" in its log is what tells the collective
+    mismatch. Node 1 has no such log; the words must come with rank 0's end, so that node 1 tells
+    the mismatch as node 0 does (seen on a real Slurm cluster: node 1 said rank_crashed)."""
+    monkeypatch.setattr(monitor_module, "END_WAIT_S", 3600.0)
+    _, address = store
+    now = time.time()
+    folders = [RunDir(tmp_path / "host0"), RunDir(tmp_path / "host1")]
+    metric = {**_record(5, site="train.py:37", state="entered"), "signature": "float32[1] op=SUM"}
+    write_json(folders[0].snapshot(0, 0), {**_snapshot(0, now, now - 1, pid=1000, records=5), "groups": {},
+                                           "records": [*(_record(i) for i in range(5)), metric]})
+    folders[0].log(0, 0).write_text(
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        "  what():  [enforce fail at gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 580 vs 4. "
+        "Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?\n")
+    failed = {**_record(5, state="failed"), "signature": "float32[577]"}
+    rank1 = {**_snapshot(1, now, now - 1, pid=1001, records=5), "records": [*(_record(i) for i in range(5)), failed]}
+    write_json(folders[1].snapshot(0, 1), rank1)
+    write_json(folders[1].exit_record(0, 1), {**rank1, "exit": {
+        "status": "exception", "time": now, "type": "RuntimeError", "message": "Connection reset by peer",
+        "location": "train.py:33"}})
+    monitors = [Monitor(RunOptions(run_dir=folder.root, stall_timeout_s=5), lambda d, _: None, store=address)
+                for folder in folders]
+    failures = [{0: _Failure(1000, -6)}, {1: _Failure(1001, 1)}]
+    hooks = [threading.Thread(target=monitor.agent_ended, args=(failed,), daemon=True) for monitor, failed in zip(monitors, failures)]
+    for hook in hooks:
+        hook.start()
+    for hook in hooks:
+        hook.join(timeout=60)  # a hang detector, as in the test above
+    assert not any(hook.is_alive() for hook in hooks), "a node waited for the other past its end"
+    diagnoses = [monitor.final(failed) for monitor, failed in zip(monitors, failures)]
+    for host, diagnosis in enumerate(diagnoses):
+        first = diagnosis["findings"][0]
+        assert (first["category"], first["ranks"]) == ("collective_mismatch", [0]), f"host {host}: {first}"
+        assert "580 vs 4" in diagnosis["ranks"]["0"], f"host {host}: {diagnosis['ranks']['0']}"
+
+
 # -- two hosts, no shared folder -----------------------------------------------------------------
 
 ZOO = REPO_ROOT / "tests/run/zoo"

@@ -29,7 +29,7 @@ import psutil
 
 from gradsync.run import faults
 from gradsync.run.analysis.attempts import earlier_attempts_finding, regrouped_finding, unfired_fault_findings
-from gradsync.run.analysis.last_words import read_last_words
+from gradsync.run.analysis.last_words import classify, read_last_words
 from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
@@ -214,9 +214,19 @@ class Monitor(threading.Thread):
         own = {rank: exits.get(rank) or s for rank, s in snapshots.items() if s.get("pid") in self.own_pids}
         ended = self.agent_exits.get(attempt, {})
         own = {rank: {**state, "agent_exit": ended[rank]} if rank in ended else state for rank, state in own.items()}
+        own = {rank: self._with_last_words(attempt, rank, state) for rank, state in own.items()}
         stopped = {rank for rank, s in own.items() if s.get("pid") in self.stopped_pids}
         self.board.publish(round_of(attempt, snapshots, exits), own, stopped)
         return set(own)
+
+    def _with_last_words(self, attempt: int, rank: int, state: dict[str, Any]) -> dict[str, Any]:
+        """An ended rank's state with the end of its log: what it said as it died (a backend's
+        "580 vs 4", an allocation failure) is in a file only this node has, and another node's
+        diagnosis of the same end must read it too."""
+        if "exit" not in state and "agent_exit" not in state:
+            return state
+        words = read_last_words(self.folder.log(attempt, rank))
+        return state if words is None else {**state, "last_words": list(words.lines)}
 
     def _job_wide(self, attempt: int, snapshots, exits, max_age_s: float, not_before: float = 0.0,
                   until: Callable[[dict[str, Any]], bool] | None = None) -> tuple[dict, dict]:
@@ -447,10 +457,14 @@ class Monitor(threading.Thread):
         return evidence.diagnose()
 
     def _read_last_words(self, attempt: int, views: dict[int, RankView]) -> None:
-        """Each rank's last words, from its log on this node (another node's ranks keep theirs)."""
+        """Each rank's last words: from its log on this node, or as its own node published them."""
         for rank, view in views.items():
-            if not (view.snapshot or {}).get("remote"):
+            snapshot = view.snapshot or {}
+            if not snapshot.get("remote"):
                 view.last_words = read_last_words(self.folder.log(attempt, rank))
+            elif isinstance(snapshot.get("last_words"), list):
+                words = classify("\n".join(str(line) for line in snapshot["last_words"]))
+                view.last_words = words if words.lines else None
 
     def _add_notes(self, diagnosis: dict[str, Any], attempt: int) -> None:
         """The busy notes printed during the attempt, recorded with its diagnosis."""
