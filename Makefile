@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test test-fast test-zoo zoo-record test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-300mbit-release bench-resnet-slow-links bench-side-by-side gpu-check clean
+.PHONY: demo test test-fast test-zoo zoo-record test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-300mbit-release bench-resnet-slow-links bench-side-by-side gpu-check slurm-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -167,6 +167,13 @@ bench-lora: $(STAMP)
 # TORCH_DISTRIBUTED_DEBUG=DETAIL, side by side (one case at a time; ~20 min on 2 cores).
 bench-side-by-side: $(STAMP)
 	$(BIN)/python benchmarks/side_by_side.py --output gradsync_runs/side-by-side/table.md
+
+# Not part of `make test`: deploy/slurm/train.sbatch on a real Slurm cluster (slurmctld, one slurmd per simulated
+# host, a private munged; Debian's packages installed when missing), edited only where it tells users to: a healthy
+# job, a broken one, scancel --signal=TERM + requeue, the time limit's notice + resubmission, a node's workers killed
+# (each compared bitwise with the healthy job) (~5 min, root).
+slurm-check: $(STAMP)
+	$(BIN)/python benchmarks/slurm_check.py --output gradsync_runs/slurm-check
 
 # Every CUDA path once on one GPU (demo at fp16/bf16, accumulation, compression hooks, gradsync run and
 # Flight Recorder on NCCL, the profiler's CUDA rules, NVML, doctor, bench allreduce, FSDP2 and TP, exposed

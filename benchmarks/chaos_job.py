@@ -4,13 +4,16 @@ checkpoints, as a user's job would be (`benchmarks/chaos.py` runs it under `grad
 Two things only a benchmark needs: rank 0 writes the optimizer step it has reached to
 `--progress` after every step (so the harness can strike at a chosen step from outside: cut a
 host's link, fill the disk), and it prints the final parameters' SHA-256, which the harness
-compares with an uninterrupted run's.
+compares with an uninterrupted run's. `make slurm-check` runs it through deploy/slurm/train.sbatch,
+which passes `--resume auto`; there `--step-pause-s` keeps the job running until Slurm's time-limit
+notice arrives, without changing what it computes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -29,8 +32,10 @@ def main() -> None:
     parser.add_argument("--async-save", action="store_true")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--progress", default=None, help="file where rank 0 writes the step it reached")
+    parser.add_argument("--resume", default="auto", help="gradsync's checkpoint resume setting")
+    parser.add_argument("--step-pause-s", type=float, default=0.0, help="seconds every rank sleeps after each optimizer step")
     args = parser.parse_args()
-    checkpoint = {"dir": args.checkpoint_dir, "every_steps": args.every, "async_save": args.async_save, "resume": "auto"}
+    checkpoint = {"dir": args.checkpoint_dir, "every_steps": args.every, "async_save": args.async_save, "resume": args.resume}
     trainer = gradsync.setup(
         accumulation_steps=2, max_grad_norm=1.0, seed=0,
         checkpoint=checkpoint if args.checkpoint_dir else {},
@@ -47,6 +52,8 @@ def main() -> None:
                 step.backward(F.cross_entropy(model(x), y))
             if step.is_boundary and args.progress and trainer.is_main:
                 _write_progress(Path(args.progress), trainer.optimizer_steps)
+            if step.is_boundary and args.step_pause_s:
+                time.sleep(args.step_pause_s)
     sha = parameters_sha256(trainer.unwrap(model))
     trainer.close()
     if trainer.is_main:
