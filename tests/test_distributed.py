@@ -1,5 +1,6 @@
 """The process group: single process without a launcher, torchrun's environment, timeouts."""
 
+import os
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import gradsync
 from gradsync import ConfigError, GradsyncError
 from gradsync.distributed import (
     backend_devices, choose_backend, collective_device, join_process_group, plan_distributed, read_launcher_env,
+    threads_per_worker, usable_cores,
 )
 from tests.harness import launch
 
@@ -146,3 +148,11 @@ def test_a_group_without_cpu_backend_gets_a_gloo_control_group_for_small_tensors
         assert result["world"] == "cuda", "small tensors on such a group go to the current CUDA device"
         assert (result["control_backend"], result["control"], result["sum"]) == ("gloo", "cpu", 2.0)
         assert "No backend type associated with device type cpu" in result["cpu_on_world"]
+
+
+def test_workers_share_the_cores_this_process_may_use_not_the_machines(monkeypatch):
+    """Slurm's --cpus-per-task=8 on a 128-core node: 8 workers get one thread each, not 16."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 128)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert usable_cores() == 8
+    assert [threads_per_worker(w) for w in (1, 2, 8, 16)] == [8, 4, 1, 1]

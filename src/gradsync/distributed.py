@@ -204,6 +204,21 @@ def shutdown(ctx: DistContext, *, barrier: bool = True) -> None:
         dist.destroy_process_group()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, which Slurm (--cpus-per-task),
+    taskset and container limits narrow. os.cpu_count() counts the machine's, so on a Slurm node
+    with 128 cores and --cpus-per-task=8 it would give each of 8 workers 16 threads on one core."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_worker(workers: int) -> int:
+    """Intra-op threads for each of `workers` processes sharing this process's cores (at least 1)."""
+    return max(1, usable_cores() // max(1, workers))
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now, for a rendezvous this process sets up."""
     with socket.socket() as sock:

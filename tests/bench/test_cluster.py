@@ -22,6 +22,7 @@ from gradsync.bench.cluster import (
     SimulatedCluster,
     list_namespaces,
 )
+from gradsync.distributed import threads_per_worker
 from gradsync.errors import ConfigError
 
 PY = sys.executable
@@ -240,11 +241,6 @@ def test_torchrun_gloo_all_reduce_across_hosts(needs_cluster, tmp_path, monkeypa
     assert list_namespaces() == []
 
 
-def test_workers_sharing_the_cores_get_a_share_each():
-    assert [cl.worker_threads(2, w) for w in (1, 2, 4)] == [2, 1, 1]
-    assert cl.worker_threads(16, 4) == 4 and cl.worker_threads(1, 0) == 1
-
-
 @pytest.mark.launches
 @pytest.mark.timeout(120)
 def test_each_hosts_workers_get_their_share_of_the_machines_cores_unless_told(needs_cluster, tmp_path, monkeypatch):
@@ -253,7 +249,7 @@ def test_each_hosts_workers_get_their_share_of_the_machines_cores_unless_told(ne
         f"pathlib.Path({str(tmp_path)!r}, 'rank' + os.environ['RANK']).write_text(os.environ['OMP_NUM_THREADS'])\n"
     )
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    share = str(cl.worker_threads(os.cpu_count() or 1, 2))
+    share = str(threads_per_worker(2))
     with cl.SimulatedCluster(cl.ClusterSpec(hosts=2, link="1gbit")) as cluster:
         assert cl.run_torchrun(cluster, 1, ["threads_probe"], 29533, environment={"PYTHONPATH": str(tmp_path)}) == 0
         assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == [share, share]

@@ -51,6 +51,7 @@ from typing import IO, Any
 
 import psutil
 
+from gradsync.distributed import threads_per_worker
 from gradsync.errors import ConfigError, GradsyncError
 
 __all__ = [
@@ -683,11 +684,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def worker_threads(cores: int, workers: int) -> int:
-    """Intra-op threads per worker when `workers` processes share `cores`: each its share, at least one."""
-    return max(1, cores // max(1, workers))
-
-
 def run_torchrun(cluster: SimulatedCluster, nproc_per_node: int, module_argv: Sequence[str], master_port: int,
                  grace_s: float = 10.0, environment: Mapping[str, str] | None = None) -> int:
     """`torchrun ... -m MODULE ARGS` on every host (static rendezvous); 0 if every host succeeded.
@@ -703,7 +699,7 @@ def run_torchrun(cluster: SimulatedCluster, nproc_per_node: int, module_argv: Se
     Output goes straight to this process's stdout/stderr, so rank 0's report reads as usual.
     """
     env = {**os.environ, **(environment or {})}
-    env.setdefault("OMP_NUM_THREADS", str(worker_threads(os.cpu_count() or 1, len(cluster.hosts) * nproc_per_node)))
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_worker(len(cluster.hosts) * nproc_per_node)))
     processes = [
         cluster.run(i, [sys.executable, "-m", "torch.distributed.run",
                         *cluster.torchrun_args(i, nproc_per_node, master_port), "-m", *module_argv], env=env)

@@ -12,6 +12,8 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from gradsync.distributed import threads_per_worker
+
 
 def launch_module(module: str, module_args: list[str], nproc_per_node: int) -> int:
     """Run `python -m module *module_args` on `nproc_per_node` local workers; 0 if all succeed."""
@@ -23,8 +25,7 @@ def launch_module_with(torchrun_options: list[str], module: str, module_args: li
     `--node-rank`, `--master-addr`, `--rdzv-*` ... for several hosts); 0 if all workers succeed."""
     # torchrun would set OMP_NUM_THREADS=1 with a warning; share the cores out explicitly instead
     # (a value the user set wins).
-    threads = max(1, (os.cpu_count() or 1) // nproc_per_node)
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_worker(nproc_per_node)))
     args = get_args_parser().parse_args(
         [*torchrun_options, "--nproc-per-node", str(nproc_per_node), "-m", module, *module_args]
     )

@@ -29,6 +29,7 @@ from torch.distributed.run import determine_local_world_size, get_args_parser, r
 
 from gradsync import compat
 from gradsync.commandline import one_line_errors
+from gradsync.distributed import threads_per_worker
 from gradsync.errors import ConfigError
 from gradsync.report.advice import advice_lines
 from gradsync.run import faults, publish
@@ -147,7 +148,7 @@ def main(argv: list[str]) -> int:
     _wrap_worker_command(args, options.save())
     # torchrun would set OMP_NUM_THREADS=1 with a warning; share the cores out instead (a value
     # the user set wins).
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // local_world_size(args.nproc_per_node))))
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_worker(local_world_size(args.nproc_per_node))))
 
     min_nodes, max_nodes = node_range(args.nnodes)
     if args.max_restarts > 0 or min_nodes < max_nodes:
