@@ -13,7 +13,8 @@ The behaviours checked, each a job of its own:
   requeued job (SLURM_RESTART_COUNT=1, its own run folder) resumes from it and ends bitwise equal;
 - the time limit's notice (`--signal=TERM@120`), then the same script submitted again: the same;
 - a node's workers SIGKILLed mid-job: every node restarts its workers (`--max-restarts`), resumes
-  from the last checkpoint and ends bitwise equal.
+  from the last checkpoint and ends bitwise equal;
+- the doctor on the allocation: its Slurm checks, healthy and with each mistake they look for.
 
 Needs root (network namespaces, the daemons); installs Slurm's Debian packages when missing.
 Everything lives under --output and in the namespaces, and is stopped and deleted at the end.
@@ -272,6 +273,57 @@ class Trials:
             "bitwise equal to the uninterrupted run": self.sha(text) == self.reference_sha is not None,
         })
 
+    def doctor(self, outcome: Outcome) -> None:
+        """`srun gradsync doctor` on the allocation: healthy, then with each mistake its Slurm checks
+        look for (a launcher per task, GPUs torch cannot see, a rendezvous host that is no node,
+        workers crowding their cores)."""
+        folder = self.work / "doctor"
+        folder.mkdir(parents=True, exist_ok=True)
+
+        runs = iter(range(100))
+
+        def doctor(srun: list[str], launch: list[str]) -> tuple[int, list[dict]]:
+            # Each task's output to a file of its own: srun interleaves long lines of several tasks.
+            label = f"run{next(runs)}"
+            argv = ["srun", "-N2", f"--output={folder}/{label}-%t.out", *srun, "gradsync", "doctor", "--json",
+                    "--checkpoint-dir", str(folder), "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "doctor", *launch]
+            done = self.slurm.command(argv, cwd=folder, env=self.env(), check=False, timeout=JOB_TIMEOUT_S)
+            reports = [json.loads(line) for path in sorted(folder.glob(f"{label}-*.out"))
+                       for line in path.read_text().splitlines() if line.startswith("{")]
+            return done.returncode, reports
+
+        def verdicts(report: dict) -> dict[str, str]:
+            return {c["name"]: c["verdict"] for c in report["checks"] if c["name"].startswith("slurm")}
+
+        endpoint = ["--rdzv-endpoint", f"{self.slurm.names[0]}:29400"]
+        code, reports = doctor(["--ntasks-per-node=1", "--cpus-per-task=2"], ["--nproc-per-node", "1", *endpoint])
+        healthy = len(reports) == 1 and reports[0]["world_size"] == 2 and code == 0
+        healthy = healthy and set(verdicts(reports[0]).values()) == {"ok"} and len(reports[0]["hosts"]) == 2
+        outcome.notes.append(f"healthy: exit {code}, {verdicts(reports[0]) if reports else 'no report'}")
+        code, reports = doctor(["--ntasks-per-node=2", "--cpus-per-task=1"], ["--nproc-per-node", "1", *endpoint])
+        per_task = code != 0 and len(reports) == 4 and all(verdicts(r)["slurm tasks"] == "problem" for r in reports)
+        outcome.notes.append(f"two tasks per node: exit {code}, {len(reports)} reports, not launched")
+        code, reports = doctor(["--ntasks-per-node=1", "--cpus-per-task=2", "--gpus-per-node=1"],
+                               ["--nproc-per-node", "1", *endpoint])
+        gpus = code != 0 and len(reports) == 1 and verdicts(reports[0]).get("slurm gpus") == "problem"
+        outcome.notes.append(f"--gpus-per-node=1 that torch cannot see: exit {code}, "
+                             f"{verdicts(reports[0]).get('slurm gpus') if reports else 'no report'}")
+        code, reports = doctor(["--ntasks-per-node=1", "--cpus-per-task=2"],
+                               ["--nproc-per-node", "1", "--rdzv-endpoint", "login01:29400"])
+        stranger = code != 0 and len(reports) == 2 and all(verdicts(r)["slurm rendezvous"] == "problem" for r in reports)
+        outcome.notes.append(f"rendezvous at login01: exit {code}, {len(reports)} reports, not launched")
+        code, reports = doctor(["--ntasks-per-node=1", "--cpus-per-task=1"], ["--nproc-per-node", "2", *endpoint])
+        crowded = code == 0 and len(reports) == 1 and verdicts(reports[0]).get("slurm cpus") == "warning"
+        outcome.notes.append(f"2 workers on --cpus-per-task=1: exit {code}, "
+                             f"{verdicts(reports[0]).get('slurm cpus') if reports else 'no report'}")
+        outcome.passed = _all(outcome, {
+            "healthy: every Slurm line ok, both nodes in one report": healthy,
+            "a launcher per task: every task says so, nothing launched": per_task,
+            "GPUs Slurm gave that torch does not see: a problem": gpus,
+            "a rendezvous host that is not a node: every node says so, nothing launched": stranger,
+            "two workers on one core: a warning": crowded,
+        })
+
 
 def _all(outcome: Outcome, conditions: Mapping[str, bool]) -> bool:
     for what, held in conditions.items():
@@ -286,6 +338,7 @@ BEHAVIOURS: dict[str, Callable[[Trials, Outcome], None]] = {
     "scancel-requeue": Trials.cancel_then_requeue,
     "time-limit-resubmit": Trials.time_limit_then_resubmit,
     "workers-killed": Trials.workers_killed,
+    "doctor": Trials.doctor,
 }
 
 

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from gradsync.cli.launch import launch_module_with
-from gradsync.doctor import worker
+from gradsync.doctor import slurm, worker
 from gradsync.doctor.checks import worst
 from gradsync.errors import ConfigError, GradsyncError
 from gradsync.run.scriptcheck import registry
@@ -80,6 +81,19 @@ class LaunchOptions:
     @property
     def launched(self) -> bool:
         return any(getattr(self, f.name) is not None for f in fields(self))
+
+    def planned(self) -> slurm.PlannedLaunch | None:
+        """What these options ask of each node (None: no launch, the doctor checks this process)."""
+        if not self.launched:
+            return None
+        low, _, high = (self.nnodes or "1").partition(":")
+        rendezvous = None
+        if self.several_hosts and self.rdzv_endpoint:
+            host, _, port = self.rdzv_endpoint.rpartition(":") if ":" in self.rdzv_endpoint else (self.rdzv_endpoint, "", "")
+            rendezvous = (host.strip("[]"), int(port) if port.isdigit() else slurm.C10D_DEFAULT_PORT)
+        elif self.several_hosts and self.master_addr:
+            rendezvous = (self.master_addr, self.master_port or slurm.STATIC_DEFAULT_PORT)
+        return slurm.PlannedLaunch(self.nproc_per_node or 1, int(low), int(high or low), rendezvous)
 
     def torchrun_options(self) -> list[str]:
         """The rendezvous options torchrun gets (`--standalone` for one host without a meeting point)."""
@@ -180,6 +194,12 @@ def run(args: argparse.Namespace) -> int:
         print("gradsync doctor: --steps, --checks and --run-dir belong to the script check: add the SCRIPT to run",
               file=sys.stderr)
         return 2
+    # On Slurm, what the allocation gives this task against what the launch asks of it: before the
+    # launch, which a wrong task count or an unreachable rendezvous would hang.
+    preflight = tuple(slurm.preflight(os.environ, launch.planned()))
+    if any(c.verdict == "problem" and c.name in slurm.BLOCKING for c in preflight):
+        return worker.report_before_launch(preflight, options)
+    options = replace(options, preflight=preflight)
     if not launch.launched:
         try:
             return worker.run(options, alone=True)
@@ -190,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
     if options.json:
         worker_args.append("--json")
     with tempfile.TemporaryDirectory(prefix="gradsync-doctor-") as results:
+        if preflight:
+            worker_args += ["--preflight", worker.write_checks(Path(results) / "preflight.json", preflight)]
         code = launch_module_with(launch.torchrun_options(), WORKER_MODULE, [*worker_args, "--result-dir", results],
                                   launch.nproc_per_node or 1)
         statuses = [json.loads(path.read_text())["status"] for path in Path(results).glob("rank*.json")]

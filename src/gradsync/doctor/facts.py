@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gradsync.doctor.checks import DiskSpace, StoreProbe, relevant_env
+from gradsync.doctor.checks import Check, DiskSpace, StoreProbe, relevant_env
 from gradsync.netif import network_interfaces
 
 STORE_PROBE_TIMEOUT_S = 3.0
@@ -67,6 +67,7 @@ class RankFacts:
     env: dict[str, str]
     host: HostFacts
     store: StoreProbe | None = None
+    preflight: tuple[Check, ...] = ()  # what `gradsync doctor` found before the launch, on this rank's host
 
     @property
     def node_key(self) -> tuple[str, str]:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class WorkerOptions:
     shm_path: str = "/dev/shm"
     result_dir: str | None = None  # where each rank writes its status for `gradsync doctor` (its exit code)
     started_at: float | None = None  # time.time() when `gradsync doctor` started, for the report's duration
+    preflight: tuple[C.Check, ...] = ()  # what `gradsync doctor` found before the launch (its Slurm checks)
 
     def __post_init__(self) -> None:
         if not self.checkpoint_dir:
@@ -123,6 +125,7 @@ def compare(
                                                      multi_host, f.cuda_available)),
         per_host(lambda f: C.check_hostname(f.hostname, f.host.hostname_address, f.host.hostname_error,
                                             multi_host, f.env)),
+        per_host(lambda f: list(f.preflight)),
         C.check_store([f.store for f in facts if f.store is not None], launched),
         *extra,
         C.check_allreduce(network.allreduce, network.reason),
@@ -165,7 +168,8 @@ def run(options: WorkerOptions, alone: bool = False) -> int:
     launched = None if alone else read_launcher_env(os.environ)  # GradsyncError: a half-set environment
     rank, world_size, local_rank = launched or (0, 1, 0)
     log = configure_logging(rank)
-    facts = rank_facts(rank, local_rank, os.environ, options.checkpoint_dir, options.shm_path)
+    facts = replace(rank_facts(rank, local_rank, os.environ, options.checkpoint_dir, options.shm_path),
+                    preflight=options.preflight)
     if launched is None:
         why = "one process; try --nproc-per-node 2"
         report = build_report([facts], NetworkOutcome(reason=why), launched=False, elapsed_s=time.time() - started)
@@ -246,6 +250,31 @@ def _alone_with_problem(facts: RankFacts, options: WorkerOptions, started: float
     return 1
 
 
+def report_before_launch(checks: Sequence[C.Check], options: WorkerOptions) -> int:
+    """The report of `gradsync doctor`'s own checks when they say a launch would hang: printed by
+    every task (each sees its own node), exit 1 instead of starting the workers."""
+    env = os.environ
+    rank = int(env.get("SLURM_PROCID", "0")) if env.get("SLURM_PROCID", "").isdigit() else 0
+    report = Report(
+        lines=tuple(Line(check) for check in checks),
+        ranks=(RankInfo(rank, socket.gethostname(), 0),),
+        elapsed_s=time.time() - (options.started_at or time.time()),
+        scope="not launched: the workers would wait in a rendezvous that cannot complete (fix the problems below first)",
+    )
+    _finish(report, options, rank, printer=True)
+    return 1
+
+
+def write_checks(path: Path, checks: Sequence[C.Check]) -> str:
+    """`checks` as JSON at `path` (the workers' --preflight); returns the path."""
+    path.write_text(json.dumps([asdict(check) for check in checks]))
+    return str(path)
+
+
+def read_checks(path: str) -> tuple[C.Check, ...]:
+    return tuple(C.Check(**item) for item in json.loads(Path(path).read_text()))
+
+
 def _finish(report: Report, options: WorkerOptions, rank: int, printer: bool) -> int:
     if printer:
         _print_at_once(json.dumps(report.to_json()) + "\n" if options.json else render(report))
@@ -291,10 +320,12 @@ def main(argv: list[str] | None = None) -> None:
     add_arguments(parser)
     parser.add_argument("--result-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--started-at", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--preflight", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         options = WorkerOptions(json=args.json, checkpoint_dir=args.checkpoint_dir, shm_path=args.shm_path,
-                                result_dir=args.result_dir, started_at=args.started_at)
+                                result_dir=args.result_dir, started_at=args.started_at,
+                                preflight=read_checks(args.preflight) if args.preflight else ())
         code = run(options)
     except GradsyncError as error:
         print(f"gradsync doctor: {error}", file=sys.stderr)
