@@ -354,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "gradsync_runs" / "slurm-check")
     parser.add_argument("--only", default=None, help="comma-separated behaviours (healthy always runs: the reference)")
     args = parser.parse_args(argv)
+    args.output = args.output.resolve()  # the jobs run elsewhere (each in its submission folder)
+    # SIGTERM unwinds like Ctrl-C, so that the cluster stops its daemons (munged runs outside the
+    # namespaces, which are deleted either way).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if os.geteuid() != 0:
         print("slurm-check: needs root (network namespaces and Slurm's daemons)", file=sys.stderr)
         return 2
