@@ -196,3 +196,19 @@ def test_the_slurm_lines_join_the_launched_report(tmp_path):
     checks = {c["name"]: c for c in report["checks"]}
     assert report["world_size"] == 2 and checks["slurm job"]["value"] == "job 7 step 0 on node0 (1 of 1)", report
     assert checks["slurm tasks"]["verdict"] == "ok" and checks["slurm gpus"]["verdict"] == "ok"
+
+
+@pytest.mark.launches
+@pytest.mark.timeout(120)
+def test_the_script_check_is_not_launched_into_such_a_rendezvous_either(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM")}, **STEP,
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NUM_TASKS": "4"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gradsync", "doctor", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--steps", "2", str(script)],
+        env=env, capture_output=True, text=True, timeout=100, cwd=tmp_path,
+    )
+    assert done.returncode == 1 and "not launched" in done.stdout, done.stdout + done.stderr
+    assert "slurm tasks" in done.stdout and not (tmp_path / "ran").exists()

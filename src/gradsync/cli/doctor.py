@@ -188,17 +188,17 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"gradsync doctor: {error}", file=sys.stderr)
         return 2
-    if args.script is not None:
-        return check_script(args, launch)
-    if args.steps != DEFAULT_STEPS or args.run_dir is not None or args.checks is not None:
+    if args.script is None and (args.steps != DEFAULT_STEPS or args.run_dir is not None or args.checks is not None):
         print("gradsync doctor: --steps, --checks and --run-dir belong to the script check: add the SCRIPT to run",
               file=sys.stderr)
         return 2
     # On Slurm, what the allocation gives this task against what the launch asks of it: before the
-    # launch, which a wrong task count or an unreachable rendezvous would hang.
+    # launch (the script check's too), which a wrong task count or an unreachable rendezvous would hang.
     preflight = tuple(slurm.preflight(os.environ, launch.planned()))
     if any(c.verdict == "problem" and c.name in slurm.BLOCKING for c in preflight):
         return worker.report_before_launch(preflight, options)
+    if args.script is not None:
+        return check_script(args, launch)
     options = replace(options, preflight=preflight)
     if not launch.launched:
         try:

@@ -332,7 +332,7 @@ def check_rendezvous(allocation: SlurmAllocation, probe: RendezvousProbe | None)
                      "port between the nodes")
     if not in_job:
         return Check(name, "warning", f"{target} -> {probe.address}",
-                     f"{probe.host} is not a node of {allocation.where.split(' on ')[0]}: a name left from another "
+                     f"{probe.host} is not a node of job {allocation.job_id}: a name left from another "
                      "allocation or a login node, which the next job may not reach", fix_host)
     role = "served by this node" if probe.served_here else "reachable"
     return Check(name, "ok", f"{target} -> {probe.address}", f"a node of this job, {role}")
