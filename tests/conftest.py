@@ -124,6 +124,11 @@ STARTED_BY = "GRADSYNC_TESTS_STARTED_BY"
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ[STARTED_BY] = str(os.getpid())
+    # Run inside a Slurm allocation (salloc, an sbatch test job), every gradsync the tests start
+    # would read that allocation (the doctor's Slurm checks): the suite judges gradsync, not the
+    # job it happens to run in. Tests of the Slurm checks set their own SLURM_* variables.
+    for name in [name for name in os.environ if name.startswith("SLURM_") or name == "SLURMD_NODENAME"]:
+        del os.environ[name]
 
 
 def _end_leftovers(nodeid: str) -> None:
