@@ -86,6 +86,17 @@ def test_a_launcher_per_gpu_task_is_a_problem_named_with_its_fix():
     assert fewer.verdict == "problem" and "waits for 4 launchers" in fewer.message
 
 
+def test_in_the_batch_script_only_this_process_launches():
+    """sbatch's own shell (no srun step): SLURM_NTASKS=2 counts the job's tasks, yet one launcher runs."""
+    batch = SlurmAllocation.from_env({k: v for k, v in STEP.items() if not k.startswith("SLURM_STEP")})
+    assert batch is not None and batch.step_id is None and batch.tasks == 2
+    alone = check_tasks(batch, _launch(8, nodes=1))
+    assert alone.verdict == "warning" and "the others stay idle" in alone.message and "srun" in alone.fix
+    assert check_tasks(batch, _launch(8, nodes=2)).verdict == "problem", "the second node's launcher never starts"
+    one_node = SlurmAllocation.from_env({"SLURM_JOB_ID": "3", "SLURM_JOB_NODELIST": "node0", "SLURM_NTASKS": "4"})
+    assert check_tasks(one_node, _launch(4, nodes=1)).verdict == "ok"
+
+
 def test_gpus_slurm_gave_against_what_the_task_sees_and_the_workers_use():
     allocation = SlurmAllocation.from_env(EIGHT_GPUS)
     assert check_gpus(allocation, _launch(8), _view()).verdict == "ok"

@@ -217,11 +217,15 @@ def check_tasks(allocation: SlurmAllocation, launch: PlannedLaunch | None) -> Ch
     name = "slurm tasks"
     if launch is None:
         return Check(name, "ok", "not launched", "this process alone: no rendezvous to meet")
+    expected = (str(launch.min_nodes) if launch.min_nodes == launch.max_nodes
+                else f"{launch.min_nodes} to {launch.max_nodes}")
+    if allocation.step_id is None:
+        # The batch script or an salloc shell: SLURM_NTASKS counts the job's tasks, but only this
+        # one process launches; srun would start one per task.
+        return _outside_a_step(name, allocation, launch, expected)
     launchers = allocation.tasks
     if launchers is None:
         return Check(name, "ok", "unknown", "Slurm did not say how many tasks the step has")
-    expected = (str(launch.min_nodes) if launch.min_nodes == launch.max_nodes
-                else f"{launch.min_nodes} to {launch.max_nodes}")
     on_node = allocation.tasks_on_node or 1
     value = (f"{launchers} task(s), {on_node} on this node, each a launcher of {launch.nproc_per_node} worker(s); "
              f"--nnodes {expected}")
@@ -238,6 +242,20 @@ def check_tasks(allocation: SlurmAllocation, launch: PlannedLaunch | None) -> Ch
     return Check(name, "problem", value, what,
                  "run one task per node (#SBATCH --ntasks-per-node=1, and srun --ntasks-per-node=1); the launcher "
                  "starts the per-GPU workers itself; and give --nnodes $SLURM_NNODES")
+
+
+def _outside_a_step(name: str, allocation: SlurmAllocation, launch: PlannedLaunch, expected: str) -> Check:
+    value = f"one launcher (not an srun step), --nnodes {expected}; the job has {len(allocation.nodes) or '?'} node(s)"
+    if launch.min_nodes > 1:
+        return Check(name, "problem", value,
+                     f"only this process launches, outside any srun step, and the rendezvous waits for {expected} "
+                     "launchers: the other nodes' never start, and it hangs until its join timeout",
+                     "start one launcher per node: srun --ntasks-per-node=1 gradsync ...")
+    if len(allocation.nodes) > 1:
+        return Check(name, "warning", value,
+                     f"only this node works: the job holds {len(allocation.nodes)} nodes and the others stay idle",
+                     "start one launcher per node: srun --ntasks-per-node=1 gradsync ... --nnodes $SLURM_NNODES")
+    return Check(name, "ok", value, "one launcher on the job's one node")
 
 
 def check_gpus(allocation: SlurmAllocation, launch: PlannedLaunch | None, view: TaskView) -> Check:
