@@ -214,7 +214,7 @@ class Trials:
         text = self.output(folder, job)
         saved = max(map(int, _COMMITTED.findall(text)), default=0)
         self.slurm.command(["scontrol", "requeue", job])
-        second = self.slurm.wait(job, JOB_TIMEOUT_S, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"))
+        second = self.slurm.wait(job, JOB_TIMEOUT_S)
         again = self.output(folder, job)
         resumed = [int(s) for s in _RESUMED.findall(again)]
         outcome.notes.append(f"job {job}: TERM at step {reached}, {first['JobState']}, final checkpoint of step {saved}; "

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gradsync.bench.cluster import ClusterSpec, SimulatedCluster
+from gradsync.bench.cluster import ClusterSpec, SimulatedCluster, stop_session
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 # How long the nodes may take to register with slurmctld (a few seconds when idle).
@@ -263,10 +262,10 @@ class SlurmCluster:
         if self._daemons and self.conf.exists():
             self.command(["scancel", "--full", "--user", "root"], check=False, timeout=10)
         for process in reversed(self._daemons):
-            _stop(process)
+            stop_session(process, grace_s=5.0)
         self._daemons = []
         for holder in self._holders:
-            _stop(holder)
+            stop_session(holder, grace_s=5.0)
         self._holders = []
         self._hosts.close()
 
@@ -319,21 +318,7 @@ class SlurmCluster:
 
     def pids(self, node: int, pattern: str) -> list[int]:
         """The processes on node `node` whose command line contains `pattern`."""
-        holder = self._holders[node].pid
-        namespace = os.readlink(f"/proc/{holder}/ns/uts")
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == holder:
-                continue
-            try:
-                if os.readlink(entry / "ns" / "uts") != namespace:
-                    continue
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue  # ended meanwhile
-            if pattern in cmdline:
-                found.append(int(entry.name))
-        return found
+        return [pid for pid, line in self._hosts.processes(node) if pattern in line]
 
     def _logs_of_nodes(self) -> str:
         return "\n".join(f"{name}: {self._tail(self.folder / f'slurmd-{name}.log')}" for name in self.names)
@@ -350,19 +335,3 @@ def _enter(holder: int, cwd: Path | None, argv: Sequence[str]) -> list[str]:
     """`argv` inside the namespaces of the host that `holder` keeps, in `cwd` (nsenter would
     otherwise start it in /, the working folder of the holder's mount namespace)."""
     return ["nsenter", "--target", str(holder), "--net", "--uts", "--mount", f"--wd={cwd or os.getcwd()}", *argv]
-
-
-def _stop(process: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
-    """SIGTERM the process's session, SIGKILL after `grace_s`."""
-    if process.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue

@@ -460,7 +460,7 @@ class SimulatedCluster:
         another `close()`: it works from lists it shrinks as it goes.
         """
         for process in list(self._processes):
-            _stop(process)
+            stop_session(process)
             if process in self._processes:
                 self._processes.remove(process)
         for name in list(reversed(self._namespaces)):
@@ -514,16 +514,20 @@ class SimulatedCluster:
         self._processes.append(process)
         return process
 
-    def command_lines(self, host_index: int) -> list[str]:
-        """The command lines of the processes running on host `host_index` now (arguments joined by
-        spaces), so that a harness can wait for some of them to end."""
-        lines = []
+    def processes(self, host_index: int) -> list[tuple[int, str]]:
+        """The processes running on host `host_index` now: their PIDs and command lines (arguments
+        joined by spaces), so that a harness can wait for some of them to end or strike at them."""
+        found = []
         for pid in _pids_in(self._host(host_index).name):
             try:
-                lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                found.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")))
             except OSError:
                 pass  # it ended meanwhile
-        return lines
+        return found
+
+    def command_lines(self, host_index: int) -> list[str]:
+        """The command lines of the processes running on host `host_index` now (see `processes`)."""
+        return [line for _, line in self.processes(host_index)]
 
     def kill_host(self, host_index: int) -> None:
         """The host dies: SIGKILL every process on it at once, launcher and workers alike (torchrun
@@ -553,7 +557,7 @@ class SimulatedCluster:
         return self._hosts[index]
 
 
-def _stop(process: subprocess.Popen[Any], grace_s: float = 3.0) -> None:
+def stop_session(process: subprocess.Popen[Any], grace_s: float = 3.0) -> None:
     """SIGTERM the process's group (it has its own session), then SIGKILL after `grace_s`."""
     if process.poll() is not None:
         return
@@ -722,7 +726,7 @@ def wait_all(processes: list[subprocess.Popen[Any]], grace_s: float, lock: threa
             with lock:
                 print(f"gradsync: a host failed; stopping the others after {grace_s:g} s", file=sys.stderr)
             for process in processes:
-                _stop(process)
+                stop_session(process)
             deadline = float("inf")
         time.sleep(0.05)
 

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
 from gradsync.cli.launch import launch_module_with
 from gradsync.doctor import slurm, worker
 from gradsync.doctor.checks import worst
@@ -89,8 +91,10 @@ class LaunchOptions:
         low, _, high = (self.nnodes or "1").partition(":")
         rendezvous = None
         if self.several_hosts and self.rdzv_endpoint:
-            host, _, port = self.rdzv_endpoint.rpartition(":") if ":" in self.rdzv_endpoint else (self.rdzv_endpoint, "", "")
-            rendezvous = (host.strip("[]"), int(port) if port.isdigit() else slurm.C10D_DEFAULT_PORT)
+            try:  # torchrun's own reading of HOST[:PORT], [IPv6]:PORT included
+                rendezvous = parse_rendezvous_endpoint(self.rdzv_endpoint, default_port=slurm.C10D_DEFAULT_PORT)
+            except ValueError:  # a port that is no number: torchrun refuses it at the launch, in its own words
+                rendezvous = None
         elif self.several_hosts and self.master_addr:
             rendezvous = (self.master_addr, self.master_port or slurm.STATIC_DEFAULT_PORT)
         return slurm.PlannedLaunch(self.nproc_per_node or 1, int(low), int(high or low), rendezvous)

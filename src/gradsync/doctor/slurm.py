@@ -24,6 +24,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import torch
+
+from gradsync.distributed import usable_cores
 from gradsync.doctor.checks import Check
 from gradsync.netif import is_loopback, network_interfaces
 
@@ -360,11 +363,7 @@ def check_rendezvous(allocation: SlurmAllocation, probe: RendezvousProbe | None)
 
 
 def task_view(env: Mapping[str, str]) -> TaskView:
-    from gradsync.distributed import usable_cores
-
     try:
-        import torch
-
         devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - a broken CUDA set-up is what the GPU check reports
         devices = 0
@@ -380,7 +379,8 @@ def probe_rendezvous(host: str, port: int, view: TaskView, allocation: SlurmAllo
         address = socket.gethostbyname(host)
     except OSError as error:
         return RendezvousProbe(host, port, None, str(error))
-    node_addresses = tuple(_resolved(allocation.nodes[:MAX_NODES_RESOLVED]))
+    # Only a host the job's node list does not name needs the nodes' addresses (an IP of one of them?).
+    node_addresses = () if host in allocation.nodes else tuple(_resolved(allocation.nodes[:MAX_NODES_RESOLVED]))
     served = (host in (view.hostname, view.hostname.split(".")[0]) or address in view.addresses
               or (allocation.node is not None and host == allocation.node))
     if served or is_loopback(address):
