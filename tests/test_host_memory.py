@@ -129,3 +129,39 @@ def test_auto_reuses_on_cpu_only():
 def test_an_unknown_setting_is_refused_with_the_choices():
     with pytest.raises(ConfigError, match="host_memory='keep'.*'reuse'.*'release'.*'auto'"):
         TrainerConfig(host_memory="keep")
+
+
+GRADIENTS_AFTER_A_STEP = """
+import torch, gradsync
+from torch.utils.data import TensorDataset
+trainer = gradsync.setup(device='cpu', host_memory={setting!r}, run_dir={run_dir!r},
+                         metrics={{'progress': False, 'tensorboard': False}})
+model = torch.nn.Linear(4, 1)
+model, optimizer, loader = trainer.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                           TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)
+held, fresh = [], []
+for _ in trainer.epochs(1):
+    for x, y in loader:
+        with trainer.step() as step:
+            held.append(model.weight.grad is not None)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            step.backward(loss)
+            expected, = torch.autograd.grad(torch.nn.functional.mse_loss(model(x), y), model.weight)
+            fresh.append(torch.allclose(model.weight.grad, expected))
+trainer.close()
+print(held, fresh)
+"""
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize(("setting", "held"), [("reuse", False), ("release", True)])
+def test_a_cpu_trainer_frees_spent_gradients_at_once_only_where_freed_memory_stays(setting, held, tmp_path):
+    # Under "release" the last update's gradients live on until the next backward (glibc would
+    # otherwise hand the freed heap top to the OS and the step fault it back); that backward
+    # still starts from none, so nothing of the last step is accumulated into the new gradient.
+    if setting == "reuse" and _glibc() is None:
+        pytest.skip("reuse keeps freed memory through glibc's mallopt only")
+    script = GRADIENTS_AFTER_A_STEP.format(setting=setting, run_dir=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == f"{[False, held]} {[True, True]}"

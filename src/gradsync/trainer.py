@@ -76,7 +76,9 @@ class Trainer:
         if self.is_main:
             for note in compat.check(compat.TRAINER):
                 self._logger.warning(note)
-        self._apply_host_memory()
+        # Where freed host memory goes back to the OS, an update's gradients are freed at the next
+        # backward, not at once (_release_spent_gradients says why).
+        self._release_gradients_at_backward = self.device.type == "cpu" and not self._apply_host_memory()
         self._closed = False
         atexit.register(self._leave_at_exit)
         with self._failing_together():
@@ -146,6 +148,7 @@ class Trainer:
         self._last_micro_step: tuple[int, int] | None = None  # (loader pass, batch index)
         self._last_step_end: Any = None
         self._skips_logged = 0
+        self._gradients_spent = False  # the last update's gradients are still held (see _release_spent_gradients)
         self._started = time.time()
         self._describe_run()
         self._logger.info(
@@ -190,25 +193,27 @@ class Trainer:
 
     # -- setting up ------------------------------------------------------------------------
 
-    def _apply_host_memory(self) -> None:
-        """`host_memory`: on CPU training, keep the host memory a step frees for the next one."""
+    def _apply_host_memory(self) -> bool:
+        """`host_memory`: on CPU training, keep the host memory a step frees for the next one.
+        True if it is kept."""
         setting = self._config.host_memory
         if not wants_reuse(setting, self.device.type):
-            return
+            return False
         applied = reuse_freed_memory()
         if not self.is_main:
-            return
+            return applied is not None
         if applied is None:
             if setting == "reuse":
                 self._logger.warning(
                     "host_memory='reuse' changes nothing here: the C library is not glibc. Preloading jemalloc "
                     "or tcmalloc (LD_PRELOAD) keeps freed memory for reuse on any C library."
                 )
-            return
+            return False
         self._logger.info(
             f"host_memory={setting!r}: host memory a step frees stays in each process for the next step ({applied}); "
             "host_memory='release' keeps the C library's defaults"
         )
+        return True
 
     def _check_options_and_choose_run_dir(self) -> Path:
         """Check every rank got the same options and take rank 0's run directory.
@@ -658,15 +663,35 @@ class Trainer:
         window, record = self._window, self._record
         assert window is not None and record is not None
         weight = window.weight(samples)
+        self._release_spent_gradients()
         with phase("backward"), self._strategy.backward(record, synced):
             self._precision.backward(loss if weight == 1.0 else loss * weight)
         window.applied_samples += samples
+
+    def _release_spent_gradients(self) -> None:
+        """Free the gradients the last update used (once; the next backward makes new ones).
+
+        Freed right after the update, they are not held through the next forward, which keeps
+        its peak lower: the trainer does so where freed memory stays in the process (CUDA's
+        caching allocator, host_memory="reuse"). Where the C library gives freed memory back to
+        the OS (CPU training under host_memory="release", glibc's defaults), it frees them here,
+        just before the next backward, as PyTorch's own loop (`zero_grad(); backward(); step()`)
+        does: freed after the update, they joined the activations the backward had just freed
+        at the heap's top, glibc returned it all to the OS, and the next step faulted it back in
+        (ResNet-18, 2 workers: 29,500 faults a step against 5,200, and 5% slower; the trainer's
+        jobs faulted 2-3x as often as a plain DDP loop under the same allocator).
+        """
+        if self._gradients_spent and self._optimizer is not None:
+            self._gradients_spent = False
+            with phase("optimizer"):
+                self._optimizer.zero_grad(set_to_none=True)
 
     def _pipeline_backward(self, inputs: Any, targets: Any, loss_fn: Callable[[Any, Any], torch.Tensor], samples: int) -> torch.Tensor:
         """The schedule's forwards and backwards of one batch (gradsync.parallel.pp)."""
         window, record = self._window, self._record
         assert window is not None and record is not None
         scale = self._precision.loss_scale()
+        self._release_spent_gradients()
         with phase("backward"):
             loss = self._strategy.forward_backward(inputs, targets, loss_fn, window.weight(samples), scale)
         window.applied_samples += samples
@@ -689,8 +714,9 @@ class Trainer:
             self._strategy.after_update()
         if window.last_batch == len(self._loader) - 1:
             self._strategy.end_epoch()
-        with phase("optimizer"):
-            self._optimizer.zero_grad(set_to_none=True)
+        self._gradients_spent = True
+        if not self._release_gradients_at_backward:
+            self._release_spent_gradients()
         record.exposed.extend(self._strategy.take_exposed())
         record.exposed_estimate_s = self._strategy.exposed_estimate_s()
         record.samples = window.applied_samples if self._strategy.placement.counts_samples else 0
