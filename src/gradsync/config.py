@@ -46,8 +46,9 @@ class TrainerConfig:
         backend's default (NCCL 10 min, Gloo 30 min).
     host_memory: what happens to host memory a step frees: "reuse" keeps it in the process for
         the next step (glibc's malloc otherwise returns it to the OS and every step faults it
-        back in, 4-6% of a CPU step measured), "release" leaves the C library's defaults, "auto"
-        reuses when the device is the CPU. Process-wide, applied once at setup (gradsync.host_memory).
+        back in, 4-6% of a CPU step measured), "release" leaves the C library's defaults (and
+        the trainer then frees each update's gradients at the next backward, as a plain loop
+        does), "auto" reuses when the device is the CPU. Process-wide, applied once at setup (gradsync.host_memory).
     run_dir: where metrics and TensorBoard events go; None means ./gradsync_runs/<timestamp>. Under
         `gradsync run` the launcher's folder wins (one run, one folder; see gradsync.rundir).
     checkpoint: when and where to save, and whether to resume (see `CheckpointConfig`).

@@ -25,6 +25,11 @@ Threads other than the one that trains allocate from arenas of their own, whose 
 deletes once empty whatever the trim threshold: work done on Gloo's callback threads (int8's
 decode) still faults.
 
+Where freed memory does go back to the OS ("release", or no glibc), the trainer at least frees
+in the order of PyTorch's own loop: an update's gradients just before the next backward, not
+right after the update, where they joined the activations at the heap's free top and tripled
+what glibc returned (gradsync.trainer, `_release_spent_gradients`).
+
 A process that gradsync does not set up (a benchmark's peer, an unmodified script) gets the same
 two thresholds from its environment: `allocator_environment` gives the GLIBC_TUNABLES that glibc
 reads at start-up.
