@@ -159,9 +159,10 @@ def test_accumulated_gradients_equal_one_big_batch_including_the_short_last_wind
 @pytest.mark.parametrize("host_memory", ["auto", "release"])
 def test_an_agreed_skip_never_hangs_and_keeps_the_big_batch_gradient(world_size, host_memory):
     # Batch 1 is inside a window, 4 starts one, 7 ends one (its gradients were never reduced by
-    # DDP), 10 ends the epoch; only rank 0 decides, every rank skips. With host_memory="release" the trainer
-    # frees each update's gradients at the next backward instead of at once (gradsync.trainer):
-    # a window whose first micro-batch is skipped must still start from no gradient.
+    # DDP), 10 ends the epoch; only rank 0 decides, every rank skips. With host_memory="release"
+    # the trainer frees each update's gradients at the next backward instead of at once
+    # (gradsync.trainer): a window whose first micro-batch is skipped must still start from no
+    # gradient.
     results = launch(_train, world_size, skip_batches=[1, 4, 7, 10], host_memory=host_memory)
     for result in results:
         assert result["params"] == results[0]["params"]
