@@ -236,9 +236,8 @@ def test_what_is_sent_does_not_depend_on_how_ddp_buckets_the_parameters(tmp_path
 
 
 def powersgd_groups_on_the_backward_thread():
-    """The groups PowerSGD reduced (their parameters' names), in order, whether each ran on the
-    thread running backward, and, at each later bucket's hook, whether an earlier group was
-    still under way."""
+    """The groups PowerSGD reduced, in order, whether each ran on the thread running backward,
+    and, at each later bucket's hook, whether an earlier group was still under way."""
     import threading
 
     from gradsync.comm.compression import PowerSGDHook
@@ -247,10 +246,9 @@ def powersgd_groups_on_the_backward_thread():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(1024, 1024, bias=False), torch.nn.Linear(1024, 1024, bias=False))
     groups, threads, returned, under_way = [], set(), [], []
-    names = {id(parameter): name for name, parameter in model.named_parameters()}
 
     class Watched(PowerSGDHook):
-        GROUP_BYTES = 1  # every parameter is a group of its own
+        GROUP_BYTES = 1  # every bucket is a group of its own
 
         def __call__(self, state, bucket):
             if bucket.index() > 0:
@@ -260,17 +258,16 @@ def powersgd_groups_on_the_backward_thread():
             returned.append(super().__call__(state, bucket))
             return returned[-1]
 
-        def _reduce_group(self, name, gradients):
-            groups.append([names[id(parameter)] for parameter, _ in gradients])
-            stages = super()._reduce_group(name, gradients)
+        def _reduce_group(self, buckets):
+            groups.append([bucket.index() for bucket in buckets])
+            stages = super()._reduce_group(buckets)
             for stage in stages:
                 threads.add(threading.get_ident())
                 yield stage
             threads.add(threading.get_ident())
 
-    # DDP's first backward puts every parameter in one bucket (in the model's order), which
-    # PowerSGD cuts in two; from the second on, 4 MB weights in 1 MB buckets are a bucket each,
-    # the last layer's first.
+    # DDP's first backward puts every parameter in one bucket; from the second on, 4 MB weights
+    # in 1 MB buckets are a bucket each, the last layer's first.
     ddp = DistributedDataParallel(model, bucket_cap_mb=1)
     ddp.register_comm_hook(None, Watched(CompressionConfig(name="powersgd", powersgd_start_step=0)))
     for _ in range(2):
@@ -287,7 +284,7 @@ def test_powersgd_reduces_groups_in_order_on_the_thread_running_backward_while_i
     # stages advance at the next buckets' hooks: the first group is still under way when the
     # second bucket arrives, and every group is done when backward ends.
     for result in launch(powersgd_groups_on_the_backward_thread, 2):
-        assert result == {"groups": [["0.weight"], ["1.weight"], ["1.weight"], ["0.weight"]], "on_backward_thread": True, "under_way": [True], "all_done": True,
+        assert result == {"groups": [[0], [0], [1]], "on_backward_thread": True, "under_way": [True], "all_done": True,
                           "finite": True}
 
 
@@ -307,9 +304,9 @@ def powersgd_with_a_group_of_vectors_only():
     class EveryBucketAGroup(PowerSGDHook):
         GROUP_BYTES = 1
 
-        def _reduce_group(self, name, gradients):
-            shapes.append([tuple(g.shape) for _, g in gradients])
-            return super()._reduce_group(name, gradients)
+        def _reduce_group(self, buckets):
+            shapes.append([tuple(g.shape) for bucket in buckets for g in bucket.gradients()])
+            return super()._reduce_group(buckets)
 
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.001)  # a bucket (and group) per parameter
     ddp.register_comm_hook(None, EveryBucketAGroup(CompressionConfig(name="powersgd", powersgd_start_step=0)))
@@ -337,63 +334,43 @@ def test_powersgd_stages_a_group_without_matrices_like_any_other():
         assert result == {"last_step": [[[512, 512]], [[512]], [[512]], [[512, 512]]], "exact": True}
 
 
-def powersgd_with_one_bucket_cut_into_groups(group_bytes):
-    """Three PowerSGD steps on one DDP bucket, reduced in groups cut at `group_bytes`: the
-    gradients, the groups of the last step, and whether any bucket was handed back to DDP
-    while a group holding some of its gradients was still under way."""
-    from gradsync.comm.compression import PowerSGDHook
-
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False), torch.nn.LayerNorm(256),
-                                torch.nn.Linear(256, 256, bias=False), torch.nn.Linear(256, 256, bias=False))
-    groups, early = [], []
-
-    class Cut(PowerSGDHook):
-        GROUP_BYTES = group_bytes
-
-        def _reduce_group(self, name, gradients):
-            group = {"pointers": {gradient.data_ptr() for _, gradient in gradients}, "done": False}
-            groups.append(group)
-            yield from super()._reduce_group(name, gradients)
-            group["done"] = True
-
-        def __call__(self, state, bucket):
-            mine = {gradient.data_ptr() for gradient in bucket.gradients()}
-
-            def handed_back(future):
-                early.append(any(not g["done"] for g in groups if g["pointers"] & mine))
-                return future.value()
-
-            return super().__call__(state, bucket).then(handed_back)
-
-    ddp = DistributedDataParallel(model, bucket_cap_mb=25)
-    ddp.register_comm_hook(None, Cut(CompressionConfig(name="powersgd", powersgd_start_step=0)))
-    for step in range(3):
-        groups.clear()
-        model.zero_grad()
-        torch.manual_seed(10 * step + dist.get_rank())
-        ddp(torch.randn(8, 256)).pow(2).mean().backward()
-    return {"gradients": [p.grad.tolist() for p in model.parameters()], "groups": len(groups), "early": any(early)}
-
-
-@pytest.mark.launches
-def test_powersgd_cuts_a_large_bucket_between_parameters_and_hands_it_back_once_all_its_groups_are_done():
-    # DDP's 25 MB bucket holds the whole model. Cut at every parameter, it is five groups (two of
-    # them the LayerNorm's vectors, which finish a stage before the matrices do); cut at 1 MB,
-    # one. PowerSGD is per matrix and the sums are exact, so the gradients are the same bit for
-    # bit, and the bucket goes back to DDP only when every group holding its gradients is done.
-    per_parameter = launch(powersgd_with_one_bucket_cut_into_groups, 2, group_bytes=1)
-    whole = launch(powersgd_with_one_bucket_cut_into_groups, 2, group_bytes=1 << 40)
-    assert [r["groups"] for r in per_parameter + whole] == [5, 5, 1, 1]
-    assert not any(r["early"] for r in per_parameter + whole)
-    assert per_parameter[0]["gradients"] == per_parameter[1]["gradients"] == whole[0]["gradients"]
-
-
 def test_powersgd_groups_are_an_eighth_of_the_backward_between_one_and_twenty_five_megabytes():
     from gradsync.comm.compression import PowerSGDHook
 
     megabyte = 2**20
     assert PowerSGDHook.group_bytes_for(45 * megabyte) == 45 * megabyte // 8  # ResNet-18: 5.6 MB
-    assert PowerSGDHook.group_bytes_for(2 * megabyte) == megabyte  # a small model: few, not tiny
+    assert PowerSGDHook.group_bytes_for(2 * megabyte) == megabyte  # a small model: few groups, not tiny ones
     assert PowerSGDHook.group_bytes_for(500 * megabyte) == 25 * megabyte  # GPT-2 small: DDP's bucket size
+
+
+def powersgd_groups_of_a_model_in_small_buckets():
+    """The groups (bucket indices) of each of three backward passes over 16 buckets of 256 KB."""
+    from gradsync.comm.compression import PowerSGDHook
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256, bias=False) for _ in range(16)])
+    groups: list[list[list[int]]] = []
+
+    class Watched(PowerSGDHook):
+        def _reduce_group(self, buckets):
+            if buckets[0].index() == 0:
+                groups.append([])
+            groups[-1].append([bucket.index() for bucket in buckets])
+            return super()._reduce_group(buckets)
+
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.25)
+    ddp.register_comm_hook(None, Watched(CompressionConfig(name="powersgd", powersgd_start_step=0)))
+    for _ in range(3):
+        ddp(torch.randn(8, 256)).sum().backward()
+    return groups
+
+
+@pytest.mark.launches
+def test_powersgd_learns_its_group_size_from_the_first_backward():
+    # 4 MB of gradients: until a backward has shown that, a group is 25 MB (here, the whole
+    # backward); then an eighth of 4 MB is under the 1 MB floor, so groups of four 256 KB buckets.
+    for groups in launch(powersgd_groups_of_a_model_in_small_buckets, 2):
+        later = [list(range(at, at + 4)) for at in range(0, 16, 4)]
+        assert groups[1:] == [later, later]
+        assert len(groups[0]) == 1

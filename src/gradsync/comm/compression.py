@@ -514,15 +514,9 @@ class TopKHook(CompressionHook):
         return work.get_future().then(add_up)
 
 
-@dataclass
-class _Group:
-    """Gradients PowerSGD reduces together, in stages (PowerSGDHook._reduce_group), and the
-    buckets whose last gradient is among them: their futures are set once this group and every
-    earlier one are done, since a bucket's other gradients may sit in earlier groups."""
-
-    stages: Iterator[None]
-    closes: list[tuple[dist.GradBucket, torch.futures.Future]]
-    done: bool = False
+# A PowerSGD group whose collectives are under way: its buckets with the futures DDP waits on,
+# and the stages left to run (PowerSGDHook._reduce_group).
+_GroupInFlight = tuple[list[tuple[dist.GradBucket, torch.futures.Future]], Iterator[None]]
 
 
 class PowerSGDHook(CompressionHook):
@@ -533,10 +527,10 @@ class PowerSGDHook(CompressionHook):
     Written here rather than wrapping PyTorch's `powerSGD_hook`, for reasons measured on Gloo.
     PyTorch's hook compresses one DDP bucket at a time and pays three collectives for each:
     with small buckets (which the casts and int8 want, to overlap with backward) their latency
-    adds up, at 30 buckets to a slower step than bf16's. This one reduces gradients in groups
-    of about an eighth of the model's (1 to 25 MB), cut between parameters whatever the bucket
-    size: few enough that latency stays small, and small enough that the groups left when
-    backward ends overlap one another's round trips. PyTorch's hook waits for its
+    adds up, at 30 buckets to a slower step than bf16's. This one reduces DDP's buckets in
+    groups of about an eighth of the model's gradients (1 to 25 MB; `group_bytes_for`),
+    whatever the bucket size: few enough that latency stays small, small enough that little is
+    left to reduce when backward ends. PyTorch's hook waits for its
     second and third all-reduce inside future callbacks, which on Gloo run on the group's two
     worker threads, so two buckets in flight deadlock; this one runs a group in stages on the
     thread running backward: each stage ends by issuing a collective, and the next stage
@@ -556,7 +550,7 @@ class PowerSGDHook(CompressionHook):
     """
 
     error_feedback = True
-    GROUP_BYTES = 25 * 2**20  # the most a group holds (DDP's default bucket size)
+    GROUP_BYTES = 25 * 2**20  # the most a group holds before it is cut (DDP's default bucket size)
     MIN_GROUP_BYTES = 2**20
     GROUPS_PER_BACKWARD = 8  # see group_bytes_for
     MIN_COMPRESSION_RATE = 2  # a matrix is compressed only if its factors are at most half its size
@@ -568,13 +562,9 @@ class PowerSGDHook(CompressionHook):
         self.steps = 0  # synchronised backward passes so far
         self.errors: dict[str, torch.Tensor] = {}
         self.factors_qt: dict[str, torch.Tensor] = {}  # each matrix's Q, transposed
-        # The group being filled: its gradients (with their parameters), their bytes, and the
-        # buckets whose last gradient it holds.
-        self._pending: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._pending: list[tuple[dist.GradBucket, torch.futures.Future]] = []  # buckets of the group being filled
         self._pending_bytes = 0
-        self._pending_closes: list[tuple[dist.GradBucket, torch.futures.Future]] = []
-        self._groups: list[_Group] = []  # started this backward and not yet handed back to DDP, oldest first
-        self._groups_started = 0  # this backward's, naming each group's work tensors
+        self._in_flight: list[_GroupInFlight] = []
         self._backward_bytes = 0  # gradient bytes of this backward's buckets so far
         self._group_bytes = self.GROUP_BYTES  # until a backward has shown the model's size
         self._packed: dict[str, torch.Tensor] = {}
@@ -592,33 +582,26 @@ class PowerSGDHook(CompressionHook):
             self.stats.sent_bytes += size
             buffer.div_(self.world_size)
             return self._all_reduce(buffer).then(lambda done: buffer)
-        # Set once its gradients are reduced; on CUDA the future must know the device its tensor lives on.
+        # Set once its group is reduced; on CUDA the future must know the device its tensor lives on.
         future: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
         if bucket.index() == 0:
-            # A backward that failed midway left its gradients and groups behind.
-            self._pending, self._pending_closes, self._pending_bytes, self._groups = [], [], 0, []
-            self._groups_started = 0
+            # A backward that failed midway left its buckets and groups behind.
+            self._pending, self._pending_bytes, self._in_flight = [], 0, []
         # Every group in flight takes its next stage first: each bucket's hook is a point that
         # every rank reaches in the same order (DDP runs them in bucket order), so the
         # collectives these stages issue are issued in the same order everywhere.
-        self._advance(self._groups)
-        pairs = list(zip(bucket.parameters(), bucket.gradients()))
-        for position, (parameter, gradient) in enumerate(pairs):
-            self._pending.append((parameter, gradient))
-            self._pending_bytes += gradient.numel() * gradient.element_size()
-            if position == len(pairs) - 1:
-                self._pending_closes.append((bucket, future))
-            # Cut between parameters, not only between buckets: a large bucket (DDP's 25 MB)
-            # becomes several groups too, whose round trips can overlap one another's products
-            # (on ResNet-18's two 25 MB buckets, no gain beyond the noise: docs/performance.md).
-            if self._pending_bytes >= self._group_bytes:
-                self._start_group()
-        if bucket.is_last():
-            if self._pending:
-                self._start_group()
-            while any(not group.done for group in self._groups):
-                self._advance(self._groups)
-            self._end_backward()
+        self._advance(self._in_flight)
+        self._pending.append((bucket, future))
+        self._pending_bytes += size
+        if self._pending_bytes >= self._group_bytes or bucket.is_last():
+            group, self._pending, self._pending_bytes = self._pending, [], 0
+            stages = self._reduce_group([b for b, _ in group])
+            self._in_flight.append((group, stages))
+            self._advance(self._in_flight[-1:])
+            if bucket.is_last():
+                while self._in_flight:
+                    self._advance(self._in_flight)
+                self._end_backward()
         return future
 
     def _end_backward(self) -> None:
@@ -628,72 +611,66 @@ class PowerSGDHook(CompressionHook):
 
     @classmethod
     def group_bytes_for(cls, backward_bytes: int) -> int:
-        """The bytes at which a group is cut, for a backward of `backward_bytes` of gradients:
-        about GROUPS_PER_BACKWARD groups, within MIN_GROUP_BYTES and GROUP_BYTES.
+        """The bytes at which a group of buckets is cut, for a backward of `backward_bytes` of
+        gradients: about GROUPS_PER_BACKWARD groups, within MIN_GROUP_BYTES and GROUP_BYTES.
 
         The last group's products and both its round trips come after backward has ended. On
-        ResNet-18 (2 hosts, auto's 1.4 MB buckets) the last bucket's hook took a median 39 ms
-        of a 1.3 s step at 300 Mbit/s with groups of 25 MB, 16 ms with an eighth (32 and 14 ms
-        at 100 Mbit/s). Below MIN_GROUP_BYTES, the collectives' fixed cost would add up. Every
-        rank has the same buckets, hence the same groups.
+        ResNet-18 (2 hosts at 300 Mbit/s, auto's 1.4 MB buckets) the last bucket's hook took a
+        median 24-35 ms of a 1.3 s step with groups of 25 MB, 9 ms with groups of 6 MB. Below
+        MIN_GROUP_BYTES, the collectives' fixed cost would add up. Every rank has the same
+        buckets, hence the same groups. Groups are cut between buckets only: cutting inside
+        DDP's 25 MB buckets gained nothing measurable (docs/performance.md).
         """
         return min(cls.GROUP_BYTES, max(cls.MIN_GROUP_BYTES, backward_bytes // cls.GROUPS_PER_BACKWARD))
 
-    def _start_group(self) -> None:
-        """The pending gradients become a group, which runs its first stage at once."""
-        group = _Group(self._reduce_group(self._groups_started, self._pending), self._pending_closes)
-        self._pending, self._pending_closes, self._pending_bytes = [], [], 0
-        self._groups_started += 1
-        self._groups.append(group)
-        self._advance([group])
-
-    def _advance(self, groups: list[_Group]) -> None:
-        """Run each unfinished group's next stage (up to its next collective); then set the
-        futures of the buckets whose groups are all done, in order."""
-        for group in list(groups):
-            if group.done:
-                continue
+    def _advance(self, groups: list[_GroupInFlight]) -> None:
+        """Run each group's next stage (up to its next collective); a finished group sets its buckets' futures."""
+        for entry in list(groups):
+            group, stages = entry
             try:
-                group.done = next(group.stages, True) is True
+                done = next(stages, True) is True
             except BaseException as error:  # DDP raises it from backward, on the user's thread
                 # Collectives after a failed one cannot match across ranks: fail every group in flight.
-                for failed in self._groups:
-                    for _, waiting in failed.closes:
+                for failed, _ in self._in_flight:
+                    for _, waiting in failed:
                         waiting.set_exception(error)
-                self._groups = []
+                self._in_flight = []
                 return
-        while self._groups and self._groups[0].done:
-            for bucket, waiting in self._groups.pop(0).closes:
-                waiting.set_result(bucket.buffer())
+            if done:
+                self._in_flight.remove(entry)
+                for bucket, waiting in group:
+                    waiting.set_result(bucket.buffer())
 
-    def _reduce_group(self, name: int, gradients: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> Iterator[None]:
-        """PowerSGD on a group of gradients, in stages: it yields after issuing each collective it
+    def _reduce_group(self, buckets: list[dist.GradBucket]) -> Iterator[None]:
+        """PowerSGD on a group of buckets, in stages: it yields after issuing each collective it
         must wait for, and the hook resumes it at the next bucket. On Gloo a collective blocks
         the thread that waits for it, so waiting later lets backward compute the next buckets'
         gradients while P and Q travel; on NCCL the waits only order streams."""
         started = time.perf_counter()
         plain: list[torch.Tensor] = []
         matrices: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []  # (key, gradient as a matrix, its fp32 work copy, rank)
-        for parameter, gradient in gradients:
-            rows = gradient.shape[0] if gradient.dim() else 1
-            columns = gradient.numel() // rows if rows else 0
-            rank = min(rows, columns, self.config.powersgd_rank)
-            if (gradient.dim() <= 1 or gradient.numel() < self.config.min_numel
-                    or (rows + columns) * rank * self.MIN_COMPRESSION_RATE > rows * columns):
-                plain.append(gradient)
-                continue
-            matrix = gradient.view(rows, columns)
-            work = matrix if matrix.dtype == torch.float32 else matrix.float()  # error feedback accumulates in fp32
-            key = self._names.get(parameter.data_ptr()) or f"@{parameter.data_ptr()}"
-            matrices.append((key, matrix, work, rank))
+        for bucket in buckets:
+            for parameter, gradient in zip(bucket.parameters(), bucket.gradients()):
+                rows = gradient.shape[0] if gradient.dim() else 1
+                columns = gradient.numel() // rows if rows else 0
+                rank = min(rows, columns, self.config.powersgd_rank)
+                if (gradient.dim() <= 1 or gradient.numel() < self.config.min_numel
+                        or (rows + columns) * rank * self.MIN_COMPRESSION_RATE > rows * columns):
+                    plain.append(gradient)
+                    continue
+                matrix = gradient.view(rows, columns)
+                work = matrix if matrix.dtype == torch.float32 else matrix.float()  # error feedback accumulates in fp32
+                key = self._names.get(parameter.data_ptr()) or f"@{parameter.data_ptr()}"
+                matrices.append((key, matrix, work, rank))
         # DDP's buckets hold one dtype each, a group may hold several: one exact all-reduce per dtype.
-        # Work tensors are named by the group's place in the backward: groups in flight at once need their own.
+        # Work tensors are named by the group's first bucket: groups in flight at once need their own.
+        first = buckets[0].index()
         plain_by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for gradient in plain:
             plain_by_dtype.setdefault(gradient.dtype, []).append(gradient)
         plain_work = []
         for dtype, tensors in plain_by_dtype.items():
-            flat = self._pack(f"plain {dtype} {name}", tensors, dtype)
+            flat = self._pack(f"plain {dtype} {first}", tensors, dtype)
             flat.div_(self.world_size)
             self.stats.sent_bytes += flat.numel() * flat.element_size()
             plain_work.append((dist.all_reduce(flat, group=self.process_group, async_op=True), dtype, tensors))
@@ -702,7 +679,7 @@ class PowerSGDHook(CompressionHook):
             # 4 rows streams the gradient once, row by row, where the tall-and-thin product
             # ran 2.5-3.3x slower on one CPU thread (ResNet-18: 5 ms each instead of 13-18).
             device = matrices[0][2].device
-            p_all = self._work(f"p {name}", sum(work.shape[0] * r for _, _, work, r in matrices), torch.float32, device)
+            p_all = self._work(f"p {first}", sum(work.shape[0] * r for _, _, work, r in matrices), torch.float32, device)
             pts, at = [], 0
             for key, _, work, rank in matrices:
                 error = self.errors.get(key)
@@ -718,7 +695,7 @@ class PowerSGDHook(CompressionHook):
             yield
             reducing.wait()
             started = time.perf_counter()
-            q_all = self._work(f"q {name}", sum(work.shape[1] * r for _, _, work, r in matrices), torch.float32, device)
+            q_all = self._work(f"q {first}", sum(work.shape[1] * r for _, _, work, r in matrices), torch.float32, device)
             qts, at = [], 0
             for (_, _, work, rank), pt in zip(matrices, pts):
                 # Orthonormal columns of P: its scale cancels, so the sum over ranks needs no division.
@@ -750,7 +727,7 @@ class PowerSGDHook(CompressionHook):
             yield
         for reducing, dtype, tensors in plain_work:
             reducing.wait()
-            self._unpack(f"plain {dtype} {name}", tensors)
+            self._unpack(f"plain {dtype} {first}", tensors)
 
     def _qt(self, key: str, columns: int, rank: int, device: torch.device) -> torch.Tensor:
         """Q of a matrix, transposed (rank x columns)."""
