@@ -574,7 +574,8 @@ class PowerSGDHook(CompressionHook):
         size = buffer.numel() * buffer.element_size()
         self.stats.raw_bytes += size
         if bucket.index() == 0:
-            self._backward_bytes = 0
+            # A new backward. One that failed midway left its buckets and groups behind.
+            self._backward_bytes, self._pending, self._pending_bytes, self._in_flight = 0, [], 0, []
         self._backward_bytes += size
         if self.steps < self.start_step:
             if bucket.is_last():
@@ -584,9 +585,6 @@ class PowerSGDHook(CompressionHook):
             return self._all_reduce(buffer).then(lambda done: buffer)
         # Set once its group is reduced; on CUDA the future must know the device its tensor lives on.
         future: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-        if bucket.index() == 0:
-            # A backward that failed midway left its buckets and groups behind.
-            self._pending, self._pending_bytes, self._in_flight = [], 0, []
         # Every group in flight takes its next stage first: each bucket's hook is a point that
         # every rank reaches in the same order (DDP runs them in bucket order), so the
         # collectives these stages issue are issued in the same order everywhere.
