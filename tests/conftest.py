@@ -101,6 +101,15 @@ def _no_new_processes(item: pytest.Item) -> Iterator[None]:
             setattr(owner, name, original)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """matplotlib builds its font cache the first time it is imported on a machine, and runs
+    `fc-list` for it: on a fresh machine the first test that draws would be refused under
+    --in-process for what a library does once per machine. It is built here, outside every test."""
+    if session.config.getoption(IN_PROCESS_OPTION):
+        with contextlib.suppress(ImportError):
+            import matplotlib.font_manager  # noqa: F401
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Under --in-process, the guard covers the test's setup (session fixtures included), call and
