@@ -20,7 +20,7 @@ REPORT = {
     "world_size": 2, "batch_size_per_worker": 32, "rounds": 2, "single_worker_samples_per_s": 43.0,
     "single_worker_runs": [43.5, 42.5, 43.0],
     "results": [
-        _row("no-comm", 0.95, [0.94, 0.96]), _row("torch-powersgd", 0.90, [0.88, 0.92], faults=11600.4, loss=2.25),
+        _row("no-comm", 0.95, [0.94, 0.96]), _row("lockstep", 0.93, [0.92, 0.94], exposed=0.03), _row("torch-powersgd", 0.90, [0.88, 0.92], faults=11600.4, loss=2.25),
         _row("torch-bf16", 0.70, faults=120), _row("fp32", 0.45, exposed=0.51, faults=130),
         _row("powersgd", 0.92, [0.91, 0.93], exposed=0.04, faults=210),
         _row("auto", 0.93, exposed=0.03, chosen="powersgd"),
@@ -33,6 +33,8 @@ def test_each_gradsync_configuration_sits_beside_the_peer_doing_the_same_thing()
     assert lines[1] == "gradsync bench train --configs ..."
     assert "One worker alone: 43.0 samples/s (43.5, 42.5, 43.0 around the rounds)" in lines[4]
     assert any(line.startswith("**Ceiling** (`no-comm`") and "95% (94–96)" in line for line in lines)
+    (lockstep,) = [line for line in lines if line.startswith("**Ceiling of synchronous training** (`lockstep`")]
+    assert "93% (92–94)" in lockstep and lockstep.endswith("Its workers waited 3% of each step for each other.")
     table = lines[lines.index("|---|---|---|---|---|---|---|---|---|") + 1:]
     assert table == [
         "|  |  |  |  | `fp32` | 45% (45–45) | 130 | 51% | 2.0000 |",  # its peer, plain, did not run

@@ -101,7 +101,7 @@ BENCH_TIMEOUT_S = 400
 def test_a_small_benchmark_runs_peers_and_configs_beside_the_lone_reference_and_draws_it(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "gradsync", "bench", "train", "--workload", "mlp", "--configs", "plain,fp32,int8,diloco,pp",
+        [sys.executable, "-m", "gradsync", "bench", "train", "--workload", "mlp", "--configs", "plain,fp32,int8,diloco,pp,lockstep",
          "--steps", "6", "--warmup", "2", "--batch-size", "16", "--periodic-every", "3", "--rounds", "1", "--json",
          "--output-dir", str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=BENCH_TIMEOUT_S,
@@ -116,20 +116,22 @@ def test_a_small_benchmark_runs_peers_and_configs_beside_the_lone_reference_and_
     assert report["workload"] == "mlp" and report["world_size"] == 2 and report["single_worker_samples_per_s"] > 0
     jobs = [line.split(": ", 1)[1] for line in done.stderr.splitlines() if line.startswith("mlp: ")]
     assert jobs == ["1 worker, fp32 (the reference, before round 1)",
-                    *(f"2 workers, {c} (round 1 of 1)" for c in ("plain", "fp32", "int8", "diloco", "pp")),
+                    *(f"2 workers, {c} (round 1 of 1)" for c in ("plain", "fp32", "int8", "diloco", "pp", "lockstep")),
                     "1 worker, fp32 (the reference, after round 1)"]
     references = report["single_worker_runs"]
     assert report["rounds"] == 1 and len(references) == 2 and report["host_memory"] == "auto"
     assert report["single_worker_samples_per_s"] == pytest.approx(sum(references) / 2)
-    assert [r["config"] for r in report["results"]] == ["plain", "fp32", "int8", "diloco", "pp"]
+    assert [r["config"] for r in report["results"]] == ["plain", "fp32", "int8", "diloco", "pp", "lockstep"]
     for r in report["results"]:
         (only,) = r["rounds"]  # against the lone runs around it
         assert only["scaling_efficiency"] == pytest.approx(only["samples_per_s_per_worker"] / statistics.fmean(references))
         assert r["scaling_efficiency"] == only["scaling_efficiency"] and r["scaling_efficiency_spread"] == [only["scaling_efficiency"]] * 2
         assert r["samples_per_s_per_worker"] > 0 and r["final_loss"] > 0 and len(r["loss_curve"]) >= 1
         assert r["page_faults_per_step"] >= 0, "gradsync's jobs and the peers alike count them"
-    plain, fp32, int8, diloco, pp = report["results"]
+    plain, fp32, int8, diloco, pp, lockstep = report["results"]
     assert 0 < fp32["exposed_comm_share"] < 1 and plain["exposed_comm_share"] is None, "a peer's bare loop is not metered"
+    # The ceiling of synchronous training times its one collective a step: how long its workers waited for each other.
+    assert 0 < lockstep["exposed_comm_share"] < 1
     # The peer trains the same model on the same batches: DDP's plain all-reduce lands on the same loss.
     assert plain["final_loss"] == pytest.approx(fp32["final_loss"], rel=1e-5)
     assert int8["comm_bytes_per_step"] < fp32["comm_bytes_per_step"] / 3
@@ -140,7 +142,7 @@ def test_a_small_benchmark_runs_peers_and_configs_beside_the_lone_reference_and_
     assert pp["final_loss"] == pytest.approx(fp32["final_loss"], rel=1e-4) and 0 < pp["bubble_share"] < 1
     assert pp["parallel"]["strategy"] == "pp" and 0 < pp["traffic_bytes_per_step"] < fp32["traffic_bytes_per_step"]
     table = render(report).splitlines()
-    assert table[-2].startswith("        diloco") and table[-2].endswith("agrees every 3 steps")
+    assert table[-3].startswith("        diloco") and table[-3].endswith("agrees every 3 steps")
     assert table[0].endswith("around the rounds)") and "1 round" in table[0]
     assert table[2].split()[:1] == ["plain"] and " — " in table[2], "what a peer does not meter shows as a dash"
 

@@ -5,7 +5,8 @@ A peer trains the same workload (model, data, optimizer, batch per worker, bucke
 gradsync's configurations, written the way a user writes it without gradsync: a
 DistributedSampler, DDP and one of torch's hooks. It reports the keys of gradsync's own jobs
 that a bare loop can know (throughput, the final loss); what only gradsync meters (exposed
-communication, bytes sent) is None.
+communication, bytes sent) is None, except lockstep's exposed share: how much of a step its
+workers waited for each other.
 
 Configurations: `plain` (DDP's own all-reduce), `torch-fp16` and `torch-bf16`
 (`fp16_compress_hook`, `bf16_compress_hook`), `torch-powersgd` (`powerSGD_hook`, rank 4, error
@@ -14,8 +15,15 @@ feedback and warm start, plain all-reduce for the first ~10% of the steps, as gr
 `no-comm` is the ceiling of scaling efficiency on the machine at hand: its workers still compete
 for cores and memory bandwidth, which no communication setting can win back. On the 2-core
 machine behind docs/performance.md, two ResNet-18 workers side by side lost between nothing and
-a tenth to each other, and the figure moved by as much between runs. Being a measure of what
-gradsync's jobs could reach. Every peer runs with the allocator setting of gradsync's jobs,
+a tenth to each other, and the figure moved by as much between runs.
+
+`lockstep` is `no-comm` whose workers wait for each other once a step, as synchronous training
+makes them, and send nothing else (a one-number all-reduce after backward): the ceiling of
+every synchronous configuration, the communication free and only the waiting left. Without it
+the ceiling flatters: a worker of `no-comm` whose step was slowed does not hold the other up,
+while under DDP every step lasts as long as its slowest worker's.
+
+Every peer runs with the allocator setting of gradsync's jobs,
 given to it through its environment (`--host-memory`, gradsync.host_memory.allocator_environment),
 so the script itself stays as a user writes it.
 """
@@ -31,7 +39,8 @@ from pathlib import Path
 
 from gradsync.host_memory import HOST_MEMORY
 
-PEERS = ("plain", "torch-fp16", "torch-bf16", "torch-powersgd", "no-comm")
+PEERS = ("plain", "torch-fp16", "torch-bf16", "torch-powersgd", "no-comm", "lockstep")
+UNSYNCHRONISED = ("no-comm", "lockstep")  # the ceilings: the loop without DDP
 LOSS_EVERY = 5  # steps between the loss curve's points (the trainer logs every 5 in the benchmark too)
 BUCKET_CAP_MB = 25.0  # DDP's default, and gradsync's fixed configurations'
 
@@ -106,18 +115,28 @@ def main(argv: list[str] | None = None) -> None:
     model = workload.build_model().to(device)
     dataset = workload.build_dataset(args.steps * args.batch_size * world)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=DistributedSampler(dataset, shuffle=False))
-    if args.config != "no-comm":
+    if args.config not in UNSYNCHRONISED:
         model = DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
         _register_hook(model, args.config, args.steps)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=args.lr, momentum=0.9)
     step_ends: list[float] = []
     faults: list[int] = []
     curve: list[list[float]] = []
+    token = torch.zeros(1, device=device)  # lockstep's one number a step
+    waits: list[float] = []  # lockstep: per step, how long this worker waited for the other
     for step, batch in enumerate(loader, 1):
         batch = [t.to(device, non_blocking=True) for t in batch]
         loss = workload.loss(model, batch)
         optimizer.zero_grad()
         loss.backward()
+        if args.config == "lockstep":
+            if cuda:
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            dist.all_reduce(token)
+            if cuda:
+                torch.cuda.synchronize()
+            waits.append(time.perf_counter() - started)
         optimizer.step()
         if step % LOSS_EVERY == 0:
             curve.append([step, loss.item()])  # this rank's: averaging it would add a collective per point
@@ -134,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     dist.all_reduce(totals[1:2])  # the last step's loss, averaged over the workers
     peak = totals[2:].clone()  # peak memory and page faults: the worst worker's
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    # lockstep's exposed communication: the share of a timed step a worker waited for the other, mean of the workers.
+    waited = torch.tensor([sum(waits[args.warmup:]) / float(totals[0]) if waits else 0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(waited)
     if rank == 0:
         timed_steps = len(measured) - 1
         state = sum(p.numel() * p.element_size() * (3 if p.requires_grad else 1) for p in model.parameters())
@@ -141,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             "config": args.config,
             "world_size": world,
             "samples_per_s_per_worker": timed_steps * args.batch_size / float(seconds) if timed_steps > 0 else None,
-            "exposed_comm_share": None,
+            "exposed_comm_share": float(waited) / world if args.config == "lockstep" else None,
             "comm_bytes_per_step": None,
             "traffic_bytes_per_step": None,
             "compression_ratio": None,

@@ -23,7 +23,23 @@ from gradsync.errors import ConfigError
 
 # gradsync's configuration -> the peer that does the same thing without gradsync.
 PEER_OF = {"fp32": "plain", "fp16": "torch-fp16", "bf16": "torch-bf16", "powersgd": "torch-powersgd"}
-CEILING = "no-comm"
+# The peers that are ceilings, not PyTorch's way of doing what a gradsync configuration does
+# (gradsync.bench.peers): each gets a sentence above the table, not a row in it.
+CEILINGS = {
+    "no-comm": ("**Ceiling** (`no-comm`: the same workers training side by side, never communicating): {}. "
+                "No communication setting can beat it on this machine."),
+    "lockstep": ("**Ceiling of synchronous training** (`lockstep`: the same workers waiting for each other once a step, "
+                 "sending nothing else): {}. No DDP configuration can beat it: each of its steps lasts as long as the "
+                 "slowest worker's."),
+}
+
+
+def _ceiling(config: str, row: dict[str, Any]) -> str:
+    """A ceiling's sentence; lockstep's says how much of a step its workers waited for each other."""
+    sentence = CEILINGS[config].format(_efficiency(row))
+    if row.get("exposed_comm_share") is not None:
+        sentence += f" Its workers waited {row['exposed_comm_share']:.0%} of each step for each other."
+    return sentence
 
 
 def _efficiency(row: dict[str, Any] | None) -> str:
@@ -71,9 +87,9 @@ def peer_table(report: dict[str, Any], command: str) -> str:
     configuration with its peer beside it (peers without a gradsync twin get a row of their own)."""
     rows = {r["config"]: r for r in report["results"]}
     lines = _heading(report, command)
-    if CEILING in rows:
-        lines += ["", f"**Ceiling** (`{CEILING}`: the same workers training side by side, never communicating): "
-                      f"{_efficiency(rows[CEILING])}. No communication setting can beat it on this machine."]
+    for ceiling in CEILINGS:
+        if ceiling in rows:
+            lines += ["", _ceiling(ceiling, rows[ceiling])]
     setting = report.get("host_memory", "release")
     if report.get("peers_host_memory"):
         lines += ["", f"Every job, the peers included, ran with `host_memory={setting!r}`: "
@@ -91,7 +107,7 @@ def peer_table(report: dict[str, Any], command: str) -> str:
     ]
     paired = set()
     for config, row in rows.items():
-        if config == CEILING or config in PEER_OF.values():
+        if config in CEILINGS or config in PEER_OF.values():
             continue
         peer = rows.get(PEER_OF.get(config, ""))
         chosen = (row.get("chosen") or {}).get("compression")

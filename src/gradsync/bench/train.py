@@ -22,8 +22,10 @@ parallel over every worker) and fsdp+tp (tensor parallel within a host, FSDP acr
 synchronisation (gradsync.comm.periodic: diloco and local-sgd, agreeing every `periodic_every`
 optimizer steps; their final loss says what it costs), and the
 peers (gradsync.bench.peers): plain (a hand-written DDP loop without gradsync), torch-fp16,
-torch-bf16 and torch-powersgd (PyTorch's own hooks on that loop), and no-comm (that loop without
-DDP: the ceiling, workers that compete for the machine but never communicate). Every one
+torch-bf16 and torch-powersgd (PyTorch's own hooks on that loop), no-comm (that loop without
+DDP: the ceiling, workers that compete for the machine but never communicate) and lockstep
+(no-comm whose workers wait for each other once a step: the ceiling of synchronous training,
+where every step lasts as long as its slowest worker's). Every one
 keeps the same global batch: a tensor-parallel group takes the batches of all its workers at
 once. Throughput is measured after `warmup` steps; auto's warm-up includes its trials, so its
 number is what it settled on. Memory per worker is reported two ways: the model state it holds
