@@ -18,10 +18,10 @@ machine behind docs/performance.md, two ResNet-18 workers side by side lost betw
 a tenth to each other, and the figure moved by as much between runs.
 
 `lockstep` is `no-comm` whose workers wait for each other once a step, as synchronous training
-makes them, and send nothing else (a one-number all-reduce after backward): the ceiling of
-every synchronous configuration, the communication free and only the waiting left. Without it
-the ceiling flatters: a worker of `no-comm` whose step was slowed does not hold the other up,
-while under DDP every step lasts as long as its slowest worker's.
+makes them, and send nothing else (a one-number all-reduce after backward): synchronous
+training with the communication free and only the waiting left, the ceiling of DDP up to a
+run's noise. `no-comm` flatters: a worker whose step was slowed holds nobody up, while under DDP
+every step lasts as long as its slowest worker's.
 
 Every peer runs with the allocator setting of gradsync's jobs,
 given to it through its environment (`--host-memory`, gradsync.host_memory.allocator_environment),

@@ -29,8 +29,8 @@ CEILINGS = {
     "no-comm": ("**Ceiling** (`no-comm`: the same workers training side by side, never communicating): {}. "
                 "No communication setting can beat it on this machine."),
     "lockstep": ("**Ceiling of synchronous training** (`lockstep`: the same workers waiting for each other once a step, "
-                 "sending nothing else): {}. No DDP configuration can beat it: each of its steps lasts as long as the "
-                 "slowest worker's."),
+                 "sending nothing else): {}. DDP cannot beat it by more than the run's noise: each of its steps lasts "
+                 "as long as the slowest worker's."),
 }
 
 
