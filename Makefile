@@ -108,12 +108,12 @@ bench-compression-accuracy: $(STAMP)
 	$(BIN)/python benchmarks/compression_accuracy.py
 
 # ResNet-18 on two simulated hosts joined by a 300 Mbit/s link (needs root): gradsync's configurations
-# beside the peers (a hand-written DDP loop, PyTorch's own hooks) and the ceiling (no-comm), in two
-# interleaved rounds (~30 min); the table in docs/performance.md is rewritten from this one run. Every
+# beside the peers (a hand-written DDP loop, PyTorch's own hooks) and the ceilings (no-comm, lockstep), in two
+# interleaved rounds (~35 min); the table in docs/performance.md is rewritten from this one run. Every
 # job, the peers too, keeps freed host memory (host_memory's default); the -release target runs them
 # all with the C library's defaults instead, into a table of its own.
 RESNET_300MBIT = gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 300mbit \
-	--configs no-comm,plain,torch-fp16,torch-powersgd,fp32,fp16,powersgd,int8,auto --steps 16 --warmup 3 --rounds 2
+	--configs no-comm,lockstep,plain,torch-fp16,torch-powersgd,fp32,fp16,powersgd,int8,auto --steps 16 --warmup 3 --rounds 2
 bench-resnet-300mbit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/$(RESNET_300MBIT) --output-dir gradsync_runs/bench-resnet18-300mbit
 	$(BIN)/python -m gradsync.bench.tables gradsync_runs/bench-resnet18-300mbit/report.json docs/performance.md \
@@ -127,7 +127,7 @@ bench-resnet-300mbit-release: $(STAMP)
 # where one fp32 step takes ~20 s, without auto (whose 36 trial steps every job would run too) and the peers
 # whose twins show the same bytes. Periodic synchronisation every 4 steps; both tables rewritten from these runs.
 RESNET_100MBIT = gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 100mbit \
-	--configs no-comm,plain,torch-fp16,torch-powersgd,fp32,fp16,powersgd,int8,auto,local-sgd,diloco --steps 12 --warmup 2 \
+	--configs no-comm,lockstep,plain,torch-fp16,torch-powersgd,fp32,fp16,powersgd,int8,auto,local-sgd,diloco --steps 12 --warmup 2 \
 	--periodic-every 4 --rounds 1
 RESNET_20MBIT = gradsync bench train --workload resnet18 --hosts 2 --nproc-per-node 1 --link 20mbit \
 	--configs no-comm,torch-powersgd,fp32,fp16,powersgd,int8,local-sgd,diloco --steps 10 --warmup 2 --periodic-every 4 --rounds 1
