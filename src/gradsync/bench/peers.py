@@ -145,17 +145,17 @@ def main(argv: list[str] | None = None) -> None:
         step_ends.append(time.perf_counter())
         faults.append(minor_page_faults())
     measured = step_ends[args.warmup:]
-    totals = torch.tensor([measured[-1] - measured[0] if len(measured) > 1 else float("nan"), loss.item() / world,
+    elapsed = measured[-1] - measured[0] if len(measured) > 1 else float("nan")
+    # lockstep's exposed communication: the share of its timed steps this worker waited for the other.
+    waited_share = sum(waits[args.warmup:]) / elapsed if waits else 0.0
+    totals = torch.tensor([elapsed, loss.item() / world, waited_share / world,
                            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                            faults_per_step(faults[args.warmup:])], dtype=torch.float64, device=device)
     seconds = totals[:1].clone()
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the job runs at its slowest worker's pace
-    dist.all_reduce(totals[1:2])  # the last step's loss, averaged over the workers
-    peak = totals[2:].clone()  # peak memory and page faults: the worst worker's
+    dist.all_reduce(totals[1:3])  # the last step's loss and lockstep's waited share, averaged over the workers
+    peak = totals[3:].clone()  # peak memory and page faults: the worst worker's
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    # lockstep's exposed communication: the share of a timed step a worker waited for the other, mean of the workers.
-    waited = torch.tensor([sum(waits[args.warmup:]) / float(totals[0]) if waits else 0.0], dtype=torch.float64, device=device)
-    dist.all_reduce(waited)
     if rank == 0:
         timed_steps = len(measured) - 1
         state = sum(p.numel() * p.element_size() * (3 if p.requires_grad else 1) for p in model.parameters())
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             "config": args.config,
             "world_size": world,
             "samples_per_s_per_worker": timed_steps * args.batch_size / float(seconds) if timed_steps > 0 else None,
-            "exposed_comm_share": float(waited) / world if args.config == "lockstep" else None,
+            "exposed_comm_share": float(totals[2]) if args.config == "lockstep" else None,
             "comm_bytes_per_step": None,
             "traffic_bytes_per_step": None,
             "compression_ratio": None,
