@@ -25,7 +25,7 @@ peers (gradsync.bench.peers): plain (a hand-written DDP loop without gradsync), 
 torch-bf16 and torch-powersgd (PyTorch's own hooks on that loop), no-comm (that loop without
 DDP: the ceiling, workers that compete for the machine but never communicate) and lockstep
 (no-comm whose workers wait for each other once a step: the ceiling of synchronous training,
-where every step lasts as long as its slowest worker's). Every one
+where every step lasts as long as its slowest worker's, up to a run's noise). Every one
 keeps the same global batch: a tensor-parallel group takes the batches of all its workers at
 once. Throughput is measured after `warmup` steps; auto's warm-up includes its trials, so its
 number is what it settled on. Memory per worker is reported two ways: the model state it holds
