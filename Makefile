@@ -34,7 +34,8 @@ test: $(STAMP)
 # The zoos of scripts run under `gradsync run` (tests/run/zoo, tests/run/doctor_zoo). `make test`
 # launches only those whose tests need a launch (exit codes, the terminal, timing, processes) and
 # makes the other diagnoses again from their recordings in tests/run/zoo_recorded.
-ZOO_TESTS := tests/run/test_zoo.py tests/run/test_doctor_script.py tests/run/test_doctor_consistency.py tests/run/test_doctor_invariants.py
+ZOO_TESTS := tests/run/test_zoo.py tests/run/test_doctor_script.py tests/run/test_doctor_consistency.py tests/run/test_doctor_invariants.py \
+	tests/run/test_doctor_harmless.py
 
 # Not part of `make test`: every zoo script launched (~15 min on 2 cores).
 test-zoo: $(STAMP)
@@ -43,7 +44,8 @@ test-zoo: $(STAMP)
 # Every zoo script launched and recorded again: after a zoo script, or what the ranks record
 # (gradsync.run.worker, rundir.records, the doctor's facts), changed. `git diff tests/run/zoo_recorded`
 # then shows what did. Plain torchrun's runs of the zoo (the differential test's other side) are
-# recorded where missing or stale (another version of the script, or of torch): ~20 min more for all 82.
+# recorded where missing or stale (another version of the script, or of torch): ~20 min more for all 82,
+# and as much again for the doctor's scripts, stopped after their K steps (tests/run/stop_after_steps.py).
 zoo-record: $(STAMP)
 	$(BIN)/python -m pytest -n 3 --dist loadfile --zoo=record $(ZOO_TESTS)
 

@@ -114,7 +114,11 @@ DDP_FIND_UNUSED = PrivateApi(
     _DDP, "find_unused_parameters", RUN, "gradsync run reads to watch for parameters that never get a gradient",
     "parameters that never get a gradient are not named", on_instance=True,
 )
-DDP_INSTANCE = (DDP_PARAMETERS, DDP_BUFFERS, DDP_SYNCS_GRADIENTS, DDP_PROCESS_GROUP, DDP_FIND_UNUSED)
+DDP_COMM_HOOKS = PrivateApi(
+    _DDP, "_comm_hooks", RUN, "gradsync run edits so that a copy or pickle of a model holds the comm hooks the script gave",
+    "a copy.deepcopy or pickle of a DDP model may fail on gradsync's recording comm hook", on_instance=True,
+)
+DDP_INSTANCE = (DDP_PARAMETERS, DDP_BUFFERS, DDP_SYNCS_GRADIENTS, DDP_PROCESS_GROUP, DDP_FIND_UNUSED, DDP_COMM_HOOKS)
 DATALOADER_ITERATOR = PrivateApi(
     "torch.utils.data.dataloader", "_BaseDataLoaderIter", DOCTOR_STEPS,
     "--doctor-steps wraps to tell which DataLoader feeds training",

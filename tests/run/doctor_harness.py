@@ -21,9 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from gradsync.run.analysis.evidence import Evidence
+from gradsync.run.analysis.evidence import Evidence, read_evidence
+from gradsync.rundir import RunDir
 from tests.harness import REPO_ROOT, fixture_timeout_s
-from tests.run.recordings import Runs, launched_names, record, remade
+from tests.run import user_view
+from tests.run.recordings import Runs, launched_names, record, recording, remade
+from tests.run.user_view import UserView
 from tests.timed_findings import untimed
 
 RUN_TESTS = Path(__file__).parent
@@ -42,6 +45,8 @@ class DoctorRun:
     diagnosis: dict
     run_dir: Path | None
     evidence: Evidence | None = None
+    # What the user saw of it: how each rank ended and what the script printed (tests/run/user_view.py).
+    user_view: UserView | None = None
 
     @property
     def live(self) -> bool:
@@ -104,7 +109,11 @@ def run_one(name: str, script: str, steps: int, root: Path) -> DoctorRun:
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     path = run_dir / "diagnosis.json"
     diagnosis = json.loads(path.read_text()) if path.exists() else {"findings": [], "missing": True}
-    return DoctorRun(name, script, steps, done.returncode, done.stdout + done.stderr, diagnosis, run_dir)
+    evidence = read_evidence(RunDir(run_dir).attempt_evidence(0))
+    logs = {rank: RunDir(run_dir).log(0, rank) for rank in range(2)}
+    seen = user_view.gradsync(evidence, {rank: log.read_text(errors="replace") for rank, log in logs.items() if log.exists()},
+                              done.stdout) if evidence else None
+    return DoctorRun(name, script, steps, done.returncode, done.stdout + done.stderr, diagnosis, run_dir, user_view=seen)
 
 
 def run_all(scripts: dict[str, tuple[str, int]], live: list[str], folder: str, mode: str, root: Path) -> Runs:
@@ -118,12 +127,15 @@ def run_all(scripts: dict[str, tuple[str, int]], live: list[str], folder: str, m
     print(f"\n{len(runs)} --doctor-steps runs in {time.monotonic() - start:.0f} s", file=sys.stderr)
     if mode == "record":
         for run in runs:
-            record(f"{folder}/{run.name}", RUN_TESTS / run.script, _options(run.steps), run.run_dir)
+            record(f"{folder}/{run.name}", RUN_TESTS / run.script, _options(run.steps), run.run_dir,
+                   run.user_view.as_dict() if run.user_view else None)
 
     def from_recording(name: str) -> DoctorRun:
         script, steps = scripts[name]
         evidence, diagnosis, output = remade(f"{folder}/{name}", RUN_TESTS / script, _options(steps))
-        return DoctorRun(name, script, steps, None, output, diagnosis, None, evidence)
+        seen = recording(f"{folder}/{name}", RUN_TESTS / script, _options(steps)).get("user_view")
+        return DoctorRun(name, script, steps, None, output, diagnosis, None, evidence,
+                         UserView.from_dict(seen) if seen else None)
 
     return Runs({run.name: run for run in runs}, list(scripts), from_recording)
 
@@ -139,3 +151,55 @@ def assert_warned(run: DoctorRun, category: str) -> None:
     assert not run.live or run.returncode == 0, run.explain()
     assert run.diagnosis["status"] == "ok", run.explain()
     assert f"warning: {category} (ranks [0, 1])" in run.output, run.explain()
+
+
+# -- the differential test: what the user sees, under plain torchrun and under --doctor-steps K ------
+#
+# Plain torchrun's side runs the script under tests/run/stop_after_steps.py, which ends each rank
+# right after its K-th optimizer step as the doctor does, and imports nothing of gradsync. It does
+# not depend on gradsync: it is recorded once per version of a script, of K and of torch, in
+# zoo_recorded/torchrun_steps, by `make zoo-record` where it is missing or stale. A run still going
+# after PLAIN_BOUND_S is hung there (K steps of a zoo script take 5-30 s).
+PLAIN_BOUND_S = 90
+STOPPER = "tests/run/stop_after_steps.py"
+
+
+def _plain_key(name: str, script: str, steps: int) -> tuple[str, Path, list[str]]:
+    """The recording's key, its script, and what the run depends on besides the script: torch's
+    version, the ranks, K, and the version of the stopper itself."""
+    import hashlib
+
+    import torch
+
+    stopper = hashlib.sha256((REPO_ROOT / STOPPER).read_bytes()).hexdigest()[:16]
+    return f"torchrun_steps/{name}", RUN_TESTS / script, [f"torch=={torch.__version__}", "--nproc-per-node", "2",
+                                                          "--steps", str(steps), f"stopper={stopper}"]
+
+
+def plain_views(scripts: dict[str, tuple[str, int]], mode: str, root: Path) -> Runs:
+    """name -> the user's view of the script's first K steps under plain torchrun, as recorded
+    (launched and recorded first under --zoo=record where its recording is missing or stale)."""
+    from tests.run.recordings import is_current, keep
+
+    if mode == "record":
+        stale = [name for name, (script, steps) in scripts.items() if not is_current(*_plain_key(name, script, steps))]
+
+        def run(name: str) -> None:
+            script, steps = scripts[name]
+            folder = root / name
+            folder.mkdir(parents=True, exist_ok=True)
+            seen = user_view.torchrun_twice(STOPPER, 2, [str(steps), f"tests/run/{script}"], REPO_ROOT, folder / "logs",
+                                            PLAIN_BOUND_S, env={"TMPDIR": str(folder)})
+            keep(*_plain_key(name, script, steps), {"user_view": seen.as_dict()})
+
+        with ThreadPoolExecutor(max_workers=AT_A_TIME) as pool:
+            list(pool.map(run, stale))
+    return Runs({}, list(scripts), lambda name: UserView.from_dict(recording(*_plain_key(name, *scripts[name]))["user_view"]))
+
+
+def assert_as_under_plain_torchrun(run: DoctorRun, plain: UserView) -> None:
+    """Each rank's end (its exit code, the last exception it raised, by type and zoo line) and what
+    the script printed: the same under --doctor-steps K as under plain torchrun stopped after the
+    same K steps, but for the differences docs/run.md lists for `gradsync run` (user_view.differences)."""
+    assert run.user_view is not None, f"{run.name}'s recording has no user view: run `make zoo-record`"
+    assert user_view.differences(plain, run.user_view) == [], run.explain()

@@ -567,12 +567,8 @@ def test_ddp_accepts_or_refuses_a_comm_hook_as_without_gradsync(tmp_path, hook):
 
 
 def _training_a_model_whose_watch_broke():
-    # Nothing a script does reaches the forward hook's bookkeeping, which reads only the
-    # recorder's watch of the model: so the watch itself is broken here (under plain torch the
-    # attribute is just an attribute).
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(3, 2))
-    model._gradsync_watch = "not a watch"
     model.register_comm_hook(None, __import__("torch.distributed.algorithms.ddp_comm_hooks.default_hooks",
                                               fromlist=["allreduce_hook"]).allreduce_hook)
     model(torch.ones(4, 3)).sum().backward()
@@ -580,7 +576,11 @@ def _training_a_model_whose_watch_broke():
 
 
 def test_a_ddp_model_whose_watch_broke_trains_as_without_gradsync(tmp_path, capsys):
-    plain, recorded = _with_and_without_recorder(_training_a_model_whose_watch_broke, tmp_path, CollectiveRecorder())
+    # Nothing a script does reaches the forward hook's bookkeeping, which reads only the
+    # recorder's watch of the model (kept beside the model, not on it): so the watch itself is broken here.
+    recorder = CollectiveRecorder()
+    recorder.watch_of = lambda ddp: "not a watch"
+    plain, recorded = _with_and_without_recorder(_training_a_model_whose_watch_broke, tmp_path, recorder)
     assert recorded == plain and plain[0] == "returned", (plain, recorded)
     assert set(_failed_hooks(capsys.readouterr().err)) == {"DDP comm hook registration hook", "DDP forward hook"}
 

@@ -23,7 +23,7 @@ from gradsync.run.check_primitives import (
     tensor_hash,
 )
 from tests.conftest import ZOO_OPTION
-from tests.run.doctor_harness import assert_failed, assert_warned, guard_of, run_all
+from tests.run.doctor_harness import assert_as_under_plain_torchrun, assert_failed, assert_warned, guard_of, plain_views, run_all
 from tests.run.recordings import Runs, assert_every_field_recorded
 from tests.timed_findings import untimed_warning_lines
 
@@ -60,6 +60,17 @@ LIVE = ["rank_local_update", "healthy_ddp"]
 @pytest.fixture(scope="session")
 def doctor(request, tmp_path_factory) -> Runs:
     return run_all(SCRIPTS, LIVE, "doctor_script", request.config.getoption(ZOO_OPTION), tmp_path_factory.mktemp("doctor"))
+
+
+@pytest.fixture(scope="session")
+def plain(request, tmp_path_factory) -> Runs:
+    return plain_views(SCRIPTS, request.config.getoption(ZOO_OPTION), tmp_path_factory.mktemp("plain"))
+
+
+@pytest.mark.launches
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_rank_ends_and_prints_as_under_plain_torchrun_for_the_same_steps(doctor, plain, name):
+    assert_as_under_plain_torchrun(doctor[name], plain[name])
 
 
 @pytest.mark.launches

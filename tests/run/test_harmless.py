@@ -15,9 +15,26 @@ from pathlib import Path
 
 import pytest
 
-from gradsync.run.harmless import Bookkeeping, BookkeepingByKind, exception_text
+from gradsync.run.harmless import Bookkeeping, BookkeepingByKind, IdentityMap, exception_text
 from tests.harness import REPO_ROOT
 from tests.run.user_view import recorded_plain
+
+
+class _Unhashable:
+    """A class like some users' modules: `__eq__` without `__hash__`, so no weak dictionary keys it."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Unhashable)
+
+
+def test_an_identity_map_keys_objects_by_identity_beside_them_and_forgets_the_dead():
+    kept, first, second = IdentityMap(), _Unhashable(), _Unhashable()
+    kept[first] = "first's"
+    assert kept.get(first) == "first's" and first in kept
+    assert kept.get(second) is None and second not in kept  # equal, but not the same object
+    assert vars(first) == {}  # nothing on the object itself
+    del first
+    assert len(kept) == 0 and not kept  # dropped with its key: a new object of the same id is not it
 
 
 def _fails(error: BaseException) -> None:

@@ -64,6 +64,7 @@ HEALTHY = [
     "healthy_busy_child",
     "healthy_slow_loader_workers",
     "healthy_pipeline",
+    "healthy_wrapped_model_copied",
 ]
 # Scripts launched with another --nproc-per-node than 2.
 NPROC = {"healthy_spawn": 1}
@@ -129,6 +130,7 @@ NPROC.update({f"redteam/{name}": 3 for name in REDTEAM if (ZOO / "redteam" / f"{
 # failures whose exit code, terminal block, timing or clean-up is checked.
 LIVE = [
     "healthy_checkpoint_files",
+    "healthy_wrapped_model_copied",
     "healthy_long_native_call",
     "healthy_busy_child",
     "healthy_slow_loader_workers",

@@ -39,8 +39,9 @@ SIGTERM, SIGABRT = -signal.SIGTERM, -signal.SIGABRT
 # destructor, under either launcher.
 TEARDOWN_ABORT = "terminate called without an active exception"
 _TRACEBACK = "Traceback (most recent call last):"
-_FRAME = re.compile(r'^  File "(?:.*/)?(tests/run/zoo/[^"]+)", line (\d+)')
+_FRAME = re.compile(r'^  File "(?:.*/)?(tests/run/(?:doctor_)?zoo/[^"]+)", line (\d+)')
 _TORCHRUN_PREFIX = re.compile(r"(?m)^\[rank\d+\]: ?")
+_WARNING = re.compile(r"(?m)^(\S+\.py):(\d+): (\w+Warning): ")
 _FAILURE = re.compile(r"rank\s*: (\d+) \(local_rank: \d+\)\n\s*exitcode\s*: (-?\d+)")
 
 
@@ -49,13 +50,19 @@ class RankEnd:
     code: int | None
     raised: tuple[str, str] | None  # (exception type, 'tests/run/zoo/NAME.py:LINE'); None: no traceback
     teardown_abort: bool = False  # its stderr ends with Gloo's teardown abort
+    # The Python warnings its stderr shows, by category and line ('UserWarning at NAME.py:LINE');
+    # None in a recording made before they were kept.
+    warned: tuple[str, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "raised": list(self.raised) if self.raised else None, "teardown_abort": self.teardown_abort}
+        return {"code": self.code, "raised": list(self.raised) if self.raised else None, "teardown_abort": self.teardown_abort,
+                "warned": list(self.warned) if self.warned is not None else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankEnd:
-        return cls(data["code"], tuple(data["raised"]) if data["raised"] else None, data["teardown_abort"])
+        warned = data.get("warned")
+        return cls(data["code"], tuple(data["raised"]) if data["raised"] else None, data["teardown_abort"],
+                   tuple(warned) if warned is not None else None)
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,13 @@ def raised(stderr: str) -> tuple[str, str] | None:
     return (kind, frames[-1]) if kind and frames else None
 
 
+def warned(stderr: str) -> tuple[str, ...]:
+    """The distinct Python warnings in a rank's stderr, each as 'Category at FILE:LINE' (the file's name only)."""
+    return tuple(sorted({f"{m[3]} at {m[1].rsplit('/', 1)[-1]}:{m[2]}" for m in _WARNING.finditer(_TORCHRUN_PREFIX.sub("", stderr))}))
+
+
 def _rank_end(code: int | None, stderr: str) -> RankEnd:
-    return RankEnd(code, raised(stderr), TEARDOWN_ABORT in stderr[-2000:])
+    return RankEnd(code, raised(stderr), TEARDOWN_ABORT in stderr[-2000:], warned(stderr))
 
 
 def same_printed(one: list[str], other: list[str]) -> bool:
@@ -119,23 +131,26 @@ def recorded_plain(name: str, nproc: int) -> UserView:
     return UserView.from_dict(recording(*plain_key(name, nproc))["user_view"])
 
 
-def torchrun_twice(script: str, nproc: int, args: list[str], cwd: Path, log_dir: Path, bound_s: float) -> UserView:
+def torchrun_twice(script: str, nproc: int, args: list[str], cwd: Path, log_dir: Path, bound_s: float,
+                   env: dict[str, str] | None = None) -> UserView:
     """`torchrun`'s view of `script`; for a run whose ranks all ended well, run once more, and its
     output kept only if the second printed the same."""
-    first = torchrun(script, nproc, args, cwd, log_dir / "first", bound_s)
+    first = torchrun(script, nproc, args, cwd, log_dir / "first", bound_s, env)
     if not all(map(_ended_well, first.ranks.values())):
         return first
-    second = torchrun(script, nproc, args, cwd, log_dir / "second", bound_s)
+    second = torchrun(script, nproc, args, cwd, log_dir / "second", bound_s, env)
     return first if same_printed(first.stdout, second.stdout) else UserView(first.ranks, None)
 
 
-def torchrun(script: str, nproc: int, args: list[str], cwd: Path, log_dir: Path, bound_s: float) -> UserView:
-    """Run `script` under plain torchrun, from `cwd`. A job still running after `bound_s` is taken
-    as hung: the ranks still running then are HUNG, and the job is stopped."""
+def torchrun(script: str, nproc: int, args: list[str], cwd: Path, log_dir: Path, bound_s: float,
+             env: dict[str, str] | None = None) -> UserView:
+    """Run `script` under plain torchrun, from `cwd` (with `env` added to the environment). A job
+    still running after `bound_s` is taken as hung: the ranks still running then are HUNG, and
+    the job is stopped."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                "--redirects", "2", "--log-dir", str(log_dir), script, *args]
     launch = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     running: set[int] = set()
     try:
         stdout, stderr = launch.communicate(timeout=bound_s)
@@ -213,6 +228,8 @@ def differences(plain: UserView, ours: UserView) -> list[str]:
     4. what a run whose ranks all ended well printed is compared as characters in any order (the
        ranks' writes interleave on one console), and only where two runs under plain torchrun
        printed the same.
+
+    Each rank's Python warnings (category and line) must be the same, where both runs kept them.
     """
     if set(plain.ranks) != set(ours.ranks):
         return [f"ranks {sorted(plain.ranks)} under torchrun, {sorted(ours.ranks)} under gradsync run"]
@@ -225,6 +242,8 @@ def differences(plain: UserView, ours: UserView) -> list[str]:
 
 
 def _same_end(theirs: RankEnd, mine: RankEnd, failed: bool) -> bool:
+    if None not in (theirs.warned, mine.warned) and theirs.warned != mine.warned:
+        return False
     if (theirs.code, theirs.raised) == (mine.code, mine.raised):
         return True
     if theirs.code is HUNG:  # 1.
@@ -241,4 +260,4 @@ def _ended_well(end: RankEnd) -> bool:
 
 def _said(end: RankEnd) -> str:
     code = "still running (hung)" if end.code is HUNG else f"exit {end.code}"
-    return code + (f", {end.raised[0]} at {end.raised[1]}" if end.raised else "")
+    return code + (f", {end.raised[0]} at {end.raised[1]}" if end.raised else "") + (f", warned {list(end.warned)}" if end.warned else "")

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from gradsync.run.harmless import IdentityMap
+
 FINGERPRINT_SAMPLES = 256  # values sampled (evenly strided) from each tensor
 _NESTING_DEPTH = 3  # how deep lists, tuples and dicts of inputs are searched for tensors
 
@@ -153,3 +155,47 @@ def group_ranks(group: Any) -> list[int] | None:
         return list(dist.get_process_group_ranks(group))
     except Exception:  # a group torch no longer knows: compared as before, across every rank
         return None
+
+
+class ModuleForwards:
+    """Forward pre-hooks on the script's modules, kept beside them (harmless.IdentityMap): one
+    hook common to all modules (torch's `register_module_forward_pre_hook`, installed with the
+    first module watched) calls those of the modules watched. A hook registered on the module
+    itself would sit in its `_forward_pre_hooks`, and travel into every deepcopy of the user's
+    model (still recording for gradsync) and every pickle of it (which fails on the closure).
+    The hooks see the positional arguments only (torch's common hooks get no keywords), and stop
+    once the script compiles (`stop`)."""
+
+    def __init__(self) -> None:
+        self._hooks = IdentityMap()  # module -> its hooks, each called with (module, args)
+        self._handle: Any = None
+        self._stopped = False
+
+    def watch(self, module: torch.nn.Module, hook: Callable[[Any, tuple], None]) -> None:
+        if self._stopped:
+            return
+        hooks = self._hooks.get(module)
+        if hooks is None:
+            hooks = []
+            self._hooks[module] = hooks
+        hooks.append(hook)
+        if self._handle is None:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._handle = register_module_forward_pre_hook(self._called)
+
+    def _called(self, module: Any, args: tuple) -> None:
+        # Inside every module's call: returning None leaves its inputs alone.
+        for hook in self._hooks.get(module) or ():
+            hook(module, args)
+
+    def stop(self) -> None:
+        """No more hooks: the script compiles (torch.compile warns of every hook common to all
+        modules, on each call of a compiled module, and calls it again around it)."""
+        self._stopped = True
+        self.remove()
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat, events
 from gradsync.callsite import caller_location
-from gradsync.run.harmless import Bookkeeping, BookkeepingByKind
+from gradsync.run.harmless import Bookkeeping, BookkeepingByKind, IdentityMap
 from gradsync.run.pipeline_labels import PipelineLabels, watch_pipelining
 from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
 
@@ -128,6 +128,8 @@ class CollectiveRecorder:
         self.first_nonfinite: dict[str, Any] | None = None
         self.nonfinite_passes = 0
         self.ddp_models: list[DDPWatch] = []
+        # DDP model -> its watch, kept beside the model (a deepcopy or pickle of it must not meet one).
+        self.ddp_watches = IdentityMap()
         # Every init_device_mesh call: its shape, dimension names and line. Ranks must build the
         # same meshes (each dimension's groups are created collectively), so the analysis compares them.
         self.meshes: list[dict[str, Any]] = []
@@ -239,6 +241,11 @@ class CollectiveRecorder:
         """
         record.state = "issued"
         self.issued.append((record, future))
+
+    def watch_of(self, ddp: DistributedDataParallel) -> DDPWatch | None:
+        """The watch of a DDP model; None for one it could not watch (its construction's
+        bookkeeping failed, or it was built before the recorder was installed)."""
+        return self.ddp_watches.get(ddp)
 
     def warn_once(self, message: str | None) -> None:
         """Say once per process what the recording lacks (on this rank's stderr)."""
@@ -727,9 +734,20 @@ def _patch_device_mesh(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any
     return patched
 
 
-def _watch(ddp: DistributedDataParallel) -> DDPWatch | None:
-    """The recorder's watch of a DDP model; None for one it could not watch."""
-    return getattr(ddp, "_gradsync_watch", None)
+
+
+def _keep_hooks_as_given(ddp: DistributedDataParallel, registered: Callable, given: tuple[Callable, Any] | None) -> None:
+    """DDP keeps each comm hook it was given, with its state, in a list of its own that travels
+    with the model (`copy.deepcopy`, `pickle`, `torch.save`): there, the entry gradsync made holds
+    its recording wrapper (a closure no pickle takes) or the process group it reduces on (which
+    no deepcopy takes). Put back what the script gave (`given`), or nothing where it gave none.
+    The reducer keeps the recording hook it was registered with."""
+    hooks = compat.DDP_COMM_HOOKS.get(None, ddp)
+    if hooks and hooks[-1][0] is registered:
+        if given is None:
+            hooks.pop()
+        else:
+            hooks[-1] = given
 
 
 def is_gradient_reduction(kind: str) -> bool:
@@ -766,7 +784,7 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
             with construction:
                 recorder.warn_once(compat.lacking_on(self, compat.DDP_INSTANCE))
                 watch = DDPWatch(self)
-                self._gradsync_watch = watch
+                recorder.ddp_watches[self] = watch
                 recorder.ddp_models.append(watch)
 
         return __init__
@@ -781,13 +799,17 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
         def register_comm_hook(self, state, hook):
             registered = hook
             with registration:
-                watch = _watch(self)
+                watch = recorder.watch_of(self)
                 # Only a hook DDP can accept is wrapped: DDP refuses the others (not callable, or
                 # nameless like a partial, as it reads a hook's names) as it would without gradsync.
                 if watch is not None and callable(hook) and hasattr(hook, "__name__") and hasattr(hook, "__qualname__"):
                     registered = _bucket_recording_hook(recorder, watch, watch.process_group, hook)
                     watch.reduction = "buckets"
-            return original(self, state, registered)
+            result = original(self, state, registered)
+            if registered is not hook:
+                with registration:
+                    _keep_hooks_as_given(self, registered, (hook, state))
+            return result
 
         return register_comm_hook
 
@@ -797,7 +819,7 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
         @functools.wraps(original)
         def _register_builtin_comm_hook(self, comm_hook_type):
             with registration:
-                watch = _watch(self)
+                watch = recorder.watch_of(self)
                 if watch is not None:
                     watch.reduction = "passes"  # a C++ hook cannot be wrapped: recorded per pass
             return original(self, comm_hook_type)
@@ -807,25 +829,37 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
     def make_forward(original):
         forwarding = bookkeeping("forward")
 
-        @functools.wraps(original)
-        def forward(self, *args, **kwargs):
+        # Bookkeeping that dynamo must not trace (torch.compile of a DDP model): run eagerly, at a
+        # graph break before and after DDP's own forward, which dynamo traces as without gradsync.
+        @torch.compiler.disable
+        def before(ddp: DistributedDataParallel) -> DDPWatch | None:
             watch = None
             with forwarding:
-                watch = _watch(self)
+                watch = recorder.watch_of(ddp)
                 if watch is not None:
                     if watch.reduction is None:
                         if record_buckets:
-                            DistributedDataParallel.register_comm_hook(self, watch.process_group, _default_allreduce_hook)
+                            DistributedDataParallel.register_comm_hook(ddp, watch.process_group, _default_allreduce_hook)
+                            _keep_hooks_as_given(ddp, _default_allreduce_hook, None)  # the script gave none
                         else:
                             watch.reduction = "passes"
                     # DDP syncs buffers under no_grad; what must agree is the mode the forward was called in.
                     watch.forward_grad_mode = "grad" if torch.is_grad_enabled() else "no_grad"
+            return watch
+
+        @torch.compiler.disable
+        def after(ddp: DistributedDataParallel, watch: DDPWatch) -> None:
+            with forwarding:
+                # The condition under which DDP's forward prepares its reducer for a backward pass.
+                if watch.reduction == "passes" and torch.is_grad_enabled() and compat.DDP_SYNCS_GRADIENTS.get(True, ddp):
+                    recorder.pending_reductions[id(ddp)] = ddp
+
+        @functools.wraps(original)
+        def forward(self, *args, **kwargs):
+            watch = before(self)
             output = original(self, *args, **kwargs)
             if watch is not None:
-                with forwarding:
-                    # The condition under which DDP's forward prepares its reducer for a backward pass.
-                    if watch.reduction == "passes" and torch.is_grad_enabled() and compat.DDP_SYNCS_GRADIENTS.get(True, self):
-                        recorder.pending_reductions[id(self)] = self
+                after(self, watch)
             return output
 
         return forward
@@ -837,7 +871,7 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
         def _sync_module_buffers(self, authoritative_rank):
             record = None
             with broadcasting:
-                watch = _watch(self)
+                watch = recorder.watch_of(self)
                 if watch is not None:
                     # Whether the forward trains or evaluates is part of what must agree: rank 0 evaluating
                     # through the wrapper alone pairs its broadcast with another rank's training one.
@@ -864,7 +898,7 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
             # (the recording hook sees each shadowed bucket).
             record = None
             with shadowing:
-                watch = _watch(self)
+                watch = recorder.watch_of(self)
                 if watch is not None and watch.reduction == "passes":
                     record = recorder.enter("all_reduce", self.process_group, watch.gradient_signature, GRADIENT_PASS_KIND)
             return recorder.run_blocking(record, lambda: original(self), shadowing)
@@ -903,7 +937,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable, engine: Any
             with bookkeeping:
                 site = caller_location()
                 for ddp in models:
-                    watch = _watch(ddp)
+                    watch = recorder.watch_of(ddp)
                     records.append(recorder.enter("all_reduce", watch.process_group, watch.gradient_signature, GRADIENT_PASS_KIND, site))
             with bookkeeping:
                 recorder.check_losses(tensors, site)
@@ -921,7 +955,7 @@ def _wrap_backward(recorder: CollectiveRecorder, original: Callable, engine: Any
             recorder.backward_passes += 1
             with bookkeeping:
                 for ddp in models:
-                    _watch(ddp).pass_done()
+                    recorder.watch_of(ddp).pass_done()
             events.backward_pass(recorder.backward_passes)
         return result
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import weakref
 from types import TracebackType
 
 from gradsync.log import rank_prefix
@@ -86,3 +87,37 @@ class BookkeepingByKind(dict[str, Bookkeeping]):
     def failures(self) -> dict[str, str]:
         """hook -> its first failure, for the kinds that failed."""
         return {hook: bookkeeping.failure for hook, bookkeeping in self.items() if bookkeeping.failure is not None}
+
+
+class IdentityMap:
+    """What gradsync keeps about the script's objects, kept beside them, never on them.
+
+    An attribute or a hook on a user's model holds gradsync's bookkeeping (and through it a
+    process group) wherever the model goes: a `copy.deepcopy(ddp)` for an EMA teacher or a
+    `pickle` of it then fails with "cannot pickle ProcessGroup", where plain torchrun's run goes
+    on. So a watch's record of an object lives here, keyed by the object's identity (a module
+    class may define `__eq__` without `__hash__`, so weak dictionaries cannot key it) and
+    dropped when the object dies (its id may then be reused)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, object]] = {}
+
+    def __setitem__(self, key: object, value: object) -> None:
+        entries, ident = self._entries, id(key)
+        self._entries[ident] = (weakref.ref(key, lambda _, ident=ident: entries.pop(ident, None)), value)
+
+    def get(self, key: object, default: object = None) -> object:
+        entry = self._entries.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else default
+
+    def __contains__(self, key: object) -> bool:
+        entry = self._entries.get(id(key))
+        return entry is not None and entry[0]() is key
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)

@@ -116,6 +116,7 @@ class ScriptCheck:
         """Patch what the checks watch, around the recorder's patches (so install it after the
         recorder); returns a function that undoes it."""
         patches = Patches()
+        patches.on_undo(self.moments.module_forwards.remove)
         if self.moments.listened("pipeline_message"):
             self._install_pipeline_moment(patches)
         patches.on_undo(register_optimizer_step_pre_hook(self._before_step).remove)
@@ -140,21 +141,34 @@ class ScriptCheck:
 
             return __init__
 
+        # Bookkeeping that dynamo must not trace (torch.compile of a DDP model): run eagerly, at a
+        # graph break before and after DDP's own forward, which dynamo traces as without gradsync.
+        @torch.compiler.disable
+        def forward_starts(ddp, args, kwargs):
+            entry = None
+            with models:
+                if ddp.training and torch.is_grad_enabled():
+                    entry = check._training_forward(ddp, args, kwargs)
+            if entry is not None:
+                check.moments.emit("forward_starts", ddp, entry)
+            check.moments.forwarding += 1
+            return entry
+
+        @torch.compiler.disable
+        def forward_ends(ddp, entry):
+            check.moments.forwarding -= 1
+            if entry is not None:
+                check.moments.emit("forward_ends", ddp, entry)
+
         def make_ddp_forward(original):
             def forward(ddp, *args, **kwargs):
-                entry = None
-                with models:
-                    if ddp.training and torch.is_grad_enabled():
-                        entry = check._training_forward(ddp, args, kwargs)
-                if entry is not None:
-                    check.moments.emit("forward_starts", ddp, entry)
-                check.moments.forwarding += 1
+                entry = forward_starts(ddp, args, kwargs)
                 try:
                     output = original(ddp, *args, **kwargs)
-                finally:
+                except BaseException:
                     check.moments.forwarding -= 1
-                if entry is not None:
-                    check.moments.emit("forward_ends", ddp, entry)
+                    raise
+                forward_ends(ddp, entry)
                 return output
 
             return forward
@@ -245,6 +259,7 @@ class ScriptCheck:
         patches.wrap(Join, "__enter__", make_join_enter)
         patches.wrap(Join, "__exit__", make_join_exit)
         self._install_sharding_watches(patches)
+        self._install_compile_moment(patches)
         # A moment no selected check listens to (--doctor-checks) costs no patch.
         if self.moments.listened("collective"):
             self._install_collective_moment(patches)
@@ -255,6 +270,21 @@ class ScriptCheck:
         for watch in self.watches.values():
             watch.install(patches)
         return patches.undo
+
+    def _install_compile_moment(self, patches: Patches) -> None:
+        """torch.compile called (on a model, a function, or by `Module.compile`): told to the host."""
+        moments = self.moments
+        compiling = self.bookkeeping["the script check's torch.compile watch"]
+
+        def make(original):
+            def compile(*args, **kwargs):
+                with compiling:
+                    moments.compiling(caller_location())
+                return original(*args, **kwargs)
+
+            return compile
+
+        patches.wrap(torch, "compile", make)
 
     def _install_collective_moment(self, patches: Patches) -> None:
         """The collectives a script calls itself on whole tensors (hand-written averaging, a
@@ -404,16 +434,15 @@ class ScriptCheck:
 
         sharding = self.bookkeeping["the script check's sharding watch"]
 
-        def fingerprint_inputs(_module: Any, args: tuple, kwargs: dict) -> None:
-            # A forward pre-hook: inside the user's forward, returning None leaves its inputs alone.
+        def fingerprint_inputs(_module: Any, args: tuple) -> None:
             with sharding:
                 if not (_module.training and torch.is_grad_enabled()) or len(entry["inputs"]) >= FORWARDS_FINGERPRINTED:
                     return
                 # A DTensor input is distributed already (reading it whole would be a collective): not compared.
-                plain = not any(isinstance(t, DTensor) for t in nested_tensors((args, kwargs)))
-                entry["inputs"].append(inputs_fingerprint(args, kwargs) if plain else None)
+                plain = not any(isinstance(t, DTensor) for t in nested_tensors(args))
+                entry["inputs"].append(inputs_fingerprint(args, {}) if plain else None)
 
-        module.register_forward_pre_hook(fingerprint_inputs, with_kwargs=True)
+        self.moments.module_forwards.watch(module, fingerprint_inputs)
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -499,7 +528,7 @@ class ScriptCheck:
         return None
 
     def _model_facts(self, ddp: DistributedDataParallel, site: str | None, order: list[str]) -> dict[str, Any]:
-        watch = ddp._gradsync_watch
+        watch = self.recorder.watch_of(ddp)
         return {
             "site": site,
             # The ranks DDP averages over: its replicas. Under pipeline (or any hybrid) parallelism each
@@ -529,6 +558,7 @@ class ScriptCheck:
             "models": [self._model_facts(*model) for model in self.models],
             "fsdp_roots": self._fsdp_roots(),
             "tp_modules": self.tp_modules,
+            "compiled_at": self.moments.compiled_at,
             **self._watches_facts(),
             "watch_failures": self.bookkeeping.failures(),
         }

@@ -100,7 +100,7 @@ class AveragingWatch:
     def _wrapped(self, ddp: Any, site: str | None) -> None:
         for name, parameter in ddp.module.named_parameters():
             self._names.setdefault(id(parameter), name)
-        ddp.module.register_forward_pre_hook(self._inner_forward)
+        self.moments.module_forwards.watch(ddp.module, self._inner_forward)
 
     def _inner_forward(self, module: Any, args: Any) -> None:
         # A forward pre-hook in the user's forward: returning None leaves its inputs alone.

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gradsync.run.check_primitives import group_ranks, hyperparameters, tensors_fingerprint
+from gradsync.run.check_primitives import ModuleForwards, group_ranks, hyperparameters, tensors_fingerprint
 from gradsync.run.harmless import Bookkeeping
 
 # moment -> what its listeners are called with
@@ -54,6 +54,9 @@ class Moments:
         self.reductions = 0  # DDP's synchronised backward passes so far, as of the step starting now
         self._listeners: dict[str, list[tuple[Callable[..., None], Bookkeeping]]] = {moment: [] for moment in MOMENTS}
         self._going_in: tuple[tuple[int, int], dict[str, Any]] | None = None  # ((optimizer id, step), its reading)
+        # Forward pre-hooks on the script's modules, kept beside them (none in the module itself).
+        self.module_forwards = ModuleForwards()
+        self.compiled_at: str | None = None  # the first torch.compile call's line: the hooks stop there
 
     def on(self, moment: str, listener: Callable[..., None], bookkeeping: Bookkeeping) -> None:
         """Call `listener` at each `moment`; its failure is said once by `bookkeeping`, and never
@@ -68,6 +71,13 @@ class Moments:
     def listened(self, moment: str) -> bool:
         """Whether any watch listens to `moment` (a patch that only feeds it can stay off)."""
         return bool(self._listeners[moment])
+
+    def compiling(self, site: str | None) -> None:
+        """The script called torch.compile: what dynamo cannot take (hooks common to all modules)
+        stops here, and the checks that relied on it see only what ran before."""
+        if self.compiled_at is None:
+            self.compiled_at = site
+        self.module_forwards.stop()
 
     def stepped_parameters(self, optimizer: Any) -> list[Any]:
         """The parameters of DDP models that `optimizer` steps: the ones averaged alike on every rank."""
