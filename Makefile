@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test test-fast test-zoo zoo-record test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-resnet-300mbit bench-resnet-300mbit-release bench-resnet-slow-links bench-side-by-side gpu-check slurm-check clean
+.PHONY: demo test test-fast test-zoo zoo-record test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-doctor-blind bench-resnet-300mbit bench-resnet-300mbit-release bench-resnet-slow-links bench-side-by-side gpu-check slurm-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,13 @@ bench-hook-cost-300mbit: $(STAMP)
 # The training loop under `gradsync doctor --steps K` against a plain `gradsync run`, alternating launches.
 bench-doctor-overhead: $(STAMP)
 	$(BIN)/python benchmarks/doctor_overhead.py
+
+# `gradsync doctor --steps 20` on the blind sets (scripts written from public reports by someone who had
+# not read the doctor, benchmarks/doctor_blind/setN): how many mistakes it names at their cause line, how
+# many healthy look-alikes it leaves alone (~10 min per set).
+bench-doctor-blind: $(STAMP)
+	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set1
+	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set2
 
 # Test accuracy and loss curve of the digits demo under each gradient compressor.
 bench-compression-accuracy: $(STAMP)

@@ -201,12 +201,17 @@ def test_an_unknown_check_is_refused_before_the_script_runs(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_checks_are_passed_to_gradsync_run(monkeypatch):
+def test_the_script_check_is_launched_with_typed_options_and_the_selected_checks(monkeypatch, tmp_path):
+    from gradsync.doctor import script as script_check
     from gradsync.run import launcher
 
     passed = []
-    monkeypatch.setattr(launcher, "main", lambda argv: passed.append(argv) or 0)
-    assert main(["doctor", "--nproc-per-node", "2", "--checks", "same_file, identical_batches", "train.py", "--lr", "1"]) == 0
-    (argv,) = passed
-    assert argv[argv.index("--doctor-checks") + 1] == "identical_batches,same_file"
-    assert argv[-3:] == ["train.py", "--lr", "1"]
+    monkeypatch.setattr(launcher, "launch", lambda args, options, probe, announce: passed.append((args, options, probe)) or 0)
+    assert main(["doctor", "--nproc-per-node", "2", "--steps", "7", "--checks", "same_file, identical_batches",
+                 "--run-dir", str(tmp_path / "run"), "train.py", "--lr", "1"]) == 0
+    ((args, options, probe),) = passed
+    assert probe is script_check and options.script_probe == "gradsync.doctor.script"
+    assert (options.doctor_steps, options.doctor_checks) == (7, ["identical_batches", "same_file"])  # the registry's order
+    assert options.run_dir == (tmp_path / "run").absolute()
+    assert (args.standalone, args.nproc_per_node, args.training_script, args.training_script_args) == (
+        True, "2", "train.py", ["--lr", "1"])

@@ -159,8 +159,9 @@ def assert_warned(run: DoctorRun, category: str) -> None:
 # right after its K-th optimizer step as the doctor does, and imports nothing of gradsync. It does
 # not depend on gradsync: it is recorded once per version of a script, of K and of torch, in
 # zoo_recorded/torchrun_steps, by `make zoo-record` where it is missing or stale. A run still going
-# after PLAIN_BOUND_S is hung there (K steps of a zoo script take 5-30 s).
-PLAIN_BOUND_S = 90
+# after PLAIN_BOUND_S is hung there (K steps of a zoo script take 5-30 s, and 90 s ran out on a 2-core
+# machine at load 15).
+PLAIN_BOUND_S = 150
 STOPPER = "tests/run/stop_after_steps.py"
 
 
@@ -188,8 +189,10 @@ def plain_views(scripts: dict[str, tuple[str, int]], mode: str, root: Path) -> R
             script, steps = scripts[name]
             folder = root / name
             folder.mkdir(parents=True, exist_ok=True)
+            # TMPDIR is the runs' root, as for the doctor's runs (run_one): under a script's own folder its path is
+            # too long for the AF_UNIX socket a DataLoader's workers share tensors through.
             seen = user_view.torchrun_twice(STOPPER, 2, [str(steps), f"tests/run/{script}"], REPO_ROOT, folder / "logs",
-                                            PLAIN_BOUND_S, env={"TMPDIR": str(folder)})
+                                            PLAIN_BOUND_S, env={"TMPDIR": str(root)})
             keep(*_plain_key(name, script, steps), {"user_view": seen.as_dict()})
 
         with ThreadPoolExecutor(max_workers=AT_A_TIME) as pool:

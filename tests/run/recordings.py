@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import pytest
 
+from gradsync.doctor import script as script_check
 from gradsync.run.analysis.evidence import Evidence, read_evidence
 from gradsync.run.publish import render
 from gradsync.rundir import RunDir, read_json
@@ -83,7 +84,7 @@ def remade(key: str, script: Path, options: list[str]) -> tuple[Evidence, dict[s
     """`key`'s recorded evidence, the diagnosis made again from it, and that diagnosis's terminal
     block (what a recorded run has for output)."""
     evidence = recorded(key, script, options)
-    diagnosis = evidence.diagnose()
+    diagnosis = evidence.diagnose(script_check)
     return evidence, diagnosis, render(diagnosis)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from gradsync.run.scriptcheck import registry
+from gradsync.doctor.script import registry
 from tests.conftest import ZOO_OPTION
 from tests.run.doctor_harness import assert_as_under_plain_torchrun, assert_failed, guard_of, plain_views, run_all
 from tests.run.recordings import Runs, assert_every_field_recorded
@@ -39,6 +39,24 @@ SCRIPTS = {name: (f"doctor_zoo/{name}.py", K) for name in [
     "iterable_worker_shard_only", "local_scale_factor", "unregistered_tensor_attr",
     "val_metric_rank0_shard", "mask_generator_fixed_seed",
     "healthy_scale_factor_reduced", "healthy_iterable_rank_worker_shard",
+    # issue 59's invariants, each broken two ways, each with a healthy twin:
+    # every backward pass starts from cleared gradients on every rank, or carried ones on every rank
+    "zero_grad_in_logging_branch", "zero_grad_skipped_on_bad_batch", "healthy_accumulation_zero_grad_every_k",
+    # what a collective is handed is sane: no output twice, one dtype on every rank
+    "gather_list_aliased", "metric_count_dtype_by_branch", "healthy_gather_distinct_outputs",
+    # a load_state_dict(strict=False) fills the model
+    "resume_ddp_keys_into_bare_model", "finetune_backbone_prefixed_keys", "healthy_backbone_into_new_head",
+    # every parameter the optimizer steps is averaged: named where it was created
+    "temperature_outside_ddp", "loss_module_params_not_wrapped", "healthy_temperature_inside_model",
+    # a sampler's rank and num_replicas are the process group's
+    "sampler_rank_from_default_local_rank_arg", "sampler_num_replicas_from_config", "healthy_sampler_explicit_group_rank",
+    # under FSDP2, a number applied to every gradient is the same on every rank
+    "fsdp2_clip_from_local_shard", "fsdp2_grad_scaled_by_local_token_count", "healthy_fsdp2_clip_grad_norm",
+    # the optimizer's settings written outside any tensor (gradsync doctor's second pass names the
+    # line: tests/doctor/test_second_pass.py)
+    "warmup_by_local_tokens", "healthy_warmup_by_global_tokens",
+    # hand-written averaging starts every replica from the same parameters
+    "manual_dp_seeded_per_rank", "healthy_manual_dp_broadcast_first",
 ]}
 
 pytestmark = [pytest.mark.launches, guard_of(SCRIPTS)]
@@ -65,6 +83,19 @@ CAUGHT = [
     ("optimizer_before_head_replaced", "parameters_not_stepped", "warning", [0, 1]),
     ("local_spike_skip", "step_skipped_on_some_ranks", "error", [1]),
     ("local_guard_in_train_step", "step_skipped_on_some_ranks", "error", [1]),
+    ("zero_grad_in_logging_branch", "gradients_carried_on_some_ranks", "error", [1]),
+    ("zero_grad_skipped_on_bad_batch", "gradients_carried_on_some_ranks", "error", [1]),
+    ("gather_list_aliased", "collective_output_aliased", "error", [0, 1]),
+    ("metric_count_dtype_by_branch", "collective_dtypes_differ", "error", [0, 1]),  # gradsync run's shape_mismatch beside it
+    ("resume_ddp_keys_into_bare_model", "state_dict_loaded_little", "error", [0, 1]),
+    ("finetune_backbone_prefixed_keys", "state_dict_loaded_little", "error", [0, 1]),
+    ("temperature_outside_ddp", "gradients_not_averaged", "error", [0, 1]),
+    ("loss_module_params_not_wrapped", "gradients_not_averaged", "error", [0, 1]),
+    ("sampler_rank_from_default_local_rank_arg", "sampler_position_wrong", "error", [1]),  # rank 1 took rank 0's place
+    ("sampler_num_replicas_from_config", "sampler_position_wrong", "error", [0, 1]),
+    ("fsdp2_clip_from_local_shard", "state_written_on_some_ranks", "error", [0, 1]),
+    ("fsdp2_grad_scaled_by_local_token_count", "state_written_on_some_ranks", "error", [0, 1]),
+    ("manual_dp_seeded_per_rank", "replicas_started_apart", "error", [0, 1]),
 ]
 
 # Mistakes of the red team the doctor does not yet name at their cause, and what it says instead.
@@ -143,6 +174,12 @@ def test_what_differs_first_and_when_it_parted(doctor):
     assert "after step" in plateau["message"] and "a value each rank computed on its own" in plateau["message"]
     resumed = doctor["resume_after_wrap_rank0"].only("state_written_on_some_ranks", "error")
     assert resumed["details"]["differs"] == ["parameters"] and "between DDP's construction" in resumed["message"]
+
+
+def test_settings_parted_with_no_recorded_write_ask_for_the_second_pass(doctor):
+    """The first pass knows what parted and when, not the line: it asks `gradsync doctor` to trace that window."""
+    finding = doctor["warmup_by_local_tokens"].only("update_differs", "error")
+    assert finding["details"]["localise"] == {"window": 0, "part": "hyperparameters"}
 
 
 def test_a_gradient_summed_again_says_by_how_much(doctor):

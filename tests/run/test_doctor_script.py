@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gradsync.doctor import script as script_check
 from gradsync.errors import ConfigError
 from gradsync.run import launcher
 from gradsync.run.options import RunOptions
@@ -129,14 +130,14 @@ def test_accumulation_without_no_sync(doctor):
 @pytest.mark.launches
 def test_rank_local_parameter_update(doctor):
     run = doctor["rank_local_update"]
-    # Named at the first step it shows, on the rank that did it, after the step it followed.
-    finding = run.only("update_differs", "error")
+    # Named at the first step it shows, on the rank that did it, at the write itself (read at the tensor level).
+    finding = run.only("state_written_on_some_ranks", "error")
     assert finding["ranks"] == [1] and finding["step"] == 2, run.explain()
-    assert finding["details"] == {"differs": "parameters", "optimizer": 0}
-    assert finding["locations"] == {"1": run.line("step")}
-    assert "rank 1 changed them after optimizer step 1" in finding["message"]
+    assert (finding["details"]["differs"], finding["details"]["write"]) == (["parameters"], "add_")
+    assert finding["locations"] == {"1": run.line("noise")}
+    assert "rank 1 ran `add_` on the parameter 0.weight" in finding["message"] and "after step 1" in finding["message"]
     assert not run.live or run.returncode == 1, run.explain()
-    assert "gradsync run: FAILED: update_differs (rank 1)" in run.output, run.explain()
+    assert "gradsync run: FAILED: state_written_on_some_ranks (rank 1)" in run.output, run.explain()
 
 
 @pytest.mark.launches
@@ -229,20 +230,20 @@ def test_a_script_shorter_than_k_steps_is_checked_on_what_it_did(doctor):
 
 
 def test_bad_values_of_doctor_steps_are_refused_with_exit_code_2(tmp_path, capsys):
-    assert launcher.main(["--doctor-steps", "0", "--run-dir", str(tmp_path), "train.py"]) == 2
+    assert launcher.main(["--doctor-steps", "0", "--run-dir", str(tmp_path), "train.py"], probe=script_check) == 2
     assert "--doctor-steps 0: give the number of optimizer steps to check" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exiting:
-        launcher.main(["--doctor-steps", "twenty", "--run-dir", str(tmp_path), "train.py"])
+        launcher.main(["--doctor-steps", "twenty", "--run-dir", str(tmp_path), "train.py"], probe=script_check)
     assert exiting.value.code == 2
     assert "--doctor-steps: invalid int value: 'twenty'" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="at least 1"):
-        RunOptions(run_dir=tmp_path, doctor_steps=-3)
+        RunOptions(run_dir=tmp_path, doctor_steps=-3, script_probe=script_check.__name__)
 
 
 def test_doctor_steps_and_checks_reach_the_workers_through_the_options_file(tmp_path):
-    assert RunOptions.load(RunOptions(run_dir=tmp_path, doctor_steps=7).save()).doctor_steps == 7
+    assert RunOptions.load(RunOptions(run_dir=tmp_path, doctor_steps=7, script_probe=script_check.__name__).save()).doctor_steps == 7
     assert RunOptions.load(RunOptions(run_dir=tmp_path).save()).doctor_steps is None
-    selected = RunOptions(run_dir=tmp_path, doctor_steps=7, doctor_checks=["same_file"])
+    selected = RunOptions(run_dir=tmp_path, doctor_steps=7, script_probe=script_check.__name__, doctor_checks=["same_file"])
     assert RunOptions.load(selected.save()).doctor_checks == ["same_file"]
     assert RunOptions.load(RunOptions(run_dir=tmp_path).save()).doctor_checks is None
 

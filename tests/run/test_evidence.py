@@ -4,13 +4,13 @@ import json
 
 import pytest
 
+from gradsync.doctor import script as script_check
 from gradsync.run.analysis.evidence import FORMAT, Evidence, read_evidence
 from gradsync.run.analysis.last_words import classify
 from gradsync.run.analysis.rules import diagnose
-from gradsync.run.scriptcheck import registry
 from gradsync.rundir.records import Finding
 from tests.run.test_analysis import exception, record, view
-from tests.run.scriptcheck.facts import script_facts
+from tests.doctor.script.facts import script_facts
 
 GLOO_ABORT = """terminate called after throwing an instance of 'gloo::EnforceNotMet'
   what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 48 vs 32"""
@@ -31,16 +31,16 @@ def _evidence() -> Evidence:
 def test_kept_evidence_read_back_gives_the_same_diagnosis():
     evidence = _evidence()
     kept = Evidence.from_dict(json.loads(json.dumps(evidence.as_dict())))
-    assert kept.diagnose() == evidence.diagnose()
+    assert kept.diagnose(script_check) == evidence.diagnose(script_check)
     assert kept.views[1].last_words == evidence.views[1].last_words and kept.views[1].last_words.family == "collective_mismatch"
     assert kept.views[0].stopped_by_gradsync and kept.views[1].signal == "SIGABRT"
 
 
 def test_the_diagnosis_is_the_rules_on_the_views_and_the_facts():
     evidence = _evidence()
-    made = evidence.diagnose()
+    made = evidence.diagnose(script_check)
     direct = diagnose(evidence.views, trigger="failure", now=20.0, world_size=2, stragglers=evidence.stragglers,
-                      script_check=registry.findings(evidence.script_checks))
+                      script_check=script_check.findings(evidence.script_checks))
     assert made == direct
     assert {"straggler", "accumulation_without_no_sync"} <= {f["category"] for f in made["findings"]}
 
@@ -51,4 +51,4 @@ def test_evidence_of_another_format_is_refused_and_a_missing_file_is_none(tmp_pa
         Evidence.from_dict({**data, "format": FORMAT + 1})
     assert read_evidence(tmp_path / "evidence.json") is None
     (tmp_path / "evidence.json").write_text(json.dumps(data))
-    assert read_evidence(tmp_path / "evidence.json").diagnose() == _evidence().diagnose()
+    assert read_evidence(tmp_path / "evidence.json").diagnose(script_check) == _evidence().diagnose(script_check)

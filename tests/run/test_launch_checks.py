@@ -47,14 +47,17 @@ def test_a_bad_launch_is_one_line_and_exit_code_2(in_empty_folder, capsys, argv,
 
 
 def test_the_checks_doctor_checks_names_reach_the_options(in_empty_folder):
+    from gradsync.doctor import script as script_check
     from gradsync.run import launcher
 
     def options(*argv):
-        return launcher._options(launcher.build_parser().parse_args([*argv, "train.py"]))
+        return launcher._options(launcher.build_parser(script_check).parse_args([*argv, "train.py"]), script_check)
 
-    assert options("--doctor-steps", "3", "--doctor-checks", "same_file,identical_batches").doctor_checks == [
-        "identical_batches", "same_file"]  # the registry's order
+    chosen = options("--doctor-steps", "3", "--doctor-checks", "same_file,identical_batches")
+    assert chosen.doctor_checks == ["identical_batches", "same_file"]  # the registry's order
+    assert chosen.script_probe == "gradsync.doctor.script"  # the workers import the checks by this name
     assert options("--doctor-steps", "3").doctor_checks is None  # every check
+    assert options().script_probe is None  # a plain run carries no probe
 
 
 def test_good_targets_pass_the_door_without_importing_anything(in_empty_folder):

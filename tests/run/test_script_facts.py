@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from gradsync.doctor import script as script_check
 from gradsync.run.collectives import CollectiveRecorder, install
 from gradsync.run.script_facts import ScriptCheck
 from tests.run.side_by_side import gloo_world, gradsync_warnings, outcome
@@ -28,7 +29,7 @@ def _checked(tmp_path: Path) -> Iterator[ScriptCheck]:
     (gradsync.run.worker), on a Gloo group of their own, taken off again afterwards."""
     recorder = CollectiveRecorder()
     uninstall = install(recorder, record_buckets=True)
-    check = ScriptCheck(recorder, 1000, tmp_path / "facts.json", on_last_step=lambda: None)
+    check = ScriptCheck(recorder, 1000, tmp_path / "facts.json", on_last_step=lambda: None, probe=script_check)
     undo = check.install()
     try:
         with gloo_world(tmp_path / "checked"):
@@ -191,13 +192,24 @@ def test_uninstalling_the_check_puts_back_what_it_replaced():
 
     def watched():
         return (builtins.open, torch.manual_seed, torch.autograd.backward, DataLoader.__iter__, torch.nn.Module.train,
-                DistributedSampler.__iter__, DistributedDataParallel.forward)
+                DistributedSampler.__iter__, DistributedDataParallel.forward, vars(torch.nn.Parameter)["__new__"],
+                torch.compile)
 
-    before = watched()
-    undo = ScriptCheck(CollectiveRecorder(), 1, Path(os.devnull), on_last_step=lambda: None).install()
+    before, modes = watched(), len(torch.overrides._get_current_function_mode_stack())
+    undo = ScriptCheck(CollectiveRecorder(), 1, Path(os.devnull), on_last_step=lambda: None, probe=script_check).install()
     assert all(now is not then for now, then in zip(watched(), before))
+    assert len(torch.overrides._get_current_function_mode_stack()) == modes + 1  # the state-write watch's mode
     undo()
-    assert watched() == before
+    assert watched() == before and len(torch.overrides._get_current_function_mode_stack()) == modes
+
+
+def test_each_parameter_is_noted_where_the_script_made_it(tmp_path):
+    with _checked(tmp_path) as check:
+        temperature = torch.nn.Parameter(torch.ones(1))  # line: made
+        layer = torch.nn.Linear(2, 2)  # line: layer
+    made = next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith("# line: made"))
+    assert check.moments.created_at(temperature) == f"tests/run/test_script_facts.py:{made}"
+    assert check.moments.created_at(layer.weight) == f"tests/run/test_script_facts.py:{made + 1}"
 
 
 def test_only_the_distributed_trainings_steps_are_counted(tmp_path):
@@ -238,7 +250,7 @@ def test_the_collective_moment_is_patched_only_when_a_selected_check_listens(tmp
     recorded = dist.all_reduce
     try:
         for checks, patched in ((["same_file"], False), (["averaging"], True)):
-            undo = ScriptCheck(recorder, 1000, tmp_path / "facts.json", lambda: None, checks=checks).install()
+            undo = ScriptCheck(recorder, 1000, tmp_path / "facts.json", lambda: None, script_check, checks=checks).install()
             try:
                 assert (dist.all_reduce is not recorded) == patched, checks
             finally:

@@ -7,6 +7,7 @@ import sys
 from gradsync.version import __version__
 from gradsync.cli import bench, demo, doctor, report, status
 from gradsync.commandline import CommandParser
+from gradsync.doctor import script as script_check
 from gradsync.run import launcher
 
 
@@ -30,6 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["run"]:
         # torchrun's own parser takes the rest (its options, then the script and its arguments).
-        return launcher.main(argv[1:])
+        return launcher.main(argv[1:], probe=script_check)
     args = parser.parse_args(argv)
     return args.run(args)

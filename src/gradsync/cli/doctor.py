@@ -6,9 +6,10 @@ Alone (`gradsync doctor`) it checks this process's view of the machine. With lau
 gradsync launch, and also compares the ranks and measures the network between them. Exit code:
 0 when every line is ok or a warning, 1 when one is a problem, 2 for bad options.
 
-`gradsync doctor --steps K SCRIPT [ARGS]` checks a training script instead: it runs it under
-`gradsync run --doctor-steps K` (see gradsync.run.script_facts) and reports like gradsync run;
-`--checks NAME,...` runs only those of its checks (gradsync.run.scriptcheck.registry).
+`gradsync doctor --steps K SCRIPT [ARGS]` checks a training script instead: it launches it as
+`gradsync run --doctor-steps K` does, every rank carrying the script check (gradsync.doctor.script)
+and stopping after K optimizer steps, and reports like gradsync run; `--checks NAME,...` runs only
+those of its checks.
 """
 
 from __future__ import annotations
@@ -26,10 +27,16 @@ from pathlib import Path
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from gradsync.cli.launch import launch_module_with
+from gradsync.doctor import script as script_check
+from gradsync.doctor.script import line_trace
 from gradsync.doctor import slurm, worker
 from gradsync.doctor.checks import worst
 from gradsync.errors import ConfigError, GradsyncError
-from gradsync.run.scriptcheck import registry
+from gradsync.run.options import RunOptions
+from gradsync.report.advice import advice_lines
+from gradsync.run import publish
+from gradsync.rundir import RunDir, fresh, read_json
+from gradsync.rundir.records import Finding
 
 WORKER_MODULE = "gradsync.doctor.worker"
 DEFAULT_STEPS = 20
@@ -148,7 +155,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                         help=f"optimizer steps to run SCRIPT for (default {DEFAULT_STEPS})")
     script.add_argument("--checks", default=None, metavar="NAME[,NAME...]",
                         help="run only these checks of the script (default: all of them): "
-                             + ", ".join(registry.check_names()))
+                             + ", ".join(script_check.check_names()))
     script.add_argument(*worker.spellings("--run-dir"), default=None, metavar="DIR",
                         help="where diagnosis.json goes (default gradsync_runs/<time>)")
     script.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
@@ -163,24 +170,67 @@ def launch_options(args: argparse.Namespace) -> LaunchOptions:
 
 
 def check_script(args: argparse.Namespace, launch: LaunchOptions) -> int:
-    """`gradsync doctor --steps K SCRIPT`: the script under `gradsync run --doctor-steps K`, with its
-    findings in the same diagnosis.json and terminal layout as every gradsync run."""
+    """`gradsync doctor --steps K SCRIPT`: the script launched as `gradsync run` launches it, its
+    ranks carrying the script check (gradsync.doctor.script) for K optimizer steps, with its
+    findings in the same diagnosis.json and terminal layout as every gradsync run. When a part of
+    the state parted between two steps and no recorded write explains it, a second run traces that
+    window line by line (gradsync.doctor.script.line_trace) and its line replaces the guess."""
+    from torch.distributed.run import get_args_parser
+
     from gradsync.run import launcher
 
     if args.steps < 1:
         print(f"gradsync doctor: --steps {args.steps}: run the script for at least 1 optimizer step", file=sys.stderr)
         return 2
-    argv = ["--doctor-steps", str(args.steps), *launch.torchrun_options(), "--nproc-per-node", str(launch.nproc_per_node or 1)]
-    if args.checks is not None:
-        try:
-            names = registry.parse_names(args.checks)
-        except ConfigError as error:
-            print(f"gradsync doctor: {error}", file=sys.stderr)
-            return 2
-        argv += ["--doctor-checks", ",".join(names)]
-    if args.run_dir is not None:
-        argv += ["--run-dir", args.run_dir]
-    return launcher.main([*argv, args.script, *args.script_args])
+    try:
+        names = script_check.parse_names(args.checks) if args.checks is not None else None
+        options = RunOptions(
+            # Absolute: a script may change its working directory, and the workers write there all along.
+            run_dir=(Path(args.run_dir) if args.run_dir else fresh()).absolute(),
+            doctor_steps=args.steps,
+            script_probe=script_check.__name__,
+            doctor_checks=names,
+        )
+    except ConfigError as error:
+        print(f"gradsync doctor: {error}", file=sys.stderr)
+        return 2
+    torchrun = get_args_parser().parse_args(
+        [*launch.torchrun_options(), "--nproc-per-node", str(launch.nproc_per_node or 1), args.script, *args.script_args]
+    )
+    code = launcher.launch(torchrun, options, script_check, announce=False)
+    diagnosis = read_json(RunDir(options.run_dir).diagnosis)
+    if not isinstance(diagnosis, dict):
+        return code  # the launch stopped before a diagnosis (bad options): it said why
+    localise = next((f for f in diagnosis.get("findings", []) if f.get("details", {}).get("localise")), None)
+    if localise is not None and (names is None or "line_trace" in names):
+        diagnosis = _second_pass(torchrun, options, diagnosis, localise)
+    publish.publish(diagnosis, options.run_dir)
+    for line in advice_lines(options.run_dir):
+        print(f"gradsync run: {line}", file=sys.stderr)
+    return 0 if diagnosis["status"] == "ok" else 1
+
+
+def _second_pass(torchrun: argparse.Namespace, options: RunOptions, diagnosis: dict, guessed: dict) -> dict:
+    """Run the script again up to the window `guessed` names, with only the line trace, and put
+    the line it finds in place of the guess (and of what that line explains)."""
+    from gradsync.run import launcher
+
+    window, part = guessed["details"]["localise"]["window"], guessed["details"]["localise"]["part"]
+    steps = f"{window + 1} step{'s' if window else ''}"
+    print(f"gradsync doctor: {line_trace.PARTS[part]} parted across ranks before step {window + 1}, and no recorded "
+          f"write explains it: running the script again for {steps}, tracing that window line by line",
+          file=sys.stderr, flush=True)
+    traced = replace(options, run_dir=RunDir(options.run_dir).second_pass, doctor_steps=window + 1,
+                     doctor_checks=["line_trace"], probe_config=line_trace.request(window, part))
+    launcher.launch(torchrun, traced, script_check, announce=False)
+    second = read_json(RunDir(traced.run_dir).diagnosis)
+    found = [f for f in (second or {}).get("findings", []) if f["category"] == "state_parted_at_line"]
+    if not found:
+        guessed["details"]["second_pass"] = "traced, and no line parted the ranks there (the difference did not come back)"
+        return diagnosis
+    explained = script_check.explained_by([Finding(**found[0])])
+    kept = [f for f in diagnosis["findings"] if f is not guessed and f["category"] not in explained]
+    return {**diagnosis, "findings": [found[0], *kept]}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,9 +11,12 @@ This package owns what the doctor inspects and how it judges it:
                gathers every rank's facts, compares them across ranks and hosts, runs the network tests,
 - `summary.py` the merged report: a compact terminal table and the JSON for machines.
 
-The script check (`gradsync doctor --steps K SCRIPT`) runs the script under `gradsync run
---doctor-steps K`: what each rank records, and the checks that compare the ranks, are gradsync.run's
-(`script_facts`, `scriptcheck`).
+- `script/`   the script check (`gradsync doctor --steps K SCRIPT`): one module per check, each with
+               what it records on every rank from the moments gradsync.run offers, its rule over the
+               ranks' facts, and its categories; `script.registry` lists them.
+
+The script check's run is a `gradsync run` (gradsync.run.launcher.launch) whose ranks carry the
+checks' watches and stop after K optimizer steps.
 
 Starting the workers (`gradsync doctor --nproc-per-node N`, torchrun's multi-host options) is the
 command line's job (`gradsync.cli.doctor`), through torch.distributed.run like every gradsync launch.

@@ -11,9 +11,9 @@
   holds the ordered rule chain, its other modules one question each); `publish`: diagnosis.json
   and the terminal block.
 - `faults` (the `--inject-fault` specs) and `injector` (firing them in a worker at a step).
-- `script_facts`: what each rank records of its own run under `--doctor-steps K`; `scriptcheck`:
-  the checks that compare the ranks' records, one module per check (`--doctor-checks` picks them),
-  listed in its `registry`.
+- `script_facts`: what each rank records of its own run under `--doctor-steps K`, offered as the
+  moments of `moments` to the watches of a script probe (the doctor's checks, gradsync.doctor.script,
+  which the command line gives the launcher: `run` knows no check).
 - `options`: gradsync run's own options, written to the run folder for the workers.
 
 Every file they share is named in gradsync.rundir.

@@ -6,6 +6,8 @@ verdict on a rank that keeps working while the others wait for it: the line it h
 whether its position stayed there (one native call, a one-line loop) or moved (a loop that never
 ends, named by the loop's own line, found in the source's syntax tree rather than guessed from
 the lines seen, which a sample of one look per second rarely puts on the loop's header).
+The same reading of the source serves the doctor's checks: the loop around a line, and the line
+that last assigned a name before another (where an argument a collective was given was built).
 """
 
 from __future__ import annotations
@@ -160,12 +162,40 @@ def enclosing_loop(file: str, first_line: int, lines: set[int]) -> int | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _loops(file: str) -> tuple[tuple[int, int], ...]:
-    """(first line, last line) of every loop in a source file; cached, asked once a look at most."""
+def _tree(file: str) -> ast.Module | None:
+    """A source file's syntax tree; None when it cannot be read or parsed. Cached: asked once a look at most."""
     try:
         with open(file, encoding="utf-8") as source:
-            tree = ast.parse(source.read(), file)
+            return ast.parse(source.read(), file)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _loops(file: str) -> tuple[tuple[int, int], ...]:
+    """(first line, last line) of every loop in a source file."""
+    tree = _tree(file)
+    return () if tree is None else tuple((node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
+                                         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)))
+
+
+def assigned_at(file: str, first_line: int, name: str, before: int) -> int | None:
+    """The line of the latest assignment to the plain name `name` in `file` after `first_line` (the
+    start of the function that holds it) and before line `before`; None when there is none, or the
+    file cannot be read or parsed."""
+    lines = [line for line, target in _assignments(file) if target == name and first_line <= line < before]
+    return max(lines) if lines else None
+
+
+def _assignments(file: str) -> tuple[tuple[int, str], ...]:
+    """(line, name) of every assignment to a plain name in a source file."""
+    tree = _tree(file)
+    if tree is None:
         return ()
-    return tuple((node.lineno, node.end_lineno or node.lineno) for node in ast.walk(tree)
-                 if isinstance(node, (ast.For, ast.AsyncFor, ast.While)))
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            for leaf in ast.walk(target):
+                if isinstance(leaf, ast.Name):
+                    found.append((node.lineno, leaf.id))
+    return tuple(found)

@@ -1,4 +1,4 @@
-"""What the script check's watches share (gradsync.run.script_facts, the checks of gradsync.run.scriptcheck):
+"""What the script check's watches share (gradsync.run.script_facts, the checks of gradsync.doctor.script):
 fingerprints and hashes of tensors, compared across ranks, an optimizer's settings as one text,
 the sampler a DataLoader draws indices from, and replacing functions and methods in place (and back).
 """

@@ -36,12 +36,14 @@ from gradsync.run import faults, publish
 from gradsync.run.analysis.attempts import stopped_by_signal
 from gradsync.run.jobwide import rendezvous_store
 from gradsync.run.monitor import Monitor
+from gradsync.run.moments import ScriptProbe
 from gradsync.run.options import ATTEMPT_ENV, RunOptions
-from gradsync.run.scriptcheck import registry
 from gradsync.rundir import RunDir, fresh, layout
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(probe: ScriptProbe | None = None) -> argparse.ArgumentParser:
+    """torchrun's parser with gradsync's options; `probe`: the script check `--doctor-steps` runs
+    (its names are `--doctor-checks`'s choices)."""
     parser = one_line_errors(get_args_parser())
     parser.prog = "gradsync run"
     parser.description = (
@@ -123,16 +125,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--doctor-checks",
         default=None,
         metavar="NAME[,NAME...]",
-        help="with --doctor-steps: run only these checks of the script (default: all of them): "
-        + ", ".join(registry.check_names()),
+        help="with --doctor-steps: run only these checks of the script (default: all of them)"
+        + (": " + ", ".join(probe.check_names()) if probe is not None else ""),
     )
     return parser
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str], probe: ScriptProbe | None = None) -> int:
+    """`gradsync run ARGV`; `probe`: the script check `--doctor-steps K` runs (the command line
+    gives gradsync.doctor.script)."""
+    args = build_parser(probe).parse_args(argv)
     try:
-        options = _options(args)
+        options = _options(args, probe)
+    except ConfigError as error:
+        print(f"gradsync run: {error}", file=sys.stderr)
+        return 2
+    return launch(args, options, probe)
+
+
+def launch(args: argparse.Namespace, options: RunOptions, probe: ScriptProbe | None = None, announce: bool = True) -> int:
+    """Run the job torchrun's parsed `args` describe (its rendezvous, workers, script and the
+    script's arguments) under gradsync's `options`, and return the exit code: 0 when the diagnosis
+    is ok, 1 otherwise, 2 for options that cannot run, 128 + N when stopped by signal N.
+    `probe`: the script check whose rules judge what `options.doctor_steps` has the ranks record.
+    `announce`: print the diagnosis at the end (else it is only written to the run folder, for a
+    caller that has more to add: the doctor's second pass).
+    The typed entry of a caller that builds its own options (`gradsync doctor --steps K`)."""
+    try:
+        check_launch(args, options)
     except ConfigError as error:
         print(f"gradsync run: {error}", file=sys.stderr)
         return 2
@@ -164,7 +184,7 @@ def main(argv: list[str]) -> int:
     if store is not None:
         with contextlib.suppress(OSError):
             store.write(RunDir(options.run_dir).job_board)  # for `gradsync status` and `gradsync stacks`
-    monitor = Monitor(options, publish.publish, store)
+    monitor = Monitor(options, publish.publish, store, probe=probe)
     monitor.start()
     failures = {}
     stopped_by = None
@@ -187,8 +207,8 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 128 + int(stopped_by)
-    if diagnosis["attempt"] in monitor.stall_diagnoses:
-        publish.write(diagnosis, options.run_dir)  # shown when the stall was found
+    if diagnosis["attempt"] in monitor.stall_diagnoses or not announce:
+        publish.write(diagnosis, options.run_dir)  # shown when the stall was found, or by the caller
     else:
         publish.publish(diagnosis, options.run_dir)
     for line in advice_lines(options.run_dir):
@@ -196,11 +216,52 @@ def main(argv: list[str]) -> int:
     return 0 if diagnosis["status"] == "ok" else 1
 
 
-def _options(args: argparse.Namespace) -> RunOptions:
-    """gradsync's options, after checking everything that would otherwise fail in the workers (or
-    in torch's launcher with a traceback): nothing is started or written before this passes."""
-    check_launch(args)
-    for note in compat.check_run(doctor_steps=args.doctor_steps is not None, profile_steps=args.profile_steps is not None,
+def _options(args: argparse.Namespace, probe: ScriptProbe | None) -> RunOptions:
+    """gradsync's options from its command line."""
+    specs = faults.parse_faults(args.inject_fault)
+    # Absolute: a script may change its working directory (os.chdir, Hydra), and the workers
+    # write their records there all along.
+    run_dir = (Path(args.run_dir) if args.run_dir else fresh()).absolute()
+    return RunOptions(
+        run_dir=run_dir,
+        stall_timeout_s=args.stall_timeout,
+        busy_timeout_s=args.busy_timeout,
+        faults=tuple(str(s) for s in specs),
+        doctor_steps=args.doctor_steps,
+        script_probe=probe.__name__ if probe is not None and args.doctor_steps is not None else None,
+        doctor_checks=_doctor_checks(args, probe),
+        record_buckets=args.record_buckets,
+        profile_steps=args.profile_steps,
+        show_backend_logs=args.show_backend_logs,
+        flight_recorder_entries=args.flight_recorder,
+    )
+
+
+def _doctor_checks(args: argparse.Namespace, probe: ScriptProbe | None) -> list[str] | None:
+    """--doctor-checks NAME,...: the names of the checks it selects, in the probe's order (None: all)."""
+    if args.doctor_checks is None:
+        return None
+    if args.doctor_steps is None or probe is None:
+        raise ConfigError(
+            f"--doctor-checks {args.doctor_checks}: it selects checks of the script check; add --doctor-steps K "
+            "(or run `gradsync doctor --steps K --checks ...`)."
+        )
+    return probe.parse_names(args.doctor_checks, option="--doctor-checks")
+
+
+def check_launch(args: argparse.Namespace, options: RunOptions) -> None:
+    """What would otherwise fail in the workers (or in torch's launcher with a traceback), checked
+    before anything is started or written: torchrun's counts, what gradsync cannot watch, the
+    script's path, faults that could never fire."""
+    local_world_size(args.nproc_per_node)
+    min_nodes, max_nodes = node_range(args.nnodes)
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: give 0 (no restart) or more.")
+    if args.node_rank < 0 or (args.rdzv_backend == "static" and not args.standalone and args.node_rank >= max_nodes):
+        raise ConfigError(
+            f"--node-rank {args.node_rank}: with --nnodes {args.nnodes} give each host a rank from 0 to {max_nodes - 1}."
+        )
+    for note in compat.check_run(doctor_steps=options.doctor_steps is not None, profile_steps=options.profile_steps is not None,
                                  restarts=args.max_restarts > 0):
         print(f"gradsync run: {note}", file=sys.stderr)
     if args.no_python:
@@ -213,51 +274,8 @@ def _options(args: argparse.Namespace) -> RunOptions:
             "--run-path runs the script inside the launcher process, where the recorder cannot "
             "watch it; drop --run-path (gradsync run starts ordinary worker processes)."
         )
-    doctor_checks = _doctor_checks(args)
-    specs = faults.parse_faults(args.inject_fault)
-    _check_faults_can_fire(specs, args)
-    # Absolute: a script may change its working directory (os.chdir, Hydra), and the workers
-    # write their records there all along.
-    run_dir = (Path(args.run_dir) if args.run_dir else fresh()).absolute()
-    options = RunOptions(
-        run_dir=run_dir,
-        stall_timeout_s=args.stall_timeout,
-        busy_timeout_s=args.busy_timeout,
-        faults=tuple(str(s) for s in specs),
-        doctor_steps=args.doctor_steps,
-        doctor_checks=doctor_checks,
-        record_buckets=args.record_buckets,
-        profile_steps=args.profile_steps,
-        show_backend_logs=args.show_backend_logs,
-        flight_recorder_entries=args.flight_recorder,
-    )
+    _check_faults_can_fire(tuple(faults.parse_faults(list(options.faults))), args)
     check_target(args.training_script, as_module=args.module)
-    return options
-
-
-def _doctor_checks(args: argparse.Namespace) -> list[str] | None:
-    """--doctor-checks NAME,...: the names of the checks it selects, in the registry's order (None: all)."""
-    if args.doctor_checks is None:
-        return None
-    if args.doctor_steps is None:
-        raise ConfigError(
-            f"--doctor-checks {args.doctor_checks}: it selects checks of the script check; add --doctor-steps K "
-            "(or run `gradsync doctor --steps K --checks ...`)."
-        )
-    return registry.parse_names(args.doctor_checks, option="--doctor-checks")
-
-
-def check_launch(args: argparse.Namespace) -> None:
-    """torchrun's options, checked before any worker starts: left to torch's launcher, a bad
-    count ends in a traceback."""
-    local_world_size(args.nproc_per_node)
-    min_nodes, max_nodes = node_range(args.nnodes)
-    if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts {args.max_restarts}: give 0 (no restart) or more.")
-    if args.node_rank < 0 or (args.rdzv_backend == "static" and not args.standalone and args.node_rank >= max_nodes):
-        raise ConfigError(
-            f"--node-rank {args.node_rank}: with --nnodes {args.nnodes} give each host a rank from 0 to {max_nodes - 1}."
-        )
 
 
 def local_world_size(nproc_per_node: str) -> int:

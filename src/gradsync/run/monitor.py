@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import psutil
 
@@ -39,6 +39,9 @@ from gradsync.run.options import RunOptions
 from gradsync.run.analysis.working import busy_note
 from gradsync.run.stall import Busy, Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
 from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank, write_json
+
+if TYPE_CHECKING:
+    from gradsync.run.moments import ScriptProbe
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL when stopping a stalled job
 # Polls a node waits, after finding a stall that involves other nodes' ranks, before stopping its
@@ -78,11 +81,13 @@ class Monitor(threading.Thread):
     """
 
     def __init__(self, options: RunOptions, report: Callable[[dict[str, Any], Path], None], store: StoreAddress | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, probe: ScriptProbe | None = None):
         """`store`: the rendezvous store of a multi-node job, for the job-wide view (None: this node's ranks only).
-        `clock`: the time (time.time()) the ranks' states are judged at; a test gives its own."""
+        `clock`: the time (time.time()) the ranks' states are judged at; a test gives its own.
+        `probe`: the script check whose rules judge what `--doctor-steps` had the ranks record."""
         super().__init__(name="gradsync-monitor", daemon=True)
         self.options = options
+        self.probe = probe
         self.report = report
         self.run_dir = Path(options.run_dir)
         self.folder = RunDir(self.run_dir)
@@ -454,7 +459,7 @@ class Monitor(threading.Thread):
             write_json(self.folder.attempt_evidence(attempt), evidence.as_dict())
         except (OSError, TypeError, ValueError):  # a full disk or an odd record must not cost the diagnosis
             pass
-        return evidence.diagnose()
+        return evidence.diagnose(self.probe)
 
     def _read_last_words(self, attempt: int, views: dict[int, RankView]) -> None:
         """Each rank's last words: from its log on this node, or as its own node published them."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gradsync.errors import ConfigError
 from gradsync.profiling.capture import parse_profile_steps
@@ -48,8 +49,13 @@ class RunOptions:
     `doctor_steps`: with `--doctor-steps K`, every rank runs the script with the script check's
     instrumentation (gradsync.run.script_facts) and stops itself after its K-th optimizer step;
     None for a plain run, which installs none of it.
-    `doctor_checks`: with `--doctor-checks NAME,...`, the checks of the script check to run (names
-    of gradsync.run.scriptcheck.registry, checked by the launcher); None: every check.
+    `script_probe`: with `doctor_steps`, the module whose watches every rank carries and whose
+    rules judge their facts (gradsync.run.moments.ScriptProbe: the doctor's script check, which
+    the command line gives the launcher); the workers import it by this name.
+    `doctor_checks`: with `--doctor-checks NAME,...`, the checks of the probe to run (its names,
+    checked by the launcher); None: every check.
+    `probe_config`: what else the run asks of the probe's watches, JSON-ready (the doctor's second
+    pass: a step window to trace line by line); None: nothing.
     `record_buckets`: record each DDP gradient bucket through a Python comm hook and check every
     gradient before averaging (names the rank and parameters where NaN/inf started, at ~1.5-2 ms
     per step); otherwise DDP keeps its C++ reduction, recorded per backward pass with the loss
@@ -71,7 +77,9 @@ class RunOptions:
     straggler_min_s: float = 0.05
     faults: tuple[str, ...] = ()
     doctor_steps: int | None = None
+    script_probe: str | None = None
     doctor_checks: list[str] | None = None
+    probe_config: dict[str, Any] | None = None
     record_buckets: bool = False
     profile_steps: str | None = None
     show_backend_logs: bool = False
@@ -108,6 +116,8 @@ class RunOptions:
                 f"--doctor-steps {steps}: give the number of optimizer steps to check, a whole "
                 "number of at least 1 (e.g. 20: enough for the checks, short enough to run before every job)."
             )
+        if steps is not None and self.script_probe is None:
+            raise ConfigError(f"--doctor-steps {steps}: this launch was given no script check to run (run `gradsync doctor --steps {steps}`).")
 
     @property
     def snapshot_interval_s(self) -> float:

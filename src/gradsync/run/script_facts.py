@@ -12,13 +12,13 @@ models. Under FSDP2 and tensor parallelism it also notes how `fully_shard` split
 (how much the root unit holds) and fingerprints the inputs of each `parallelize_module`d
 module, which the ranks of one tensor-parallel group must share. It writes them to a file in
 the attempt directory when it stops (right after its K-th training step) or when the script
-ends, and the launcher compares the ranks' files (the checks of gradsync.run.scriptcheck). As in
+ends, and the launcher compares the ranks' files (the checks of gradsync.doctor.script). As in
 the rest of `gradsync run`, nothing goes through the process group, which a broken script may be
 stuck in.
 
 The moments it sees (a model wrapped, a training forward starting and ending, a backward call, a
 DataLoader pass and each index it draws, a training step starting and ending, a collective the
-script calls) go to a host (`scriptcheck.moments.Moments`), where the checks that record facts of
+script calls) go to a host (gradsync.run.moments.Moments), where the checks that record facts of
 their own (`Check.watch`: the random draws, the dataset's generators, the ranks' shares of the
 data, the loss's scale, train/eval mode, the update, averaging, state writes, file writes, the
 split) listen; their facts go under their names. A moment no selected check listens to
@@ -33,6 +33,8 @@ watch that fails says so once, and the script's call goes on as without it.
 from __future__ import annotations
 
 import functools
+import math
+import re
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -54,14 +56,30 @@ from gradsync.callsite import caller_location, is_user_file
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
 from gradsync.run.check_primitives import Patches, group_ranks, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
 from gradsync.run.harmless import BookkeepingByKind
-from gradsync.run.scriptcheck.moments import Moments
-from gradsync.run.scriptcheck.registry import selected_checks
+from gradsync.run.moments import Moments, ScriptProbe
+from gradsync.run.tensor_writes import TensorWrites
 from gradsync.rundir import write_json
+from gradsync.rundir.records import POINT_TO_POINT
 
 FORWARDS_FINGERPRINTED = 64  # training forwards whose inputs are compared across ranks
 MAX_RECORDS = 64  # DataLoaders and sampler passes kept per rank
 TP_MODULES_WATCHED = 8  # parallelize_module'd modules whose inputs are fingerprinted
 _WRITE_MODES = frozenset("wax+")  # an open() mode with one of these writes
+# The collectives on tensors offered as the "collective" moment (torch.distributed's names).
+COLLECTIVES_OFFERED = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                       "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter")
+
+
+_AVERAGING = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"})
+_SHAPE = re.compile(r"^(?:float|bfloat|complex)\w*\[([\d, ]*)\]")
+
+
+def _elements(signature: str) -> int:
+    """The element count of a recorded collective's first tensor when it is a floating-point one (0 otherwise)."""
+    match = _SHAPE.match(signature)
+    if match is None:
+        return 0
+    return math.prod(int(size) for size in match[1].split(",") if size.strip())
 
 
 def _length(thing: Any) -> int | None:
@@ -75,9 +93,11 @@ class ScriptCheck:
     """The facts one rank gathers under --doctor-steps, and its stop after the K-th optimizer step."""
 
     def __init__(self, recorder: CollectiveRecorder, steps: int, path: Path, on_last_step: Callable[[], None],
-                 checks: list[str] | None = None):
-        """`on_last_step` ends the process once the K-th step's facts are written; `checks`: the
-        checks --doctor-checks selected (None: all), kept in the facts for the launcher's rules."""
+                 probe: ScriptProbe, checks: list[str] | None = None, config: Mapping[str, Any] | None = None):
+        """`on_last_step` ends the process once the K-th step's facts are written; `probe`: whose
+        watches the rank carries; `checks`: those of its checks --doctor-checks selected (None:
+        all), kept in the facts for the launcher's rules; `config`: what else the run asks of the
+        probe's watches (RunOptions.probe_config)."""
         self.recorder = recorder
         self.steps_to_check = steps
         self.checks = checks
@@ -85,6 +105,7 @@ class ScriptCheck:
         self.on_last_step = on_last_step
         self.steps = 0  # training steps taken (see _is_training_step; one inside another's step is part of it)
         self._stepping: list[bool] = []  # optimizer steps in progress, nested: whether each is a counted one
+        self._optimizers: list[Any] = []  # every optimizer that stepped (outermost), in the order first seen
         self._wrapped: set[int] = set()  # ids of the parameters of DDP models, fully_shard units, parallelize_module'd modules
         self._collectives_before = 0  # the recorder's collectives at the previous counted step
         self._synced_before = 0  # the recorder's synchronised backward passes at the previous step
@@ -104,11 +125,10 @@ class ScriptCheck:
         self.tp_modules: list[dict[str, Any]] = []  # per parallelize_module call: site, group, styles, inputs
         self._parallelizing = 0  # parallelize_module calls in progress (it recurses into the plan)
         self.bookkeeping = BookkeepingByKind()  # each watch's, by kind; their failures go into the facts
-        self.moments = Moments()  # what the checks' watches listen to, and what happened so far
+        self.moments = Moments(config)  # what the checks' watches listen to, and what happened so far
         self._set_epoch_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DistributedSampler -> calls
         # The checks that record facts of their own, by name (their facts go under it).
-        self.watches = {check.name: check.watch(self.moments, self.bookkeeping)
-                        for check in selected_checks(checks) if check.watch is not None}
+        self.watches = probe.watches(self.moments, self.bookkeeping, checks)
 
     # -- installing --------------------------------------------------------------------------
 
@@ -117,6 +137,8 @@ class ScriptCheck:
         recorder); returns a function that undoes it."""
         patches = Patches()
         patches.on_undo(self.moments.module_forwards.remove)
+        if self.moments.listened("state_written"):  # before the backward moment, which it listens to
+            self._install_state_written_moment(patches)
         if self.moments.listened("pipeline_message"):
             self._install_pipeline_moment(patches)
         patches.on_undo(register_optimizer_step_pre_hook(self._before_step).remove)
@@ -260,6 +282,7 @@ class ScriptCheck:
         patches.wrap(Join, "__exit__", make_join_exit)
         self._install_sharding_watches(patches)
         self._install_compile_moment(patches)
+        self._note_parameter_creations(patches)
         # A moment no selected check listens to (--doctor-checks) costs no patch.
         if self.moments.listened("collective"):
             self._install_collective_moment(patches)
@@ -270,6 +293,72 @@ class ScriptCheck:
         for watch in self.watches.values():
             watch.install(patches)
         return patches.undo
+
+    def _install_state_written_moment(self, patches: Patches) -> None:
+        """Every write to the training state outside the optimizer's step, offered as the
+        "state_written" moment (gradsync.run.tensor_writes); what the state is, is read again
+        whenever it may have changed: a model wrapped or sharded, a backward pass (new
+        gradients), an optimizer step (its parameters, their gradients)."""
+        moments = self.moments
+        indexing = self.bookkeeping["the script check's state index"]
+        writes = TensorWrites(lambda write: moments.emit("state_written", write),
+                              self.bookkeeping["the script check's state-write watch"],
+                              stepping=lambda: bool(self._stepping), forwarding=lambda: moments.forwarding > 0)
+        moments.tensor_writes = writes
+        state: dict[str, list[tuple[str, Any]]] = {"parameters": [], "buffers": []}
+
+        def models_changed(*_: Any) -> None:  # a model wrapped, a step ended: the parameters and buffers read again
+            state.update(self._state_tensors())
+            gradients_changed()
+
+        def gradients_changed(*_: Any) -> None:  # after a backward pass, before a step: only the gradients are new
+            writes.index.rebuild([("parameter", name, p) for name, p in state["parameters"]]
+                                 + [("gradient", name, p.grad) for name, p in state["parameters"] if p.grad is not None]
+                                 + [("buffer", name, b) for name, b in state["buffers"]])
+
+        moments.on("wrapped", models_changed, indexing)
+        moments.on("step_ends", models_changed, indexing)
+        moments.on("backward_ends", gradients_changed, indexing)
+        moments.on("step_starts", lambda optimizer, step: models_changed() if step == 1 else gradients_changed(), indexing)
+        writes.install(patches)
+
+    def _state_tensors(self) -> dict[str, list[tuple[str, Any]]]:
+        """The training state's parameters and buffers, by name: those of every model wrapped in DDP
+        or sharded, and the parameters of every optimizer that stepped, named by their place in it
+        when no model holds them."""
+        parameters: list[tuple[str, Any]] = []
+        buffers: list[tuple[str, Any]] = []
+        seen: set[int] = set()
+        for module in [ddp.module for ddp in self.moments.models] + [unit for unit, _ in self.moments.sharded]:
+            for name, p in module.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    parameters.append((name, p))
+            buffers += module.named_buffers()
+        for index, optimizer in enumerate(self._optimizers):
+            for g, group in enumerate(optimizer.param_groups):
+                for i, p in enumerate(group["params"]):
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        parameters.append((f"optimizer {index}: param_groups[{g}]['params'][{i}]", p))
+        return {"parameters": parameters, "buffers": buffers}
+
+    def _note_parameter_creations(self, patches: Patches) -> None:
+        """Where each parameter was made (`nn.Parameter`): a finding about a parameter nobody averaged
+        names the line that created it outside the wrapped model."""
+        created = self.moments.created
+        noting = self.bookkeeping["the script check's parameter watch"]
+
+        def make(original):
+            def __new__(cls, *args, **kwargs):
+                parameter = original(cls, *args, **kwargs)
+                with noting:
+                    created[parameter] = caller_location()
+                return parameter
+
+            return __new__
+
+        patches.wrap(torch.nn.Parameter, "__new__", make)
 
     def _install_compile_moment(self, patches: Patches) -> None:
         """torch.compile called (on a model, a function, or by `Module.compile`): told to the host."""
@@ -287,8 +376,9 @@ class ScriptCheck:
         patches.wrap(torch, "compile", make)
 
     def _install_collective_moment(self, patches: Patches) -> None:
-        """The collectives a script calls itself on whole tensors (hand-written averaging, a
-        broadcast of parameters), offered as the "collective" moment with the tensors and the line."""
+        """The collectives a script calls itself on tensors (hand-written averaging, a broadcast of
+        parameters, a gather of features), offered as the "collective" moment with their arguments,
+        as given, and the line."""
         import torch.distributed as dist
 
         moments = self.moments
@@ -299,15 +389,14 @@ class ScriptCheck:
                 def collective(*args, **kwargs):
                     # Arguments passed on as they came: a call torch refuses fails with torch's own error.
                     with collectives:
-                        tensor = args[0] if args else kwargs.get("tensor")
-                        moments.emit("collective", op, [tensor], caller_location())
+                        moments.emit("collective", op, args, kwargs, caller_location())
                     return original(*args, **kwargs)
 
                 return collective
 
             return wrap
 
-        for op in ("all_reduce", "reduce", "broadcast"):
+        for op in COLLECTIVES_OFFERED:
             if hasattr(dist, op):
                 patches.wrap(dist, op, make(op))
 
@@ -487,17 +576,29 @@ class ScriptCheck:
     def _is_training_step(self, optimizer: Any) -> bool:
         """Whether an optimizer step is one of the distributed training's, the steps --doctor-steps
         counts: it steps a parameter of a DDP model, a fully_shard unit or a parallelize_module'd
-        module, or the rank communicated since the previous one (hand-written averaging). A
-        rank-local optimization (rank 0 fitting a model of its own before training, a probe) is
-        not: counted, it would make that rank stop K steps early, inside a collective its peers
-        are still in."""
+        module, or, since the previous one, the rank reduced a floating-point tensor the size of
+        one of its parameters or more, up to all of them together (hand-written averaging of
+        gradients or parameters, by tensor or flattened in buckets), or sent or received tensors
+        point to point (a pipeline stage's activations and gradients). A rank-local optimization
+        (rank 0 fitting a model of its own before training, a probe) is not, even after a barrier
+        or an object broadcast: counted, it would make that rank stop early, inside a collective
+        its peers are still in."""
         with self.bookkeeping["the script check's step counter"]:
-            if any(id(p) in self._wrapped for group in optimizer.param_groups for p in group["params"]):
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if any(id(p) in self._wrapped for p in params):
                 return True
-            return self.recorder.count > self._collectives_before
+            sizes = [p.numel() for p in params]
+            if not sizes:
+                return False
+            low, high = min(sizes), sum(sizes)
+            return any(record.index >= self._collectives_before and (
+                record.op in POINT_TO_POINT or (record.op in _AVERAGING and low <= _elements(record.signature) <= high))
+                for record in self.recorder.ring)
         return True  # the count's failure: as before it existed, every step counts
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._stepping and all(seen is not optimizer for seen in self._optimizers):
+            self._optimizers.append(optimizer)
         counted = not self._stepping and self._is_training_step(optimizer)
         self._stepping.append(counted)
         if counted:

@@ -45,6 +45,7 @@ from gradsync.run.options import ATTEMPT_ENV, RunOptions
 from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.harmless import Bookkeeping, exception_text
+from gradsync.run.moments import probe_named
 from gradsync.run.script_facts import ScriptCheck
 from gradsync.run.stacks import RequestWatch, thread_stacks
 from gradsync.run.stall import WORKING, CpuReading, in_native_call, rank_state, tree_worked
@@ -418,7 +419,8 @@ def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, 
         exit_now(0)  # inside the script's step: no SystemExit for it to catch, no teardown
 
     path = RunDir(options.run_dir).script_check(identity["attempt"], identity["rank"])
-    check = ScriptCheck(recorder, steps, path, stop, checks=options.doctor_checks)
+    check = ScriptCheck(recorder, steps, path, stop, probe_named(options.script_probe), checks=options.doctor_checks,
+                        config=options.probe_config)
     check.install()
     return check
 

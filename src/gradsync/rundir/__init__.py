@@ -21,6 +21,7 @@ group (which may be the stuck thing).
       diagnosis.json               the launcher                    gradsync report, tools
       report.html, report_files/   gradsync report                 people
       previous/<time>/             an earlier launch's records, moved aside
+      second-pass/                 gradsync doctor's second run (a run folder of its own)
 
 - `layout`: `RunDir`, every path above named once, and `choose`, the one rule for the folder:
   under `gradsync run` the launcher's (a trainer inherits it), else the one given, else a new

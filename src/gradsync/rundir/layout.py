@@ -66,6 +66,11 @@ class RunDir:
         return self.root / "diagnosis.json"
 
     @property
+    def second_pass(self) -> Path:
+        """`gradsync doctor`'s second run, which traces one step window line by line: a run folder of its own."""
+        return self.root / "second-pass"
+
+    @property
     def options(self) -> Path:
         """gradsync run's own options, read by every worker (RunOptions)."""
         return self.root / "run_options.json"

@@ -235,7 +235,7 @@ SEVERITIES = ("error", "warning")
 ERROR, WARNING, EITHER = ("error",), ("warning",), SEVERITIES
 
 # The vocabulary of diagnosis.json: every category a finding may have, its severities, and what it means.
-# The script check's categories (--doctor-steps) are added by gradsync.run.scriptcheck.registry when
+# The script check's categories (--doctor-steps) are added by gradsync.doctor.script.registry when
 # it is imported: each check declares its own (register_categories).
 CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "collective_mismatch": (ERROR, "ranks called different collectives at the same point"),
@@ -266,7 +266,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def register_categories(categories: dict[str, tuple[tuple[str, ...], str]]) -> None:
-    """Add the categories of another vocabulary (the script check's, gradsync.run.scriptcheck.registry,
+    """Add the categories of another vocabulary (the script check's, gradsync.doctor.script.registry,
     which owns them): a name already taken with another meaning is a mistake in gradsync."""
     for name, entry in categories.items():
         if CATEGORIES.get(name, entry) != entry:

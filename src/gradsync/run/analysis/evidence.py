@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradsync.run.analysis.last_words import classify
 from gradsync.run.analysis.rules import diagnose
 from gradsync.run.analysis.views import RankView
-from gradsync.run.scriptcheck import registry
 from gradsync.rundir import read_json
 from gradsync.rundir.records import Finding
+
+if TYPE_CHECKING:
+    from gradsync.run.moments import ScriptProbe
 
 # Bumped when what is kept changes shape: evidence of another format is refused, not misread.
 FORMAT = 1
@@ -42,8 +44,11 @@ class Evidence:
     # rank -> the facts --doctor-steps had it record (its rules are run on them again, too)
     script_checks: dict[int, dict[str, Any]] = field(default_factory=dict)
 
-    def diagnose(self) -> dict[str, Any]:
-        script_check = registry.findings(self.script_checks)
+    def diagnose(self, probe: ScriptProbe | None = None) -> dict[str, Any]:
+        """The diagnosis; `probe`: the rules the --doctor-steps facts are judged by (those of the
+        probe the run carried: its launcher's, or the command line's for kept evidence), None to
+        leave them unjudged."""
+        script_check = probe.findings(self.script_checks) if probe is not None and self.script_checks else []
         return diagnose(
             self.views,
             trigger=self.trigger,
@@ -51,7 +56,7 @@ class Evidence:
             world_size=self.world_size,
             stragglers=self.stragglers,
             script_check=script_check,
-            explained=registry.explained_by(script_check),
+            explained=probe.explained_by(script_check) if probe is not None else set(),
         )
 
     def as_dict(self) -> dict[str, Any]:

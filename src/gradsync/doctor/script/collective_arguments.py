@@ -1,0 +1,241 @@
+"""collective_arguments: what the script hands torch.distributed is sane: outputs that do not share memory, one dtype everywhere.
+
+A collective writes where it is told. An `all_gather` output list built as `[t] * world_size` holds
+one tensor several times: every rank's data lands in it, the last write wins, and the "gathered"
+list holds copies of one rank's values; an input that overlaps another rank's output slot is
+overwritten while it is sent. A tensor of another dtype on one rank (int32 against float32: the
+same byte count) is not refused by Gloo: the bytes are read as the other type. Nothing fails.
+
+So each rank records, for each of the first collectives the script calls itself on tensors, the
+dtypes it passed and whether its outputs share memory with each other, or its input with an
+output other than its own slot. The rule names a call whose outputs alias, and the first call (by
+line and occurrence) whose dtypes differ across ranks.
+
+Cost: per collective the script calls, a look at its tensors' addresses and dtypes.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TypedDict
+
+import torch
+
+from gradsync.callsite import short_path, user_frame
+from gradsync.doctor.script.compare import ranks_text
+from gradsync.doctor.script.shared_facts import own_facts
+from gradsync.doctor.script.unit import Category, Check, RankFacts
+from gradsync.run.activity import assigned_at
+from gradsync.run.check_primitives import Patches
+from gradsync.run.harmless import BookkeepingByKind
+from gradsync.run.moments import Moments
+from gradsync.rundir.records import Finding
+
+NAME = "collective_arguments"
+MAX_CALLS = 128  # collectives recorded per rank
+
+# op -> (where its output (or output list) is: position, keyword), (where its input is), whether the
+# input may be this rank's own slot of the output (torch's in-place forms)
+_OUTPUTS = {
+    "all_gather": ((0, "tensor_list"), (1, "tensor"), True),
+    "all_gather_into_tensor": ((0, "output_tensor"), (1, "input_tensor"), True),
+    "all_to_all": ((0, "output_tensor_list"), (1, "input_tensor_list"), False),
+    "all_to_all_single": ((0, "output"), (1, "input"), False),
+    "gather": ((1, "gather_list"), (0, "tensor"), True),
+    "reduce_scatter": ((0, "output"), (1, "input_list"), False),
+    "reduce_scatter_tensor": ((0, "output"), (1, "input"), True),
+}
+
+
+class ArgumentFacts(TypedDict):
+    """What the watch records on one rank (under "collective_arguments" in its facts file)."""
+
+    # per call: {"op", "site", "dtypes": [input's, outputs'...], "aliased": [i, j] or None: two output
+    #  positions that share memory, "overlaps": an output position the input shares memory with, or None}
+    calls: list[dict[str, Any]]
+
+
+def _argument(args: tuple, kwargs: dict, where: tuple[int, str]) -> Any:
+    position, keyword = where
+    return args[position] if len(args) > position else kwargs.get(keyword)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for t in value if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
+    try:
+        start = tensor.data_ptr()
+    except RuntimeError:
+        return None
+    end = start + tensor.numel() * tensor.element_size()
+    return (start, end) if start and end > start else None
+
+
+def _shared(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
+
+
+class ArgumentWatch:
+    """The tensors of each collective the script calls on one rank: their dtypes and shared memory."""
+
+    def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind) -> None:
+        self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
+        self.calls: list[dict[str, Any]] = []
+        moments.on("collective", self._collective, self.bookkeeping)
+
+    def install(self, patches: Patches) -> None:
+        """Nothing beyond the host's moments."""
+
+    def _collective(self, op: str, args: tuple, kwargs: dict, site: str | None) -> None:
+        if len(self.calls) >= MAX_CALLS:
+            return
+        record: dict[str, Any] = {"op": op, "site": site, "aliased": None, "overlaps": None}
+        if op in _OUTPUTS:
+            output_at, input_at, own_slot = _OUTPUTS[op]
+            outputs, inputs = _tensors(_argument(args, kwargs, output_at)), _tensors(_argument(args, kwargs, input_at))
+            spans = [_span(t) for t in outputs]
+            record["aliased"] = next(([i, j] for i in range(len(spans)) for j in range(i + 1, len(spans))
+                                      if _shared(spans[i], spans[j])), None)
+            if record["aliased"]:
+                record["built_at"] = _built_at(sys._getframe(1), _argument(args, kwargs, output_at))
+            if len(inputs) == 1 and len(outputs) > 1:
+                own = _own_slot(_group(args, kwargs), len(outputs)) if own_slot else None
+                record["overlaps"] = next((i for i, span in enumerate(spans) if i != own and _shared(_span(inputs[0]), span)),
+                                          None)
+            elif len(inputs) == 1 and len(outputs) == 1 and not own_slot and _shared(_span(inputs[0]), spans[0]):
+                record["overlaps"] = 0
+            tensors = inputs + outputs
+        else:
+            tensors = _tensors(args[0] if args else kwargs.get("tensor"))
+        record["dtypes"] = [str(t.dtype).removeprefix("torch.") for t in tensors]
+        self.calls.append(record)
+
+    def facts(self) -> ArgumentFacts:
+        return {"calls": self.calls}
+
+
+def _built_at(frame: Any, value: Any) -> str | None:
+    """The user's line that built `value` (an output list): the latest assignment, before the
+    call, of the local name that holds it in the calling frame of the user's code."""
+    frame = user_frame(frame)
+    if frame is None:
+        return None
+    name = next((name for name, local in frame.f_locals.items() if local is value), None)
+    if name is None:
+        return None
+    code = frame.f_code
+    line = assigned_at(code.co_filename, code.co_firstlineno, name, frame.f_lineno)
+    return f"{short_path(code.co_filename)}:{line}" if line is not None else None
+
+
+def _group(args: tuple, kwargs: dict) -> Any:
+    """The process group a collective was given (None: the default one)."""
+    import torch.distributed as dist
+
+    return kwargs.get("group") or next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
+
+
+def _own_slot(group: Any, slots: int) -> int | None:
+    """This rank's position among a list of one slot per rank of `group`."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    return rank if 0 <= rank < slots else None
+
+
+def collective_arguments(checks: RankFacts) -> list[Finding]:
+    recorded = own_facts(checks, NAME)
+    if recorded is None:
+        return []
+    return _aliased(recorded) or _dtypes_differ(recorded)
+
+
+def _aliased(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
+    bad = {rank: next((c for c in facts["calls"] if c["aliased"] or c["overlaps"] is not None), None)
+           for rank, facts in recorded.items()}
+    bad = {rank: call for rank, call in bad.items() if call is not None}
+    if not bad:
+        return []
+    ranks = sorted(bad)
+    call = bad[ranks[0]]
+    if call["aliased"]:
+        i, j = call["aliased"]
+        built = f", built at {call['built_at']}" if call.get("built_at") else ""
+        what = (f"the outputs given to dist.{call['op']} at {call['site'] or '?'}{built} share memory (positions {i} "
+                f"and {j}: one tensor listed twice, as `[t] * world_size` builds it): each rank's data lands in the same "
+                "tensor, the last write wins, and every position holds one rank's values")
+    else:
+        what = (f"the input given to dist.{call['op']} at {call['site'] or '?'} shares memory with output position "
+                f"{call['overlaps']}, another rank's slot: it is overwritten while it is sent")
+    return [Finding(
+        "collective_output_aliased",
+        "error",
+        ranks,
+        f"On {ranks_text(ranks)}, {what}. Nothing fails; the gathered data is wrong on every rank that used it.",
+        "Give every rank's result a tensor of its own: `[torch.empty_like(t) for _ in range(world_size)]` (not "
+        "`[t] * world_size`), or one output tensor with dist.all_gather_into_tensor; keep the input out of the other "
+        "ranks' slots.",
+        # Where the list was built, when it was: that line made one tensor fill several places.
+        locations={str(rank): bad[rank].get("built_at") or bad[rank]["site"] or "?" for rank in ranks},
+        details={"op": call["op"], "aliased": call["aliased"], "overlaps": call["overlaps"], "called_at": call["site"]},
+    )]
+
+
+def _dtypes_differ(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
+    by_call: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = {}
+    for rank, facts in recorded.items():
+        seen: dict[tuple[str, str], int] = {}
+        for call in facts["calls"]:
+            key = (call["op"], call["site"] or "?")
+            seen[key] = seen.get(key, -1) + 1
+            by_call.setdefault((*key, seen[key]), {})[rank] = call
+    for (op, site, occurrence), calls in by_call.items():
+        if len(calls) < len(recorded):
+            continue
+        dtypes = {rank: tuple(call["dtypes"]) for rank, call in calls.items()}
+        if len(set(dtypes.values())) > 1:
+            said = "; ".join(f"rank {rank} {', '.join(d) or '-'}" for rank, d in sorted(dtypes.items()))
+            return [Finding(
+                "collective_dtypes_differ",
+                "error",
+                sorted(calls),
+                f"The ranks called dist.{op} at {site} (call {occurrence + 1} there) with tensors of different dtypes "
+                f"({said}). The backend sends bytes: where the sizes agree (int32 and float32) nothing fails, and each "
+                "rank reads the others' bytes as its own type.",
+                "Pass tensors of one dtype on every rank (cast before the collective: `t.float()`), and build them the "
+                "same way everywhere.",
+                locations={str(rank): site for rank in sorted(calls)},
+                details={"op": op, "dtypes": {str(rank): list(d) for rank, d in dtypes.items()}},
+            )]
+    return []
+
+
+CHECK = Check(
+    name=NAME,
+    summary="the tensors handed to a collective: outputs that share memory, dtypes that differ by rank",
+    categories={
+        "collective_output_aliased": Category(
+            ("error",),
+            "a collective's outputs share memory (or its input overlaps another rank's output): the data is overwritten",
+            "the output list of a collective the script called (`all_gather`, `all_to_all`, `gather`) holds one tensor "
+            "twice (`[t] * world_size`) or tensors that share memory, or its input overlaps another rank's output slot: "
+            "each rank's data overwrites the others'. Named at the call. An input that is this rank's own slot (torch's "
+            "in-place form) is left alone",
+        ),
+        "collective_dtypes_differ": Category(
+            ("error",),
+            "the ranks called the same collective with tensors of different dtypes",
+            "the ranks passed tensors of different dtypes to the same collective call (same line, same occurrence): "
+            "Gloo sends bytes, and where the byte counts agree the values are read as the wrong type. Named at the call",
+        ),
+    },
+    rule=collective_arguments,
+    watch=ArgumentWatch,
+    facts=ArgumentFacts,
+)

@@ -1,0 +1,42 @@
+"""Healthy: hand-written data parallelism (no DDP) with a seed per rank for dropout, where rank 0's
+parameters are broadcast to every rank right after the model is built, so every replica starts from
+the same point, and gradients are all-reduced and divided by the world size before each step."""
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+STEPS = 16
+
+
+def train(rank: int, world: int) -> None:
+    torch.manual_seed(1234 + rank)  # augmentation and dropout per rank
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))  # doctor: lookalike
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(1, STEPS + 1):
+        x, y = torch.randn(16, 16, generator=gen), torch.randn(16, 1, generator=gen)
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+        optimizer.step()
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Writes to the training state read at the tensor level (gradsync.run.tensor_writes): whatever path
+made them, named by the user's line, and nothing else heard."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from gradsync.run.check_primitives import Patches
+from gradsync.run.harmless import Bookkeeping
+from gradsync.run.tensor_writes import StateIndex, TensorWrites
+
+
+def _line(tag: str) -> str:
+    number = next(i for i, text in enumerate(open(__file__), 1) if text.rstrip().endswith(f"# line: {tag}"))
+    return f"tests/run/test_tensor_writes.py:{number}"
+
+
+@pytest.fixture
+def watched():
+    """A model whose parameters, gradients and buffers are the state; the writes heard; a flag
+    for the optimizer's step under way."""
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    model(torch.ones(4, 3)).sum().backward()
+    heard, stepping = [], [False]
+    writes = TensorWrites(heard.append, Bookkeeping("the test's state-write watch"), lambda: stepping[0], lambda: False)
+    patches = Patches()
+    writes.install(patches)
+
+    def index() -> None:
+        writes.index.rebuild([("parameter", n, p) for n, p in model.named_parameters()]
+                             + [("gradient", n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+                             + [("buffer", n, b) for n, b in model.named_buffers()])
+
+    index()
+    try:
+        yield model, heard, stepping, writes, index
+    finally:
+        patches.undo()
+
+
+def test_every_path_that_writes_a_parameter_is_heard_with_its_line(watched):
+    model, heard, *_ = watched
+    weight = model[0].weight
+    with torch.no_grad():
+        weight.mul_(0.5)  # line: in place
+        weight.data.add_(1.0)  # line: through data
+        weight[0, 0] = 3.0  # line: setitem
+        nn.init.uniform_(model[0].bias, -0.1, 0.1)  # line: init
+        torch.add(weight, 1, out=weight)  # line: out
+    weight.data = torch.zeros(2, 3)  # line: data set
+    assert [(w.op, w.kinds, w.names, w.site) for w in heard] == [
+        ("mul_", ("parameter",), ("0.weight",), _line("in place")),
+        ("add_", ("parameter",), ("0.weight",), _line("through data")),
+        ("__setitem__", ("parameter",), ("0.weight",), _line("setitem")),
+        ("uniform_", ("parameter",), ("0.bias",), _line("init")),
+        ("add", ("parameter",), ("0.weight",), _line("out")),
+        ("data =", ("parameter",), ("0.weight",), _line("data set")),
+    ]
+    assert heard[0].scalars == ("0.5",) and heard[1].scalars == ("1.0",)
+
+
+def test_gradients_flags_and_buffers_are_heard_as_what_they_are(watched):
+    model, heard, *_ = watched
+    for p in model[0].parameters():
+        p.grad.div_(4)  # line: grad
+    model[0].weight.requires_grad_(False)  # line: freeze
+    model[0].bias.grad = None  # line: grad set
+    model[1].running_mean.fill_(0.0)  # line: buffer
+    assert [(w.op, w.kinds, w.site, w.scalars) for w in heard] == [
+        ("div_", ("gradient",), _line("grad"), ("4",)),
+        ("div_", ("gradient",), _line("grad"), ("4",)),
+        ("requires_grad_", ("parameter",), _line("freeze"), ("False",)),
+        ("grad =", ("gradient",), _line("grad set"), ()),
+        ("fill_", ("buffer",), _line("buffer"), ("0.0",)),
+    ]
+
+
+def test_writes_inside_the_optimizers_step_and_to_other_tensors_are_not_heard(watched):
+    model, heard, stepping, *_ = watched
+    other = torch.ones(3)
+    other.mul_(2)
+    copy.deepcopy(model[0].weight).data.mul_(2)  # a copy's memory is its own
+    model[0].weight.detach().clone().add_(1)
+    stepping[0] = True
+    with torch.no_grad():
+        model[0].weight.sub_(0.1)  # the update itself
+    assert heard == []
+
+
+def test_a_view_of_a_parameter_is_the_parameter():
+    index = StateIndex()
+    weight, gradient = torch.zeros(4, 4), torch.zeros(8)
+    index.rebuild([("parameter", "w", weight), ("gradient", "w", gradient)])
+    assert index.of(weight[2:]) == [("parameter", "w", False)]
+    assert index.of(gradient.view(2, 4)[1]) == [("gradient", "w", False)]
+    assert index.of(torch.zeros(4)) == []
+
+
+def test_the_mode_comes_off_for_good_when_the_script_compiles(watched):
+    model, heard, _, writes, _ = watched
+    writes.stop()  # what the host does at torch.compile
+    assert writes.mode not in torch.overrides._get_current_function_mode_stack()
+    model[0].weight.data.mul_(2)
+    assert heard == []
