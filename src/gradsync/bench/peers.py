@@ -45,6 +45,20 @@ LOSS_EVERY = 5  # steps between the loss curve's points (the trainer logs every 
 BUCKET_CAP_MB = 25.0  # DDP's default, and gradsync's fixed configurations'
 
 
+def waited_share_of_span(step_ends: list[float], waits: list[float], warmup: int) -> float:
+    """The share of the timed span a worker spent waiting: numerator and denominator over the same steps.
+
+    The span runs from the end of step `warmup + 1` to the end of the last step, so it holds the
+    steps after that one; only their waits count. Each wait lies inside its own step, so the share
+    stays in [0, 1] however few the steps or however loaded the machine (counting the wait of the
+    step the span starts at put a read of 1.04 in a table of shares).
+    """
+    if len(step_ends) - warmup < 2:
+        return float("nan")
+    span = step_ends[-1] - step_ends[warmup]
+    return sum(waits[warmup + 1:]) / span if span > 0 else 0.0
+
+
 def job_parser(module: str, configs: tuple[str, ...]) -> argparse.ArgumentParser:
     """The command line of one benchmark job, gradsync's or a peer's: the same workload, steps and batch."""
     from gradsync.bench.workloads import WORKLOADS
@@ -147,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     measured = step_ends[args.warmup:]
     elapsed = measured[-1] - measured[0] if len(measured) > 1 else float("nan")
     # lockstep's exposed communication: the share of its timed steps this worker waited for the other.
-    waited_share = sum(waits[args.warmup:]) / elapsed if waits else 0.0
+    waited_share = waited_share_of_span(step_ends, waits, args.warmup) if waits else 0.0
     totals = torch.tensor([elapsed, loss.item() / world, waited_share / world,
                            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                            faults_per_step(faults[args.warmup:])], dtype=torch.float64, device=device)
