@@ -7,9 +7,10 @@ The script runs as `python SCRIPT ARGS` would run it. A training step is one out
 step (one inside another's, like ZeroRedundancyOptimizer's local one, is part of it) that steps a
 parameter of a model wrapped in DDP, given to `fully_shard` or to `parallelize_module`, or that
 follows, since the previous one, a reduction of a floating-point tensor the size of one of its
-parameters or more, up to all of them (hand-written averaging), or tensors sent or received point
-to point (a pipeline), as the doctor counts them: rank 0 fitting a model of its own first does not
-count, even after a barrier or an object broadcast. After the K-th, the
+parameters or more, up to all of them (hand-written averaging), a DDP model's forward (its
+gradients averaged: another model trained beside it), or tensors sent or received point to point
+(a pipeline), as the doctor counts them: rank 0 fitting a model of its own first does not count,
+even after a barrier or an object broadcast. After the K-th, the
 rank ends where it stands as the doctor's stop does (gradsync.distributed.exit_now, written out
 here so that this side imports nothing of gradsync): the script's exit handlers, a garbage
 collection, its output flushed, then exit code 0. The patches only count; each call goes on as it came.
@@ -43,7 +44,7 @@ def main() -> None:
     steps, script, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     wrapped: set[int] = set()  # ids of the parameters of wrapped, sharded or parallelized models
     reduced: list[int] = []  # element counts of the floating-point tensors reduced since the last counted step
-    exchanged = [0]  # point-to-point calls since the last counted step
+    exchanged = [0]  # point-to-point calls and DDP forwards that average gradients, since the last counted step
     depth, taken = 0, 0
     counted: list[bool] = []
 
@@ -51,14 +52,21 @@ def main() -> None:
         for unit in module if isinstance(module, (list, tuple)) else [module]:
             wrapped.update(id(p) for p in unit.parameters())
 
-    original_init = DistributedDataParallel.__init__
+    original_init, original_forward = DistributedDataParallel.__init__, DistributedDataParallel.forward
 
     @functools.wraps(original_init)
     def ddp_init(self, *a, **k):
         original_init(self, *a, **k)
         note(self.module)
 
+    @functools.wraps(original_forward)
+    def ddp_forward(self, *a, **k):
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            exchanged[0] += 1  # its backward averages the model's gradients
+        return original_forward(self, *a, **k)
+
     DistributedDataParallel.__init__ = ddp_init
+    DistributedDataParallel.forward = ddp_forward
     for owner, name in ((fsdp, "fully_shard"), (tensor_parallel, "parallelize_module")):
         original = getattr(owner, name)
 

@@ -106,6 +106,8 @@ class ScriptCheck:
         self.steps = 0  # training steps taken (see _is_training_step; one inside another's step is part of it)
         self._stepping: list[bool] = []  # optimizer steps in progress, nested: whether each is a counted one
         self._optimizers: list[Any] = []  # every optimizer that stepped (outermost), in the order first seen
+        self._averaging_forwards = 0  # DDP forwards with gradients on and synchronisation due
+        self._averaging_forwards_before = 0  # that count at the previous counted step
         self._wrapped: set[int] = set()  # ids of the parameters of DDP models, fully_shard units, parallelize_module'd modules
         self._collectives_before = 0  # the recorder's collectives at the previous counted step
         self._synced_before = 0  # the recorder's synchronised backward passes at the previous step
@@ -169,6 +171,8 @@ class ScriptCheck:
         def forward_starts(ddp, args, kwargs):
             entry = None
             with models:
+                if torch.is_grad_enabled() and compat.DDP_SYNCS_GRADIENTS.get(True, ddp):
+                    check._averaging_forwards += 1  # its backward averages the model's gradients
                 if ddp.training and torch.is_grad_enabled():
                     entry = check._training_forward(ddp, args, kwargs)
             if entry is not None:
@@ -578,8 +582,10 @@ class ScriptCheck:
         counts: it steps a parameter of a DDP model, a fully_shard unit or a parallelize_module'd
         module, or, since the previous one, the rank reduced a floating-point tensor the size of
         one of its parameters or more, up to all of them together (hand-written averaging of
-        gradients or parameters, by tensor or flattened in buckets), or sent or received tensors
-        point to point (a pipeline stage's activations and gradients). A rank-local optimization
+        gradients or parameters, by tensor or flattened in buckets), or ran a DDP model's forward
+        whose backward averages its gradients (another model trained beside it: a GAN's
+        discriminator left unwrapped), or sent or received tensors point to point (a pipeline
+        stage's activations and gradients). A rank-local optimization
         (rank 0 fitting a model of its own before training, a probe) is not, even after a barrier
         or an object broadcast: counted, it would make that rank stop early, inside a collective
         its peers are still in."""
@@ -591,6 +597,8 @@ class ScriptCheck:
             if not sizes:
                 return False
             low, high = min(sizes), sum(sizes)
+            if self._averaging_forwards > self._averaging_forwards_before:
+                return True
             return any(record.index >= self._collectives_before and (
                 record.op in POINT_TO_POINT or (record.op in _AVERAGING and low <= _elements(record.signature) <= high))
                 for record in self.recorder.ring)
@@ -612,6 +620,7 @@ class ScriptCheck:
         self.steps += 1
         self.moments.steps = self.steps
         self._collectives_before = self.recorder.count
+        self._averaging_forwards_before = self._averaging_forwards
         self.moments.emit("step_ends", optimizer, self.steps)
         synced = self.recorder.backward_passes
         self.syncs_per_step.append(synced - self._synced_before)
