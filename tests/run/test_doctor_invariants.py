@@ -57,6 +57,12 @@ SCRIPTS = {name: (f"doctor_zoo/{name}.py", K) for name in [
     "warmup_by_local_tokens", "healthy_warmup_by_global_tokens",
     # hand-written averaging starts every replica from the same parameters
     "manual_dp_seeded_per_rank", "healthy_manual_dp_broadcast_first",
+    # the modules run beside the wrapped model (a teacher, a target network, a normalizer) hold one state too
+    "teacher_built_before_wrap_per_rank_seed", "target_network_updated_on_rank0", "normalizer_from_local_batches",
+    "healthy_teacher_copied_after_wrap", "healthy_normalizer_all_reduced",
+    # what a collective wrote is read: not a dropped return value, not a reduced copy
+    "functional_all_reduce_result_dropped", "token_count_reduced_as_a_copy",
+    "healthy_functional_all_reduce_assigned", "healthy_token_count_reduced_after_cast",
 ]}
 
 pytestmark = [pytest.mark.launches, guard_of(SCRIPTS)]
@@ -96,6 +102,11 @@ CAUGHT = [
     ("fsdp2_clip_from_local_shard", "state_written_on_some_ranks", "error", [0, 1]),
     ("fsdp2_grad_scaled_by_local_token_count", "state_written_on_some_ranks", "error", [0, 1]),
     ("manual_dp_seeded_per_rank", "replicas_started_apart", "error", [0, 1]),
+    ("teacher_built_before_wrap_per_rank_seed", "companion_apart", "warning", [0, 1]),
+    ("target_network_updated_on_rank0", "companion_apart", "warning", [0]),
+    ("normalizer_from_local_batches", "companion_apart", "warning", [0, 1]),
+    ("functional_all_reduce_result_dropped", "collective_result_unused", "warning", [0, 1]),
+    ("token_count_reduced_as_a_copy", "collective_result_unused", "warning", [0, 1]),
 ]
 
 # Mistakes of the red team the doctor does not yet name at their cause, and what it says instead.

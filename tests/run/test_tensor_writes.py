@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradsync.run.check_primitives import Patches
+from gradsync.run.check_primitives import Patches, tensors_fingerprint
 from gradsync.run.harmless import Bookkeeping
 from gradsync.run.tensor_writes import StateIndex, TensorWrites
 
@@ -25,8 +25,9 @@ def watched():
     for the optimizer's step under way."""
     model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
     model(torch.ones(4, 3)).sum().backward()
-    heard, stepping = [], [False]
-    writes = TensorWrites(heard.append, Bookkeeping("the test's state-write watch"), lambda: stepping[0], lambda: False)
+    heard, stepping, loop = [], [False], [None]
+    writes = TensorWrites(heard.append, Bookkeeping("the test's state-write watch"), lambda: stepping[0], lambda: False,
+                          lambda: loop[0])
     patches = Patches()
     writes.install(patches)
 
@@ -37,7 +38,7 @@ def watched():
 
     index()
     try:
-        yield model, heard, stepping, writes, index
+        yield model, heard, stepping, writes, index, loop
     finally:
         patches.undo()
 
@@ -101,8 +102,28 @@ def test_a_view_of_a_parameter_is_the_parameter():
 
 
 def test_the_mode_comes_off_for_good_when_the_script_compiles(watched):
-    model, heard, _, writes, _ = watched
+    model, heard, _, writes, *_ = watched
     writes.stop()  # what the host does at torch.compile
     assert writes.mode not in torch.overrides._get_current_function_mode_stack()
     model[0].weight.data.mul_(2)
     assert heard == []
+
+
+def _update(teacher: nn.Module) -> None:
+    with torch.no_grad():
+        teacher.weight.mul_(0.5)  # line: companion write
+
+
+def test_a_companions_write_says_what_it_left_and_the_loop_line_it_was_made_under(watched):
+    model, heard, _, writes, _, loop = watched
+    teacher = nn.Linear(3, 2)
+    writes.index.rebuild([("companion", "Teacher called at train.py:9: weight", teacher.weight),
+                          ("parameter", "0.weight", model[0].weight)])
+    loop[0] = test_a_companions_write_says_what_it_left_and_the_loop_line_it_was_made_under.__code__
+    _update(teacher)  # line: under the loop
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)  # line: parameter
+    companion, parameter = heard
+    assert (companion.kinds, companion.site, companion.loop_site) == (("companion",), _line("companion write"), _line("under the loop"))
+    assert companion.result == tensors_fingerprint([teacher.weight])
+    assert (parameter.loop_site, parameter.result) == (_line("parameter"), None)  # what it left is read for companions only

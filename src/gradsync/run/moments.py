@@ -20,6 +20,7 @@ diagnosis from kept evidence.
 from __future__ import annotations
 
 import importlib
+import types
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +30,7 @@ from gradsync.run.check_primitives import ModuleForwards, Patches, group_ranks, 
 from gradsync.run.harmless import Bookkeeping, BookkeepingByKind, IdentityMap
 
 if TYPE_CHECKING:
+    from gradsync.run.companions import CompanionModules, CompanionState
     from gradsync.run.tensor_writes import TensorWrites
     from gradsync.rundir.records import Finding
 
@@ -87,13 +89,15 @@ MOMENTS = {
     "step_ends": "(optimizer, step): that step returned",
     "collective": "(op, args, kwargs, site): the script called torch.distributed's op (one of the collectives on "
     "tensors in gradsync.run.script_facts.COLLECTIVES_OFFERED) with these arguments, at this line",
+    "collective_returned": "(op, args, kwargs, site): that call returned (its outputs written, or its work "
+    "started when async_op=True)",
     "pipeline_message": "(message, signature): a pipeline stage sent or received a labelled message "
     "(gradsync.run.pipeline_labels.PipelineMessage; signature: its tensor and peer, as recorded)",
     "file_written": "(file, how): the script wrote `file` with torch.save (how='torch.save'), or opened it for "
     "writing from its own files (how='open'; libraries open files of their own)",
     "state_written": "(write): a call outside the optimizer's step wrote to the training state: the parameters, "
-    "their gradients or the buffers of a wrapped model, or a parameter an optimizer steps "
-    "(gradsync.run.tensor_writes.StateWrite, with the user's line)",
+    "their gradients or the buffers of a wrapped model, a parameter an optimizer steps, or the state of a module "
+    "run beside them (gradsync.run.companions) (gradsync.run.tensor_writes.StateWrite, with the user's line)",
 }
 
 
@@ -117,6 +121,9 @@ class Moments:
         self.module_forwards = ModuleForwards()
         self.compiled_at: str | None = None  # the first torch.compile call's line: the hooks stop there
         self.tensor_writes: TensorWrites | None = None  # the "state_written" moment's source (None: not installed)
+        # The modules the training step runs beside the wrapped models (installed with "state_written").
+        self.companions: CompanionModules | None = None
+        self.loop: types.CodeType | None = None  # the function that made the first counted optimizer step
         self.created = IdentityMap()  # parameter -> the user's line that created it (nn.Parameter)
 
     def on(self, moment: str, listener: Callable[..., None], bookkeeping: Bookkeeping) -> None:
@@ -147,6 +154,17 @@ class Moments:
         self.module_forwards.stop()
         if self.tensor_writes is not None:
             self.tensor_writes.stop()
+        if self.companions is not None:
+            self.companions.stop()
+
+    def between_steps(self) -> None:
+        """A counted optimizer step starts or ends: no module call is in progress."""
+        if self.companions is not None:
+            self.companions.between_steps()
+
+    def companion_states(self) -> list[CompanionState]:
+        """The state of each module the training step runs beside the wrapped models, now."""
+        return self.companions.states() if self.companions is not None else []
 
     def created_at(self, parameter: Any) -> str | None:
         """The user's line that created `parameter` (None where it is not known)."""

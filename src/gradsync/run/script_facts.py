@@ -52,12 +52,13 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from gradsync import compat
-from gradsync.callsite import caller_location, is_user_file
+from gradsync.callsite import caller_location, is_user_file, user_frame
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
+from gradsync.run.companions import CompanionModules
 from gradsync.run.check_primitives import Patches, group_ranks, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.moments import Moments, ScriptProbe
-from gradsync.run.tensor_writes import TensorWrites
+from gradsync.run.tensor_writes import COMPANION, TensorWrites
 from gradsync.rundir import write_json
 from gradsync.rundir.records import POINT_TO_POINT
 
@@ -126,6 +127,7 @@ class ScriptCheck:
         self.fsdp_units: list[tuple[torch.nn.Module, str | None]] = []  # every module fully_shard was given
         self.tp_modules: list[dict[str, Any]] = []  # per parallelize_module call: site, group, styles, inputs
         self._parallelizing = 0  # parallelize_module calls in progress (it recurses into the plan)
+        self._wrapped_modules: tuple[tuple[int, int], set[int]] = ((-1, -1), set())  # (models counted, their module ids)
         self.bookkeeping = BookkeepingByKind()  # each watch's, by kind; their failures go into the facts
         self.moments = Moments(config)  # what the checks' watches listen to, and what happened so far
         self._set_epoch_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DistributedSampler -> calls
@@ -288,7 +290,7 @@ class ScriptCheck:
         self._install_compile_moment(patches)
         self._note_parameter_creations(patches)
         # A moment no selected check listens to (--doctor-checks) costs no patch.
-        if self.moments.listened("collective"):
+        if self.moments.listened("collective") or self.moments.listened("collective_returned"):
             self._install_collective_moment(patches)
         if self.moments.listened("backward") or self.moments.listened("backward_ends"):
             self._install_backward_moment(patches)
@@ -307,24 +309,54 @@ class ScriptCheck:
         indexing = self.bookkeeping["the script check's state index"]
         writes = TensorWrites(lambda write: moments.emit("state_written", write),
                               self.bookkeeping["the script check's state-write watch"],
-                              stepping=lambda: bool(self._stepping), forwarding=lambda: moments.forwarding > 0)
+                              stepping=lambda: bool(self._stepping), forwarding=lambda: moments.forwarding > 0,
+                              loop=lambda: moments.loop)
         moments.tensor_writes = writes
-        state: dict[str, list[tuple[str, Any]]] = {"parameters": [], "buffers": []}
+        state: dict[str, list[tuple[str, Any]]] = {"parameters": [], "buffers": [], "companions": []}
 
         def models_changed(*_: Any) -> None:  # a model wrapped, a step ended: the parameters and buffers read again
             state.update(self._state_tensors())
+            state["companions"] = [(f"{c.key}: {name}", t) for c in companions.states() for name, t in (*c.parameters, *c.buffers)]
             gradients_changed()
 
         def gradients_changed(*_: Any) -> None:  # after a backward pass, before a step: only the gradients are new
             writes.index.rebuild([("parameter", name, p) for name, p in state["parameters"]]
                                  + [("gradient", name, p.grad) for name, p in state["parameters"] if p.grad is not None]
-                                 + [("buffer", name, b) for name, b in state["buffers"]])
+                                 + [("buffer", name, b) for name, b in state["buffers"]]
+                                 + [(COMPANION, name, t) for name, t in state["companions"]])
+
+        companions = CompanionModules(training=lambda: bool(moments.models or moments.sharded),
+                                      wrapped_modules=self._wrapped_module_ids, training_state=self._training_state_ids,
+                                      bookkeeping=self.bookkeeping["the script check's companion watch"],
+                                      discovered=lambda: self._with(indexing, models_changed))
+        moments.companions = companions
+        companions.install()
+        patches.on_undo(companions.stop)
 
         moments.on("wrapped", models_changed, indexing)
         moments.on("step_ends", models_changed, indexing)
         moments.on("backward_ends", gradients_changed, indexing)
         moments.on("step_starts", lambda optimizer, step: models_changed() if step == 1 else gradients_changed(), indexing)
         writes.install(patches)
+
+    @staticmethod
+    def _with(bookkeeping: Any, call: Callable[[], None]) -> None:
+        # As a moment's listeners are called (Moments.emit): the index's own tensor calls are gradsync's.
+        with bookkeeping, torch._C.DisableTorchFunction():
+            call()
+
+    def _wrapped_module_ids(self) -> set[int]:
+        """The ids of the DDP objects, of every module inside them and inside the sharded units (the
+        models are held, so the ids stay theirs), read again when a model is added."""
+        count = (len(self.moments.models), len(self.moments.sharded))
+        if self._wrapped_modules[0] != count:
+            roots = [*self.moments.models, *(unit for unit, _ in self.moments.sharded)]
+            self._wrapped_modules = (count, {id(m) for root in roots for m in root.modules()})
+        return self._wrapped_modules[1]
+
+    def _training_state_ids(self) -> set[int]:
+        state = self._state_tensors()
+        return {id(t) for _, t in (*state["parameters"], *state["buffers"])}
 
     def _state_tensors(self) -> dict[str, list[tuple[str, Any]]]:
         """The training state's parameters and buffers, by name: those of every model wrapped in DDP
@@ -392,9 +424,16 @@ class ScriptCheck:
             def wrap(original):
                 def collective(*args, **kwargs):
                     # Arguments passed on as they came: a call torch refuses fails with torch's own error.
+                    site = None
                     with collectives:
-                        moments.emit("collective", op, args, kwargs, caller_location())
-                    return original(*args, **kwargs)
+                        site = caller_location()
+                        if moments.tensor_writes is not None:  # a tensor handed on to a collective was read
+                            moments.tensor_writes.read_elsewhere(args, kwargs)
+                        moments.emit("collective", op, args, kwargs, site)
+                    result = original(*args, **kwargs)
+                    with collectives:
+                        moments.emit("collective_returned", op, args, kwargs, site)
+                    return result
 
                 return collective
 
@@ -610,6 +649,10 @@ class ScriptCheck:
         counted = not self._stepping and self._is_training_step(optimizer)
         self._stepping.append(counted)
         if counted:
+            if self.moments.loop is None:  # the training loop: the function that steps the optimizer
+                frame = user_frame(sys._getframe(1))
+                self.moments.loop = frame.f_code if frame is not None else None
+            self.moments.between_steps()
             self.moments.reductions = self.recorder.backward_passes
             self.moments.emit("step_starts", optimizer, self.steps + 1)
 
@@ -621,6 +664,7 @@ class ScriptCheck:
         self.moments.steps = self.steps
         self._collectives_before = self.recorder.count
         self._averaging_forwards_before = self._averaging_forwards
+        self.moments.between_steps()
         self.moments.emit("step_ends", optimizer, self.steps)
         synced = self.recorder.backward_passes
         self.syncs_per_step.append(synced - self._synced_before)

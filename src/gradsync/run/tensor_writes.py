@@ -9,9 +9,12 @@ read where every path goes through: torch's Python dispatch of its functions and
 classified once by what it is (an in-place method or function, `__setitem__`, `out=`, a setter
 of `.data`, `.grad` or `.requires_grad`); a write is then matched against the training state (the
 parameters, their gradients and the buffers of the models the script wrapped, and the parameters
-its optimizers step) by the memory it touches, so a write through an alias (`p.data.mul_`, a view)
-is the parameter's. Each match is offered to the host's listeners as a `StateWrite`, with the
-user's file:line and the plain numbers the call was given.
+its optimizers step) and the state of the modules run beside them (gradsync.run.companions) by
+the memory it touches, so a write through an alias (`p.data.mul_`, a view) is the parameter's.
+Each match is offered to the host's listeners as a `StateWrite`, with the user's file:line, the
+line of the training loop it was made under, and the plain numbers the call was given. The same
+mode sees reads: a tensor whose first read is awaited (a collective's result, `ResultReads`) is
+read when a call is given it, and was never read if it dies first.
 
 Not seen: the optimizer's own step and writes made inside it (the update itself), what C++ does
 on its own (autograd accumulating gradients, DDP's reducer and buffer broadcast, a collective
@@ -25,8 +28,11 @@ microseconds), and a look at the memory of each in-place call.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
+import sys
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +40,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gradsync.callsite import caller_location
-from gradsync.run.check_primitives import Patches, dtensor_class
+from gradsync.callsite import caller_location, location
+from gradsync.run.check_primitives import Patches, dtensor_class, tensors_fingerprint
 from gradsync.run.harmless import Bookkeeping, IdentityMap
 
 # What a call does to its first argument (or to `out=`), by kind.
@@ -45,6 +51,7 @@ REQUIRES_GRAD = "requires_grad_"
 _NOT_VALUE_WRITES = frozenset({"share_memory_", "retain_grad", "pin_memory_", "is_set_to", "record_stream_"})
 _SETTERS = {"data": SET_DATA, "grad": SET_GRAD, "requires_grad": SET_REQUIRES_GRAD}
 SCALARS_KEPT = 4  # plain numbers kept per write
+COMPANION = "companion"  # the kind of a companion module's tensor in the index (gradsync.run.companions)
 
 
 @dataclass(frozen=True)
@@ -52,12 +59,18 @@ class StateWrite:
     """One call that wrote to the training state, as the host offers it."""
 
     op: str  # "mul_", "copy_", "__setitem__", "grad =", "data =", "requires_grad =", "uniform_" (nn.init) ...
-    kinds: tuple[str, ...]  # which parts it touched: "parameter", "gradient", "buffer"
+    kinds: tuple[str, ...]  # which parts it touched: "parameter", "gradient", "buffer", "companion"
     names: tuple[str, ...]  # the tensors' names in their model (a few), "?" for a parameter outside every model
     site: str | None  # the user's file:line that made it
     scalars: tuple[str, ...]  # the plain numbers it was given (a one-element tensor's value), as text
     forwarding: bool  # made inside a forward of a wrapped model (a buffer updated in forward)
     sharded: bool = False  # it wrote a sharded tensor (a DTensor: FSDP2, tensor parallelism), which ranks hold apart
+    # The line of the training loop (the function that steps the optimizer) the write was made
+    # under: `update(teacher)` there when the write itself is inside update(). None before the first step.
+    loop_site: str | None = None
+    # A fingerprint of what a write to a companion module's state left (gradsync.run.companions):
+    # every rank makes the same update of an input normalizer, each from its own batch.
+    result: int | None = None
 
 
 def _classify(func: Any) -> str | None:
@@ -141,35 +154,112 @@ class StateIndex:
         return hits
 
 
+class ResultReads:
+    """Results whose first read is awaited (a collective's output, or its output list as one), found
+    among every call's arguments.
+
+    A result whose tensors all die before any torch function was given one of them was never read:
+    `unread` is called. (One read tensor of a gathered list is a read of the list: a script may
+    drop its own slot for the local tensor that keeps its gradient.) Only a tensor that is the sole
+    owner of its memory is watched (not a view, no other tensor on its storage: `p.grad.data` is
+    read through `p.grad`), so reading it means naming it."""
+
+    def __init__(self) -> None:
+        self._awaited: dict[int, tuple[weakref.ref, _Result]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._awaited)
+
+    def await_read(self, tensors: list[torch.Tensor], unread: Callable[[], None]) -> bool:
+        """Watch the first read of the result held in `tensors`; False where it cannot be told (a
+        view, shared memory)."""
+        if not tensors or not all(_sole_owner(t) for t in tensors):
+            return False
+        result = _Result(unread, {id(t) for t in tensors})
+        awaited = self._awaited
+
+        for tensor in tensors:
+            def died(_: Any, ident: int = id(tensor)) -> None:
+                if awaited.pop(ident, None) is not None:
+                    result.left.discard(ident)
+                    if not result.left:
+                        result.unread()
+
+            awaited[id(tensor)] = (weakref.ref(tensor, died), result)
+        return True
+
+    def clear(self) -> None:
+        """Reads no longer seen (the mode is off): nothing awaited can be said unread."""
+        self._awaited.clear()
+
+    def seen(self, args: tuple, kwargs: dict) -> None:
+        for value in (*args, *kwargs.values()):
+            for tensor in _tensors(value):
+                entry = self._awaited.get(id(tensor))
+                if entry is not None and entry[0]() is tensor:
+                    for ident in entry[1].left:  # the whole result is read
+                        self._awaited.pop(ident, None)
+
+
+@dataclass
+class _Result:
+    unread: Callable[[], None]
+    left: set[int]  # ids of its tensors still alive and awaited
+
+
+def _use_count(tensor: torch.Tensor) -> int | None:
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    try:
+        return count(tensor.untyped_storage()._cdata) if count is not None else None
+    except (RuntimeError, AttributeError, TypeError):  # no storage of its own (a subclass, a meta tensor)
+        return None
+
+
+_SOLE = _use_count(torch.empty(1))  # a storage's count of owners with one tensor on it (its Python wrapper counts too)
+
+
+def _sole_owner(tensor: torch.Tensor) -> bool:
+    if type(tensor) is not torch.Tensor or tensor._base is not None or _SOLE is None:
+        return False
+    return _use_count(tensor) == _SOLE
+
+
 class StateWriteMode(TorchFunctionMode):
     """The mode on the script's thread: passes every call on as it came, and tells `heard` of each
     one that wrote to the state `index` holds. `stepping()` says when an optimizer step is under
     way (its writes are the update itself); `forwarding()` when a wrapped model's forward is."""
 
     def __init__(self, index: StateIndex, heard: Callable[[StateWrite], None], bookkeeping: Bookkeeping,
-                 stepping: Callable[[], bool], forwarding: Callable[[], bool]) -> None:
+                 stepping: Callable[[], bool], forwarding: Callable[[], bool], loop: Callable[[], Any]) -> None:
         super().__init__()
         self.index = index
         self.heard = heard
         self.bookkeeping = bookkeeping
         self.stepping = stepping
         self.forwarding = forwarding
+        self.loop = loop  # the code object of the function that steps the optimizer (None before the first step)
+        self.reads = ResultReads()
         self._kinds: dict[Any, str | None] = {}
 
     def __torch_function__(self, func: Any, types_: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.reads:
+            with self.bookkeeping:
+                self.reads.seen(args, kwargs)
         kind = None
         with self.bookkeeping:
             kind = self._kind_of(func, kwargs)
         if kind is None:
             return func(*args, **kwargs)
-        write = None
+        write, targets = None, []
         with self.bookkeeping:
             if not self.stepping():
-                write = self._write(func, kind, args, kwargs)
+                write, targets = self._write(func, kind, args, kwargs)
         result = func(*args, **kwargs)
         if write is not None:
             with self.bookkeeping:
+                if COMPANION in write.kinds:
+                    write = dataclasses.replace(write, result=tensors_fingerprint(targets))
                 self.heard(write)
         return result
 
@@ -186,7 +276,7 @@ class StateWriteMode(TorchFunctionMode):
             return WRITE
         return kind
 
-    def _write(self, func: Any, kind: str, args: tuple, kwargs: dict) -> StateWrite | None:
+    def _write(self, func: Any, kind: str, args: tuple, kwargs: dict) -> tuple[StateWrite | None, list[torch.Tensor]]:
         named = dict(kwargs)
         if kind == WRITE and named.get("out") is not None:
             targets, rest = list(_tensors(named.pop("out"))), args
@@ -197,9 +287,11 @@ class StateWriteMode(TorchFunctionMode):
             targets, rest = list(_tensors(named.pop(first))) if first else [], ()
         hits = [hit for target in targets for hit in self.index.of(target)]
         if not hits:
-            return None
-        if kind == SET_GRAD:  # `p.grad = ...` replaces the parameter's gradient
-            hits = [("gradient", name, sharded) for _, name, sharded in hits]
+            return None, []
+        if kind == SET_GRAD:  # `p.grad = ...` replaces the parameter's gradient (a companion's gradients are not its state)
+            hits = [("gradient", name, sharded) for hit_kind, name, sharded in hits if hit_kind != COMPANION]
+            if not hits:
+                return None, []
         if kind in (SET_REQUIRES_GRAD, REQUIRES_GRAD):
             flag = rest[0] if rest else named.get("requires_grad", True)
             scalars = (repr(bool(flag)),)
@@ -210,16 +302,25 @@ class StateWriteMode(TorchFunctionMode):
         kinds = tuple(sorted({hit[0] for hit in hits}))
         names = tuple(dict.fromkeys(hit[1] for hit in hits))[:4]
         sharded = any(hit[2] for hit in hits)
-        return StateWrite(op, kinds, names, caller_location(), scalars, self.forwarding(), sharded)
+        return StateWrite(op, kinds, names, caller_location(), scalars, self.forwarding(), sharded, self._loop_site()), targets
+
+    def _loop_site(self) -> str | None:
+        loop = self.loop()
+        frame = sys._getframe(2)
+        while loop is not None and frame is not None:
+            if frame.f_code is loop:
+                return location(frame)
+            frame = frame.f_back
+        return None
 
 
 class TensorWrites:
     """The state index and the mode, installed for the host."""
 
     def __init__(self, heard: Callable[[StateWrite], None], bookkeeping: Bookkeeping,
-                 stepping: Callable[[], bool], forwarding: Callable[[], bool]) -> None:
+                 stepping: Callable[[], bool], forwarding: Callable[[], bool], loop: Callable[[], Any]) -> None:
         self.index = StateIndex()
-        self.mode = StateWriteMode(self.index, heard, bookkeeping, stepping, forwarding)
+        self.mode = StateWriteMode(self.index, heard, bookkeeping, stepping, forwarding, loop)
         self._on = False
 
     def install(self, patches: Patches) -> None:
@@ -227,11 +328,21 @@ class TensorWrites:
         self._on = True
         patches.on_undo(self.stop)
 
+    def await_read(self, tensors: list[torch.Tensor], unread: Callable[[], None]) -> bool:
+        """Call `unread` if the result in `tensors` dies before the script reads it (ResultReads); False where that
+        cannot be told."""
+        return self._on and self.mode.reads.await_read(tensors, unread)
+
+    def read_elsewhere(self, args: tuple, kwargs: dict) -> None:
+        """Tensors handed to a call the mode does not see (a collective): read."""
+        self.mode.reads.seen(args, kwargs)
+
     def stop(self) -> None:
         """Off for good: the script compiles (dynamo traces the modes on the stack), or the run ends."""
         if not self._on:
             return
         self._on = False
+        self.mode.reads.clear()
         stack = torch.overrides._get_current_function_mode_stack()
         if stack and stack[-1] is self.mode:
             self.mode.__exit__(None, None, None)

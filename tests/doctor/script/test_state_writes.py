@@ -217,3 +217,65 @@ def test_writes_every_rank_makes_alike_are_not_blamed():
     parted = {0: _with_tensor_writes([_step(1), _step(2, parameters=9)], {0: alike, 1: alike}),
               1: _with_tensor_writes([_step(1), _step(2)], {0: alike, 1: alike})}
     assert all(f.details.get("write") != "mul_" for f in _findings(parted))
+
+
+# -- the modules run beside the wrapped model (gradsync.run.companions) ----------------------------
+
+TEACHER = "Teacher called at train.py:30"
+
+
+def _companion_write(op: str, site: str, loop_site: str | None, results=(), count: int = 1) -> dict:
+    return {**_tensor_write(op, site, kinds=("companion",), count=count), "names": [f"{TEACHER}: fc.weight"],
+            "loop_site": loop_site, "results": list(results)}
+
+
+def _with_companions(fingerprints: list[list[int | None]], windows: dict[int, list[dict]], created: str | None = None) -> dict:
+    steps = [_step(step, companions={TEACHER: pair}) for step, pair in enumerate(fingerprints, 1)]
+    facts = _with_tensor_writes(steps, windows)
+    facts[NAME]["companions"] = {TEACHER: {"created": created, "names": ["fc.weight", "fc.bias"]}}
+    return facts
+
+
+def test_a_companion_updated_on_one_rank_only_is_named_at_the_loop_line_it_was_updated_under():
+    update = _companion_write("lerp_", "train.py:20", loop_site="train.py:61")
+    checks = {0: _with_companions([[1, None], [2, None]], {1: [update]}),
+              1: _with_companions([[1, None], [1, None]], {1: []})}
+    (finding,) = _findings(checks)
+    assert (finding.category, finding.ranks, finding.locations, finding.step) == ("companion_apart", [0], {"0": "train.py:61"}, 2)
+    assert "rank 0 ran `lerp_` on it at train.py:61 (the write itself at train.py:20) after step 1, and rank 1 did not" in finding.message
+    assert "alike going into step 1" in finding.message
+
+
+def test_a_companion_made_apart_is_named_where_its_parameters_were_made():
+    # its EMA update every step leaves each rank's copy its own too: a consequence, not the cause
+    checks = {rank: _with_companions([[10 + rank, None], [20 + rank, None]],
+                                     {1: [_companion_write("mul_", "train.py:20", "train.py:64", results=[30 + rank])]},
+                                     created="train.py:29") for rank in (0, 1)}
+    (finding,) = _findings(checks)
+    assert (finding.ranks, finding.locations, finding.step) == ([0, 1], {"0": "train.py:29", "1": "train.py:29"}, 1)
+    assert "its parameters were made at train.py:29 with different values on each rank" in finding.message
+
+
+def test_a_companion_updated_from_each_ranks_own_batch_is_named_at_the_update():
+    # its first writes came before it was first called (not yet known); the next window's show the update
+    checks = {rank: _with_companions([[None, 10 + rank], [None, 20 + rank]],
+                                     {1: [_companion_write("copy_", "norm.py:30", "train.py:47", results=[40 + rank])]})
+              for rank in (0, 1)}
+    (finding,) = _findings(checks)
+    assert (finding.ranks, finding.locations, finding.details["differs"]) == (
+        [0, 1], {"0": "train.py:47", "1": "train.py:47"}, ["buffers"])
+    assert "every rank ran `copy_` on it at train.py:47 (the write itself at norm.py:30) after step 1" in finding.message
+
+
+def test_a_companion_no_write_explains_is_named_at_its_call():
+    checks = {rank: _with_companions([[1, 5], [1, 6 + rank]], {}) for rank in (0, 1)}
+    (finding,) = _findings(checks)
+    assert finding.locations == {"0": "train.py:30", "1": "train.py:30"} and "inside its own call" in finding.message
+
+
+def test_companions_alike_or_on_one_rank_only_are_not_blamed():
+    alike = {rank: _with_companions([[1, 2], [3, 4]], {1: [_companion_write("mul_", "train.py:20", "train.py:64", results=[9])]})
+             for rank in (0, 1)}
+    assert _findings(alike) == []
+    rank0_only = {0: _with_companions([[1, 2], [3, 4]], {}), 1: _with_tensor_writes([_step(1), _step(2)], {})}
+    assert _findings(rank0_only) == []

@@ -6,12 +6,20 @@ list holds copies of one rank's values; an input that overlaps another rank's ou
 overwritten while it is sent. A tensor of another dtype on one rank (int32 against float32: the
 same byte count) is not refused by Gloo: the bytes are read as the other type. Nothing fails.
 
+And a result must be used: `torch.distributed.nn.all_reduce(x)` returns the sum and leaves `x` as
+it was, and `dist.all_reduce(x.float())` reduces a copy; the script goes on with its own rank's
+values. So the tensor a collective wrote into (or returned) is watched until its first read
+(gradsync.run.tensor_writes.ResultReads: any torch function, collective or Python use of it); one
+dropped before that was never read.
+
 So each rank records, for each of the first collectives the script calls itself on tensors, the
 dtypes it passed and whether its outputs share memory with each other, or its input with an
-output other than its own slot. The rule names a call whose outputs alias, and the first call (by
-line and occurrence) whose dtypes differ across ranks.
+output other than its own slot, and the results dropped unread. The rule names a call whose
+outputs alias, and the first call (by line and occurrence) whose dtypes differ across ranks, and
+a call whose result nothing read.
 
-Cost: per collective the script calls, a look at its tensors' addresses and dtypes.
+Cost: per collective the script calls, a look at its tensors' addresses and dtypes; while a
+result awaits its first read, a look at the arguments of each torch call.
 """
 
 from __future__ import annotations
@@ -47,12 +55,32 @@ _OUTPUTS = {
 }
 
 
+# op -> where the result lands (position, keyword), and the rank that receives it when only one does
+# (the keyword naming it; None: every rank). In-place ops write the tensor they are given.
+_RESULTS = {
+    "all_reduce": ((0, "tensor"), None),
+    "broadcast": ((0, "tensor"), "src"),  # every rank but src receives
+    "reduce": ((0, "tensor"), "dst"),
+    "all_gather": ((0, "tensor_list"), None),
+    "all_gather_into_tensor": ((0, "output_tensor"), None),
+    "reduce_scatter": ((0, "output"), None),
+    "reduce_scatter_tensor": ((0, "output"), None),
+    "all_to_all": ((0, "output_tensor_list"), None),
+    "all_to_all_single": ((0, "output"), None),
+    "gather": ((1, "gather_list"), "dst"),
+    "scatter": ((0, "tensor"), None),
+}
+TOKEN_ELEMENTS = 8  # a tensor this small holding only 0, 1 or the world size is a token (a barrier made of an all_reduce)
+
+
 class ArgumentFacts(TypedDict):
     """What the watch records on one rank (under "collective_arguments" in its facts file)."""
 
     # per call: {"op", "site", "dtypes": [input's, outputs'...], "aliased": [i, j] or None: two output
     #  positions that share memory, "overlaps": an output position the input shares memory with, or None}
     calls: list[dict[str, Any]]
+    # results nothing read before they were dropped: {"op", "site", "times"}, by op and line
+    unread: list[dict[str, Any]]
 
 
 def _argument(args: tuple, kwargs: dict, where: tuple[int, str]) -> Any:
@@ -85,9 +113,13 @@ class ArgumentWatch:
     """The tensors of each collective the script calls on one rank: their dtypes and shared memory."""
 
     def __init__(self, moments: Moments, bookkeeping: BookkeepingByKind) -> None:
+        self.moments = moments
         self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
         self.calls: list[dict[str, Any]] = []
+        self.unread: list[dict[str, Any]] = []
+        self._awaited = 0  # results watched so far
         moments.on("collective", self._collective, self.bookkeeping)
+        moments.on("collective_returned", self._returned, self.bookkeeping)
 
     def install(self, patches: Patches) -> None:
         """Nothing beyond the host's moments."""
@@ -116,8 +148,48 @@ class ArgumentWatch:
         record["dtypes"] = [str(t.dtype).removeprefix("torch.") for t in tensors]
         self.calls.append(record)
 
+    def _returned(self, op: str, args: tuple, kwargs: dict, site: str | None) -> None:
+        """Await the first read of what the call wrote: a result nothing reads was computed for nothing
+        (an out-of-place collective's return value dropped, a temporary `x.float()` reduced in place)."""
+        import torch.distributed as dist
+
+        writes = self.moments.tensor_writes
+        if writes is None or op not in _RESULTS or self._awaited >= MAX_CALLS:
+            return
+        where, receiver = _RESULTS[op]
+        if receiver is not None:
+            position = 2 if op == "gather" else 1
+            root = kwargs.get(receiver, args[position] if len(args) > position else 0)
+            if (dist.get_rank() == root) == (op == "broadcast"):  # broadcast: src sends its own; reduce, gather: dst alone receives
+                return
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        async_op = bool(kwargs.get("async_op"))
+        result = _tensors(_argument(args, kwargs, where))
+        if result and not (not async_op and all(_is_token(tensor, world) for tensor in result)):
+            if writes.await_read(result, lambda: self._unread(op, site)):
+                self._awaited += 1
+
+    def _unread(self, op: str, site: str | None) -> None:
+        with self.bookkeeping:  # called as the tensor dies, wherever the script is then
+            for entry in self.unread:
+                if (entry["op"], entry["site"]) == (op, site):
+                    entry["times"] += 1
+                    return
+            if len(self.unread) < MAX_CALLS:
+                self.unread.append({"op": op, "site": site, "times": 1})
+
     def facts(self) -> ArgumentFacts:
-        return {"calls": self.calls}
+        return {"calls": self.calls, "unread": self.unread}
+
+
+def _is_token(tensor: torch.Tensor, world: int) -> bool:
+    """A few zeros and ones (or the world size, their sum): a barrier's token, whose result nobody needs."""
+    if tensor.numel() > TOKEN_ELEMENTS or tensor.is_meta:
+        return False
+    try:
+        return set(tensor.detach().reshape(-1).tolist()) <= {0, 1, world}
+    except (RuntimeError, TypeError):
+        return False
 
 
 def _built_at(frame: Any, value: Any) -> str | None:
@@ -153,7 +225,31 @@ def collective_arguments(checks: RankFacts) -> list[Finding]:
     recorded = own_facts(checks, NAME)
     if recorded is None:
         return []
-    return _aliased(recorded) or _dtypes_differ(recorded)
+    return [*(_aliased(recorded) or _dtypes_differ(recorded)), *_results_unread(recorded)]
+
+
+def _results_unread(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
+    unread = {rank: facts.get("unread") or [] for rank, facts in recorded.items()}
+    unread = {rank: entries[0] for rank, entries in unread.items() if entries}
+    if not unread:
+        return []
+    ranks = sorted(unread)
+    first = unread[ranks[0]]
+    times = f" ({first['times']} times)" if first["times"] > 1 else ""
+    return [Finding(
+        "collective_result_unused",
+        "warning",
+        ranks,
+        f"On {ranks_text(ranks)}, what dist.{first['op']} at {first['site'] or '?'} wrote was never read: the tensor "
+        f"holding it was dropped before any use{times}. The script goes on with its own rank's values, as if the "
+        "collective had not run: an out-of-place collective's return value thrown away "
+        "(torch.distributed.nn.all_reduce(x) leaves x as it was), or an in-place one given a copy (`x.float()`, "
+        "`x.clone()`, `torch.tensor(v)`) while the code reads the original.",
+        "Use what the collective wrote: `x = torch.distributed.nn.all_reduce(x)`, or reduce the tensor you read "
+        "afterwards in place (`x = x.float(); dist.all_reduce(x)`).",
+        locations={str(rank): unread[rank]["site"] or "?" for rank in ranks},
+        details={"op": first["op"], "times": {str(rank): entry["times"] for rank, entry in unread.items()}},
+    )]
 
 
 def _aliased(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -218,7 +314,7 @@ def _dtypes_differ(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
 
 CHECK = Check(
     name=NAME,
-    summary="the tensors handed to a collective: outputs that share memory, dtypes that differ by rank",
+    summary="the tensors handed to a collective: outputs that share memory, dtypes that differ by rank, results unread",
     categories={
         "collective_output_aliased": Category(
             ("error",),
@@ -233,6 +329,14 @@ CHECK = Check(
             "the ranks called the same collective with tensors of different dtypes",
             "the ranks passed tensors of different dtypes to the same collective call (same line, same occurrence): "
             "Gloo sends bytes, and where the byte counts agree the values are read as the wrong type. Named at the call",
+        ),
+        "collective_result_unused": Category(
+            ("warning",),
+            "what a collective wrote was dropped before anything read it",
+            "the tensor a collective the script called wrote its result into (or returned: the functional "
+            "torch.distributed.nn collectives) died before any torch function, collective or Python use read it: the "
+            "script goes on with its own values. Named at the call. A few zeros and ones (a barrier's token), views, "
+            "and tensors whose memory another tensor holds (`p.grad.data`) are left alone",
         ),
     },
     rule=collective_arguments,

@@ -36,10 +36,12 @@ from gradsync.run.check_primitives import Patches, dtensor_class, hyperparameter
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.doctor.script.compare import odd_ones_out, ranks_text, settings_differ
 from gradsync.run.moments import Moments
+from gradsync.run.tensor_writes import COMPANION
 from gradsync.doctor.script.shared_facts import own_facts
 from gradsync.doctor.script.unit import Category, Check, RankFacts
 
 NAME = "state_writes"
+COMPANIONS = "companions"  # the state of the modules run beside the wrapped ones, compared on its own
 MAX_RECORDS = 64  # steps whose state is fingerprinted, and writes kept, per rank
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -65,7 +67,9 @@ WRITES = {
 TENSOR_WRITES = {
     "parameter": ("parameters", "trainable", "gradients"),  # a parameter's values or its requires_grad
     "gradient": ("gradients",),
+    COMPANION: (COMPANIONS,),
 }
+RESULTS_KEPT = 4  # what the first writes of a line to a companion's state left, per step window
 WRITES_PER_STEP = 16  # distinct tensor writes (op, line, part) kept per step window
 
 
@@ -110,6 +114,8 @@ class StateFacts(TypedDict):
     """What the watch records on one rank (under "state_writes" in its facts file)."""
 
     steps: list[dict[str, Any]]  # per step: fingerprints of each part of the state going into it
+    # companion key -> where its parameters were made, and the names of its tensors (a few)
+    companions: dict[str, dict[str, Any]]
     writes: list[dict[str, Any]]  # writes beside the step: what, target, line, step, their effects
     # per step window (the counted steps before it, as text): the tensor-level writes made in it
     # (op, kinds, names, line, the plain numbers given, how many times), in the order first made
@@ -132,6 +138,7 @@ class StateWatch:
         self._wrapped_modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._inside: int = 0  # load_state_dict calls in progress (they set attributes of their own)
         self.tensor_writes: dict[str, list[dict[str, Any]]] = {}
+        self.companions: dict[str, dict[str, Any]] = {}
         self._reductions_before = 0  # DDP's synchronised backward passes at the previous step
         moments.on("wrapped", self._wrapped, self.bookkeeping)
         moments.on("step_starts", self._step_starts, self.bookkeeping)
@@ -224,7 +231,19 @@ class StateWatch:
             "optimizer_state": optimizer_state_fingerprint(optimizer),
             "scalers": [_plain_state(s.state_dict()) for s in self._in_order(self._scalers)],
             "schedulers": [_crc(_plain_state(s.state_dict())) for s in self._in_order(self._schedulers)],
+            COMPANIONS: self._companions_going_in(),
         })
+
+    def _companions_going_in(self) -> dict[str, list[int | None]]:
+        """Companion key -> fingerprints of its parameters and of its buffers."""
+        found = {}
+        for state in self.moments.companion_states():
+            if state.key not in self.companions and len(self.companions) < MAX_RECORDS:
+                made = next((site for site in map(self.moments.created_at, (p for _, p in state.parameters)) if site), None)
+                self.companions[state.key] = {"created": made, "names": [name for name, _ in (*state.parameters, *state.buffers)][:4]}
+            found[state.key] = [tensors_fingerprint(p for _, p in state.parameters),
+                                tensors_fingerprint(b for _, b in state.buffers)]
+        return found
 
     # -- the writes --------------------------------------------------------------------------
 
@@ -283,11 +302,14 @@ class StateWatch:
                 entry["count"] += 1
                 if write.scalars and len(entry["scalars"]) < 4 and list(write.scalars) not in entry["scalars"]:
                     entry["scalars"].append(list(write.scalars))
+                if write.result is not None and len(entry["results"]) < RESULTS_KEPT:
+                    entry["results"].append(write.result)
                 return
         if len(entries) < WRITES_PER_STEP:
             entries.append({"op": write.op, "site": write.site, "kinds": list(write.kinds), "names": list(write.names),
                             "scalars": [list(write.scalars)] if write.scalars else [], "count": 1,
-                            "in_forward": write.forwarding, "sharded": write.sharded})
+                            "in_forward": write.forwarding, "sharded": write.sharded, "loop_site": write.loop_site,
+                            "results": [write.result] if write.result is not None else []})
 
     def _replacing(self, module: nn.Module, name: str, value: Any) -> None:
         # Buffers are not watched: DDP collects the module's buffers anew before each sync
@@ -314,7 +336,7 @@ class StateWatch:
         self.writes.append(record)
 
     def facts(self) -> StateFacts:
-        return {"steps": self.steps, "writes": self.writes, "tensor_writes": self.tensor_writes}
+        return {"steps": self.steps, "writes": self.writes, "tensor_writes": self.tensor_writes, "companions": self.companions}
 
 
 def _is_scalar(value: Any) -> bool:
@@ -328,7 +350,8 @@ def state_findings(checks: RankFacts) -> list[Finding]:
     recorded = own_facts(checks, NAME)
     if recorded is None:
         return []
-    return [*_replaced_after_wrapping(recorded), *(_written_on_some_ranks(recorded) or _sharded_writes_differ(recorded))]
+    return [*_replaced_after_wrapping(recorded), *(_written_on_some_ranks(recorded) or _sharded_writes_differ(recorded)),
+            *_companion_apart(recorded)]
 
 
 def _first_difference(recorded: dict[int, dict[str, Any]]) -> tuple[int, list[str], dict[int, dict[str, Any]]] | None:
@@ -410,32 +433,43 @@ def _entry_point_write(recorded: dict[int, dict[str, Any]], step: int, parts: li
     )]
 
 
-def _relevant(write: dict[str, Any], parts: list[str]) -> bool:
-    return bool(set(parts) & {part for kind in write["kinds"] for part in TENSOR_WRITES.get(kind, ())})
+def _relevant(write: dict[str, Any], parts: list[str], prefix: str | None = None) -> bool:
+    return bool(set(parts) & {part for kind in write["kinds"] for part in TENSOR_WRITES.get(kind, ())}) and (
+        prefix is None or any(name.startswith(prefix) for name in write["names"]))
 
 
 def _diverging_tensor_write(recorded: dict[int, dict[str, Any]], step: int, parts: list[str]
                             ) -> tuple[int, dict[int, dict[str, Any]], str, list[int]] | None:
     """Differential execution: (window, rank -> its write, how, the ranks to blame) for the latest step window before
-    `step` in which the ranks did not make the same tensor-level writes to the parts that differ:
-    a line some ranks ran and the others did not ("made"), or ran a different number of times
-    ("times") or with other numbers ("numbers"). Ranks run the same code: a state-changing line
-    only some run, or run with values of their own, is where their states part."""
+    `step` in which the ranks did not make the same tensor-level writes to the parts that differ."""
     for window in range(step - 1, -1, -1):
-        by_rank = {rank: [w for w in facts.get("tensor_writes", {}).get(str(window), []) if _relevant(w, parts)]
-                   for rank, facts in recorded.items()}
-        keys = {rank: {(w["op"], w["site"]) for w in ws} for rank, ws in by_rank.items()}
-        everyone = set.intersection(*keys.values())
-        one_sided = {rank: next(w for w in ws if (w["op"], w["site"]) not in everyone)
-                     for rank, ws in by_rank.items() if keys[rank] - everyone}
-        if one_sided:
-            return window, one_sided, "made", sorted(one_sided)
-        for op, site in [(w["op"], w["site"]) for w in by_rank[min(by_rank)] if (w["op"], w["site"]) in everyone]:
-            same = {rank: next(w for w in ws if (w["op"], w["site"]) == (op, site)) for rank, ws in by_rank.items()}
-            for how, field in (("times", "count"), ("numbers", "scalars")):
-                values = {rank: repr(w[field]) for rank, w in same.items()}
-                if len(set(values.values())) > 1:
-                    return window, same, how, odd_ones_out(values)
+        found = _window_difference(recorded, window, parts)
+        if found is not None:
+            return (window, *found)
+    return None
+
+
+def _window_difference(recorded: dict[int, dict[str, Any]], window: int, parts: list[str], prefix: str | None = None
+                       ) -> tuple[dict[int, dict[str, Any]], str, list[int]] | None:
+    """(rank -> its write, how, the ranks to blame) where the ranks' tensor-level writes to the
+    parts in one step window differ: a line some ranks ran and the others did not ("made"), or ran
+    a different number of times ("times"), with other numbers ("numbers"), or leaving a companion's
+    state different ("results"). Ranks run the same code: a state-changing line only some run, or
+    run with values of their own, is where their states part."""
+    by_rank = {rank: [w for w in facts.get("tensor_writes", {}).get(str(window), []) if _relevant(w, parts, prefix)]
+               for rank, facts in recorded.items()}
+    keys = {rank: {(w["op"], w["site"]) for w in ws} for rank, ws in by_rank.items()}
+    everyone = set.intersection(*keys.values())
+    one_sided = {rank: next(w for w in ws if (w["op"], w["site"]) not in everyone)
+                 for rank, ws in by_rank.items() if keys[rank] - everyone}
+    if one_sided:
+        return one_sided, "made", sorted(one_sided)
+    for op, site in [(w["op"], w["site"]) for w in by_rank[min(by_rank)] if (w["op"], w["site"]) in everyone]:
+        same = {rank: next(w for w in ws if (w["op"], w["site"]) == (op, site)) for rank, ws in by_rank.items()}
+        for how, field in (("times", "count"), ("numbers", "scalars"), ("results", "results")):
+            values = {rank: repr(w.get(field)) for rank, w in same.items()}
+            if len(set(values.values())) > 1:
+                return same, how, odd_ones_out(values)
     return None
 
 
@@ -515,6 +549,97 @@ def _same_write_different_result(writes: dict[int, list[dict[str, Any]]], everyo
     return None
 
 
+def _first_companion_difference(recorded: dict[int, dict[str, Any]]) -> tuple[int, int, str, list[str]] | None:
+    """(the step, the step it was first compared at, its key, what differs: "parameters" and/or
+    "buffers") for the first companion whose state differs across ranks going into a step."""
+    by_step: dict[int, dict[int, dict[str, Any]]] = {}
+    for rank, facts in recorded.items():
+        for record in facts["steps"]:
+            by_step.setdefault(record["step"], {}).setdefault(rank, record.get(COMPANIONS) or {})
+    first_seen: dict[str, int] = {}
+    for step, by_rank in sorted(by_step.items()):
+        if len(by_rank) != len(recorded):
+            continue
+        lowest = by_rank[min(by_rank)]
+        for key in [key for key in lowest if all(key in companions for companions in by_rank.values())]:
+            first_seen.setdefault(key, step)
+            differs = [what for index, what in enumerate(("parameters", "buffers"))
+                       if len({repr(companions[key][index]) for companions in by_rank.values()}) > 1]
+            if differs:
+                return step, first_seen[key], key, differs
+    return None
+
+
+def _companion_apart(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
+    """A module the training step runs beside the wrapped model, whose state differs across ranks:
+    named at the write that parted it (made on some ranks only, or leaving each rank's copy its
+    own), else where its parameters were made apart, else at the update that keeps parting it,
+    else at its call (it changed inside its own forward)."""
+    first = _first_companion_difference(recorded)
+    if first is None:
+        return []
+    step, first_seen, key, differs = first
+    ranks_all = sorted(recorded)
+    prefix = f"{key}: "
+    module, _, called = key.partition(" called at ")
+    info = recorded[ranks_all[0]].get("companions", {}).get(key, {})
+    written = next(((window, found) for window in range(step - 1, first_seen - 2, -1)
+                    if (found := _window_difference(recorded, window, [COMPANIONS], prefix)) is not None), None)
+    if written is None and not ("parameters" in differs and step == first_seen and info.get("created")):
+        written = next(((window, found) for window in range(step, max(map(int, _windows(recorded)), default=-1) + 1)
+                        if (found := _window_difference(recorded, window, [COMPANIONS], prefix)) is not None), None)
+    if written is not None:
+        window, (writes, how, blamed) = written
+        write = writes[blamed[0]]
+        where = write.get("loop_site") or write["site"] or "?"
+        through = f" (the write itself at {write['site']})" if write.get("loop_site") and write["site"] != write["loop_site"] else ""
+        # A write in a window before the difference parted it; one in a later window (the first
+        # difference came from before the companion was known) is the update that keeps it apart.
+        after = ("before the first step" if window == 0 else f"after step {window}") + (
+            " (the first of its writes the doctor saw)" if window >= step else "")
+        others = sorted(set(ranks_all) - set(blamed))
+        if how == "made":
+            cause = (f"{ranks_text(blamed)} ran `{write['op']}` on it at {where}{through} {after}, and "
+                     f"{ranks_text(others) if others else 'the other ranks'} did not")
+        else:
+            cause = (f"every rank ran `{write['op']}` on it at {where}{through} {after}, leaving a different state on "
+                     "each rank: it is updated from values each rank computes on its own (its own batch), never "
+                     "averaged across ranks")
+        locations = {str(rank): writes[rank].get("loop_site") or writes[rank]["site"] or "?" for rank in blamed}
+    elif "parameters" in differs and info.get("created"):
+        blamed = ranks_all
+        cause = (f"its parameters were made at {info['created']} with different values on each rank (a seed of its own "
+                 "per rank, or built before DDP broadcast rank 0's weights: DDP broadcasts only the model it wraps)")
+        locations = {str(rank): info["created"] for rank in blamed}
+    else:
+        blamed = ranks_all
+        cause = (f"no write the doctor saw made it so: it changed inside its own call at {called} (running statistics "
+                 "of each rank's own batch: a BatchNorm in train mode)")
+        locations = {str(rank): called for rank in blamed}
+    names = ", ".join(info.get("names", [])[:3])
+    return [Finding(
+        "companion_apart",
+        "warning",
+        blamed,
+        f"Going into optimizer step {step}, the {' and '.join(differs)} of `{module}`{f' ({names})' if names else ''}, a "
+        f"module the training step runs at {called} beside the model DDP trains, differ across ranks"
+        f"{'' if step == first_seen else f' (alike going into step {first_seen})'}: {cause}. DDP neither "
+        "broadcasts nor averages it, so each rank trains against its own copy (its own teacher outputs, targets or "
+        "normalisation) and rank 0's checkpoint holds only rank 0's.",
+        "Build it alike on every rank (copy it from the wrapped model after DDP was built, or broadcast its state from "
+        "rank 0: `for t in module.state_dict().values(): dist.broadcast(t, 0)`) and update it alike: on every rank, "
+        "from values every rank shares (the wrapped model's parameters, statistics all-reduced across ranks). If "
+        "each rank is meant to keep its own (a queue of its own negatives), nothing is wrong.",
+        locations=locations,
+        step=step,
+        details={"companion": key, "differs": differs},
+    )]
+
+
+def _windows(recorded: dict[int, dict[str, Any]]) -> set[str]:
+    return {window for facts in recorded.values() for window in facts.get("tensor_writes", {})}
+
+
 _SINGULAR = {"trainable", "optimizer_state", "scalers", "schedulers"}  # PARTS named by a singular noun
 
 
@@ -582,6 +707,15 @@ CHECK = Check(
             "adapter wrapped around a layer): DDP averages and broadcasts only the parameters it was given, so the new "
             "ones train apart on every rank. Named at the assignment. Replacements before wrapping, and buffers "
             "(DDP collects them anew before each sync), are left alone",
+        ),
+        "companion_apart": Category(
+            ("warning",),
+            "a module run beside the trained model (an EMA teacher, a target network, a normalizer) differs across ranks",
+            "going into an optimizer step, the parameters or buffers of a module the training step calls outside every "
+            "wrapped model, and no optimizer steps (gradsync.run.companions), differ across ranks: DDP neither "
+            "broadcasts nor averages it. Named at the write that parted it (an update only some ranks made, or one "
+            "each rank made from its own batch; at the training loop's line it was made under), else where its "
+            "parameters were made apart, else at its call",
         ),
     },
     rule=state_findings,
