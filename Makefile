@@ -111,6 +111,7 @@ bench-doctor-overhead: $(STAMP)
 bench-doctor-blind: $(STAMP)
 	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set1
 	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set2
+	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set3
 
 # Test accuracy and loss curve of the digits demo under each gradient compressor.
 bench-compression-accuracy: $(STAMP)

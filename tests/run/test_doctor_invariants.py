@@ -63,6 +63,8 @@ SCRIPTS = {name: (f"doctor_zoo/{name}.py", K) for name in [
     # what a collective wrote is read: not a dropped return value, not a reduced copy
     "functional_all_reduce_result_dropped", "token_count_reduced_as_a_copy",
     "healthy_functional_all_reduce_assigned", "healthy_token_count_reduced_after_cast",
+    "healthy_loss_reduced_every_step_logged_every_k", "healthy_gather_in_autograd_function",
+    "healthy_differentiable_collectives_used",
 ]}
 
 pytestmark = [pytest.mark.launches, guard_of(SCRIPTS)]

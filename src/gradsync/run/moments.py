@@ -89,8 +89,9 @@ MOMENTS = {
     "step_ends": "(optimizer, step): that step returned",
     "collective": "(op, args, kwargs, site): the script called torch.distributed's op (one of the collectives on "
     "tensors in gradsync.run.script_facts.COLLECTIVES_OFFERED) with these arguments, at this line",
-    "collective_returned": "(op, args, kwargs, site): that call returned (its outputs written, or its work "
-    "started when async_op=True)",
+    "collective_returned": "(op, args, kwargs, site, returned): a collective the script called itself returned "
+    "(its outputs written, or its work started when async_op=True; returned: None), or one of the differentiable "
+    "collectives of torch.distributed.nn did (returned: its result, the argument left as it was)",
     "pipeline_message": "(message, signature): a pipeline stage sent or received a labelled message "
     "(gradsync.run.pipeline_labels.PipelineMessage; signature: its tensor and peer, as recorded)",
     "file_written": "(file, how): the script wrote `file` with torch.save (how='torch.save'), or opened it for "

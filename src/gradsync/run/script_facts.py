@@ -71,6 +71,11 @@ COLLECTIVES_OFFERED = ("all_reduce", "reduce", "broadcast", "all_gather", "all_g
                        "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter")
 
 
+# torch.distributed.nn's autograd Functions (private names: where one is missing, its results are not
+# watched) -> the collective, for those whose result every rank uses (reduce and gather fill dst's alone).
+DIFFERENTIABLE_COLLECTIVES = {"_AllReduce": "all_reduce", "_AllGather": "all_gather", "_Broadcast": "broadcast",
+                              "_Scatter": "scatter", "_Reduce_Scatter": "reduce_scatter", "_AlltoAll": "all_to_all",
+                              "_AlltoAllSingle": "all_to_all_single"}
 _AVERAGING = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"})
 _SHAPE = re.compile(r"^(?:float|bfloat|complex)\w*\[([\d, ]*)\]")
 
@@ -432,16 +437,44 @@ class ScriptCheck:
                         moments.emit("collective", op, args, kwargs, site)
                     result = original(*args, **kwargs)
                     with collectives:
-                        moments.emit("collective_returned", op, args, kwargs, site)
+                        # Called by the script itself: a library calling it (torch.distributed.nn) hands
+                        # the result on as its own, through autograd, as another tensor.
+                        if is_user_file(sys._getframe(1).f_code.co_filename):
+                            moments.emit("collective_returned", op, args, kwargs, site, None)
                     return result
 
                 return collective
 
             return wrap
 
+        def make_differentiable(op: str):
+            def wrap(original):
+                def apply(*args, **kwargs):
+                    result = original(*args, **kwargs)
+                    with collectives:
+                        # Through the public function, from the script's own line: one a backward pass
+                        # applies hands its result to autograd, which reads it where no mode sees.
+                        caller = sys._getframe(1).f_back
+                        if caller is not None and is_user_file(caller.f_code.co_filename):
+                            moments.emit("collective_returned", op, args, kwargs, caller_location(), result)
+                    return result
+
+                return apply
+
+            return wrap
+
         for op in COLLECTIVES_OFFERED:
             if hasattr(dist, op):
                 patches.wrap(dist, op, make(op))
+        # The differentiable collectives (torch.distributed.nn) return their result and leave their
+        # argument as it was. Their autograd Functions' `apply` is wrapped, not the public functions:
+        # those warn of their deprecation at their caller's line, which a wrapper would become.
+        from torch.distributed.nn import functional as differentiable
+
+        for name, op in DIFFERENTIABLE_COLLECTIVES.items():
+            function = getattr(differentiable, name, None)
+            if isinstance(function, type) and issubclass(function, torch.autograd.Function):
+                patches.wrap(function, "apply", make_differentiable(op))
 
     def _install_pipeline_moment(self, patches: Patches) -> None:
         """Each pipeline message the recorder labels (gradsync.run.pipeline_labels), offered as the

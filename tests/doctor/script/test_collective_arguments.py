@@ -57,6 +57,15 @@ def test_tensors_of_another_dtype_on_one_rank_are_named():
     assert registry.findings(alike, [NAME]) == []
 
 
+class Unnamed:
+    """Where a test keeps a result without a name the watch looks at (a slot): as a call's temporary is kept."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
 def test_a_result_dropped_before_any_read_is_named_and_one_read_first_is_not():
     moments = Moments()
     watch = ArgumentWatch(moments, BookkeepingByKind())
@@ -65,39 +74,50 @@ def test_a_result_dropped_before_any_read_is_named_and_one_read_first_is_not():
     moments.tensor_writes = writes
     patches = Patches()
     writes.install(patches)
+
+    def returned(op: str, result: Unnamed, site: str, *rest: torch.Tensor) -> None:
+        moments.emit("collective_returned", op, (result.tensor, *rest), {}, site, None)
+
     try:
         counts = torch.tensor([3.0, 5.0])
-        reduced = counts.clone()  # what torch.distributed.nn.all_reduce returns, dropped by the script
-        moments.emit("collective_returned", "all_reduce", (reduced,), {}, "train.py:31")
-        del reduced
-        used = counts.clone()
-        moments.emit("collective_returned", "all_reduce", (used,), {}, "train.py:40")
-        assert used.sum().item() == 8.0
-        del used
-        gathered = [torch.zeros(2), torch.zeros(2)]
-        moments.emit("collective_returned", "all_gather", (gathered, counts), {}, "train.py:45")
-        torch.cat(gathered)  # the list read whole
-        del gathered
-        own_slot_dropped = [torch.zeros(2), torch.zeros(2)]
-        moments.emit("collective_returned", "all_gather", (own_slot_dropped, counts), {}, "train.py:46")
-        own_slot_dropped[0] = counts  # the local tensor keeps its gradient in its own slot
-        torch.cat(own_slot_dropped)
-        del own_slot_dropped
-        handed = counts.clone()
-        moments.emit("collective_returned", "all_reduce", (handed,), {}, "train.py:47")
-        writes.read_elsewhere((handed,), {})  # handed on to the next collective (the script check's collective moment)
-        del handed
-        token = torch.ones(1)  # a barrier made of an all-reduce: nobody needs its result
-        moments.emit("collective_returned", "all_reduce", (token,), {}, "train.py:50")
-        del token
-        moments.emit("collective_returned", "all_reduce", (counts[:1],), {}, "train.py:60")  # a view: read through counts
-        alias = counts.data  # another tensor holds its memory: read through counts
-        moments.emit("collective_returned", "all_reduce", (alias,), {}, "train.py:70")
-        del alias
+        reduced = Unnamed(counts.clone())  # what torch.distributed.nn.all_reduce returns, dropped by the script
+        returned("all_reduce", reduced, "train.py:31")
+        del reduced.tensor
+        used = Unnamed(counts.clone())
+        returned("all_reduce", used, "train.py:40")
+        assert used.tensor.sum().item() == 8.0
+        del used.tensor
+        gathered = Unnamed([torch.zeros(2), torch.zeros(2)])
+        returned("all_gather", gathered, "train.py:45", counts)
+        torch.cat(gathered.tensor)  # the list read whole
+        del gathered.tensor
+        own_slot_dropped = Unnamed([torch.zeros(2), torch.zeros(2)])
+        returned("all_gather", own_slot_dropped, "train.py:46", counts)
+        own_slot_dropped.tensor[0] = counts  # the local tensor keeps its gradient in its own slot
+        torch.cat(own_slot_dropped.tensor)
+        del own_slot_dropped.tensor
+        handed = Unnamed(counts.clone())
+        returned("all_reduce", handed, "train.py:47")
+        writes.read_elsewhere((handed.tensor,), {})  # handed on to the next collective (the script check's collective moment)
+        del handed.tensor
+        token = Unnamed(torch.ones(1))  # a barrier made of an all-reduce: nobody needs its result
+        returned("all_reduce", token, "train.py:50")
+        del token.tensor
+        returned("all_reduce", Unnamed(counts[:1]), "train.py:60")  # a view: read through counts
+        alias = Unnamed(counts.data)  # another tensor holds its memory: read through counts
+        returned("all_reduce", alias, "train.py:70")
+        del alias.tensor
+        functional = Unnamed(counts.clone())  # torch.distributed.nn.all_reduce's return value, dropped; its argument read
+        moments.emit("collective_returned", "all_reduce", (counts,), {}, "train.py:75", functional.tensor)
+        del functional.tensor
+        logged = counts.clone()  # held by a name: read on the steps that log it, dropped unread on the others
+        moments.emit("collective_returned", "all_reduce", (logged,), {}, "train.py:80", None)
+        del logged
     finally:
         patches.undo()
     facts = {NAME: watch.facts()}
-    assert facts[NAME]["unread"] == [{"op": "all_reduce", "site": "train.py:31", "times": 1}]
+    assert facts[NAME]["unread"] == [{"op": "all_reduce", "site": "train.py:31", "times": 1},
+                                     {"op": "all_reduce", "site": "train.py:75", "times": 1}]
     (finding,) = registry.findings({0: facts, 1: facts}, [NAME])
     assert (finding.category, finding.severity, finding.locations) == (
         "collective_result_unused", "warning", {"0": "train.py:31", "1": "train.py:31"})
@@ -111,9 +131,9 @@ def test_results_still_awaited_when_the_mode_comes_off_are_not_said_unread():
     moments.tensor_writes = writes
     patches = Patches()
     writes.install(patches)
-    reduced = torch.tensor([3.0, 5.0])
-    moments.emit("collective_returned", "all_reduce", (reduced,), {}, "train.py:31")
+    reduced = Unnamed(torch.tensor([3.0, 5.0]))
+    moments.emit("collective_returned", "all_reduce", (reduced.tensor,), {}, "train.py:31", None)
     writes.stop()  # the script compiles: its reads are no longer seen
     patches.undo()
-    del reduced
+    del reduced.tensor
     assert watch.facts()["unread"] == []

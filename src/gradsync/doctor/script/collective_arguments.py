@@ -29,7 +29,7 @@ from typing import Any, TypedDict
 
 import torch
 
-from gradsync.callsite import short_path, user_frame
+from gradsync.callsite import is_user_file, short_path, user_frame
 from gradsync.doctor.script.compare import ranks_text
 from gradsync.doctor.script.shared_facts import own_facts
 from gradsync.doctor.script.unit import Category, Check, RankFacts
@@ -148,7 +148,7 @@ class ArgumentWatch:
         record["dtypes"] = [str(t.dtype).removeprefix("torch.") for t in tensors]
         self.calls.append(record)
 
-    def _returned(self, op: str, args: tuple, kwargs: dict, site: str | None) -> None:
+    def _returned(self, op: str, args: tuple, kwargs: dict, site: str | None, returned: Any) -> None:
         """Await the first read of what the call wrote: a result nothing reads was computed for nothing
         (an out-of-place collective's return value dropped, a temporary `x.float()` reduced in place)."""
         import torch.distributed as dist
@@ -157,14 +157,17 @@ class ArgumentWatch:
         if writes is None or op not in _RESULTS or self._awaited >= MAX_CALLS:
             return
         where, receiver = _RESULTS[op]
-        if receiver is not None:
+        if receiver is not None and returned is None:  # a differentiable one returns what every rank uses
             position = 2 if op == "gather" else 1
             root = kwargs.get(receiver, args[position] if len(args) > position else 0)
             if (dist.get_rank() == root) == (op == "broadcast"):  # broadcast: src sends its own; reduce, gather: dst alone receives
                 return
         world = dist.get_world_size() if dist.is_initialized() else 1
         async_op = bool(kwargs.get("async_op"))
-        result = _tensors(_argument(args, kwargs, where))
+        held = returned if returned is not None else _argument(args, kwargs, where)
+        result = _tensors(held)
+        if _named(held, result, sys._getframe(1)):
+            return  # the script holds it by a name, and may read it later (a loss logged every k steps)
         if result and not (not async_op and all(_is_token(tensor, world) for tensor in result)):
             if writes.await_read(result, lambda: self._unread(op, site)):
                 self._awaited += 1
@@ -180,6 +183,28 @@ class ArgumentWatch:
 
     def facts(self) -> ArgumentFacts:
         return {"calls": self.calls, "unread": self.unread}
+
+
+def _named(held: Any, result: list[torch.Tensor], frame: Any) -> bool:
+    """Whether a frame of the user's code holds the result by a name: a local (or an item of a list,
+    tuple or dict in one), or an attribute of an object in one (`self.stats`). A result with no name (`x.float()`, the return value
+    of torch.distributed.nn.all_reduce) can only be read where the call stands; one with a name may be
+    read later, or only on the steps that log it."""
+    targets = {id(held), *map(id, result)}
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            for value in frame.f_locals.values():
+                if id(value) in targets:
+                    return True
+                if isinstance(value, (list, tuple)) and any(id(item) in targets for item in value):
+                    return True
+                if isinstance(value, dict) and any(id(item) in targets for item in value.values()):
+                    return True
+                attributes = getattr(value, "__dict__", None)
+                if isinstance(attributes, dict) and any(id(item) in targets for item in attributes.values()):
+                    return True
+        frame = frame.f_back
+    return False
 
 
 def _is_token(tensor: torch.Tensor, world: int) -> bool:
@@ -335,8 +360,9 @@ CHECK = Check(
             "what a collective wrote was dropped before anything read it",
             "the tensor a collective the script called wrote its result into (or returned: the functional "
             "torch.distributed.nn collectives) died before any torch function, collective or Python use read it: the "
-            "script goes on with its own values. Named at the call. A few zeros and ones (a barrier's token), views, "
-            "and tensors whose memory another tensor holds (`p.grad.data`) are left alone",
+            "script goes on with its own values. Named at the call. Results the script holds by a name (a local, an "
+            "item of one, an attribute: maybe read later), a few zeros and ones (a barrier's token), views, and "
+            "tensors whose memory another tensor holds (`p.grad.data`) are left alone",
         ),
     },
     rule=collective_arguments,
