@@ -1,9 +1,12 @@
 """What `gradsync doctor --steps K` costs over a plain `gradsync run` of the same script, side by side.
 
 The script check fingerprints every training forward's inputs and random generators, every
-step's gradients, parameters, settings and optimizer state, and the loss's autograd graph; issue
-42 set the bar at under 1.5x the plain run's step time (1.33x measured on 2 cores, 2026-12-06). Both launches run one training script (an MLP
-with dropout, a DataLoader over a DistributedSampler, 2 processes, Gloo) for K optimizer steps,
+step's gradients, parameters, settings and optimizer state, and the loss's autograd graph, and
+reads every torch call of the script for writes to the training state; issue 42 set the bar at
+under 1.5x the plain run's step time (1.22x and 1.29x measured on 2 cores, 2026-12-07; the code
+before the tensor-level reads, 1.22x and 1.32x in the same session). Both launches run one
+training script (an MLP with dropout, a DataLoader over a DistributedSampler, 2 processes, Gloo)
+for K optimizer steps,
 in alternating order for several rounds. Each rank prints a timestamp at every step, so the
 ratio compares the training loops (steps 2..K) and leaves out the launch, which costs the same.
 
