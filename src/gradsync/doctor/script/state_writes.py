@@ -390,15 +390,20 @@ def _tensor_write(recorded: dict[int, dict[str, Any]], step: int, parts: list[st
     return [_tensor_write_finding(step, opening, sorted(recorded), parts, *diverging)]
 
 
+def _one_sided(by_rank: dict[int, list[dict[str, Any]]], key: Any) -> tuple[set[Any], dict[int, dict[str, Any]]]:
+    """The writes every rank made (by `key`: what and where), and per rank its first write that not
+    every rank made."""
+    keys = {rank: {key(w) for w in ws} for rank, ws in by_rank.items()}
+    everyone = set.intersection(*keys.values())
+    return everyone, {rank: next(w for w in ws if key(w) not in everyone) for rank, ws in by_rank.items() if keys[rank] - everyone}
+
+
 def _entry_point_write(recorded: dict[int, dict[str, Any]], step: int, parts: list[str],
                        by_rank: dict[int, dict[str, Any]]) -> list[Finding]:
     # The writes before that step that can change what differs, per rank, by line and kind.
     writes = {rank: [w for w in facts["writes"] if w["what"] in WRITES and w["step"] < step and set(WRITES[w["what"]]) & set(parts)]
               for rank, facts in recorded.items()}
-    keys = {rank: {(w["what"], w["site"]) for w in ws} for rank, ws in writes.items()}
-    everyone = set.intersection(*keys.values())
-    one_sided = {rank: next(w for w in ws if (w["what"], w["site"]) not in everyone)
-                 for rank, ws in writes.items() if keys[rank] - everyone}
+    everyone, one_sided = _one_sided(writes, lambda w: (w["what"], w["site"]))
     if one_sided:
         ranks = sorted(one_sided)
         write = one_sided[ranks[0]]
@@ -458,10 +463,7 @@ def _window_difference(recorded: dict[int, dict[str, Any]], window: int, parts: 
     run with values of their own, is where their states part."""
     by_rank = {rank: [w for w in facts.get("tensor_writes", {}).get(str(window), []) if _relevant(w, parts, prefix)]
                for rank, facts in recorded.items()}
-    keys = {rank: {(w["op"], w["site"]) for w in ws} for rank, ws in by_rank.items()}
-    everyone = set.intersection(*keys.values())
-    one_sided = {rank: next(w for w in ws if (w["op"], w["site"]) not in everyone)
-                 for rank, ws in by_rank.items() if keys[rank] - everyone}
+    everyone, one_sided = _one_sided(by_rank, lambda w: (w["op"], w["site"]))
     if one_sided:
         return one_sided, "made", sorted(one_sided)
     for op, site in [(w["op"], w["site"]) for w in by_rank[min(by_rank)] if (w["op"], w["site"]) in everyone]:
