@@ -104,13 +104,14 @@ class CompanionModules:
         self._found = [*alive, (weakref.ref(module), key)][-MAX_COMPANIONS:]
         self._discovered()
 
-    def states(self) -> list[CompanionState]:
+    def states(self, training_state: set[int] | None = None) -> list[CompanionState]:
         """Each live companion's parameters and buffers, leaving out the training state's own (the
-        wrapped models' tensors, the stepped parameters) and sharded ones; a companion with nothing
-        left is none."""
+        wrapped models' tensors, the stepped parameters: their ids, when the caller has them at
+        hand) and sharded ones; a companion with nothing left is none."""
         if not self._found:
             return []
-        dtensor, excluded = dtensor_class(), self._training_state()
+        dtensor = dtensor_class()
+        excluded = training_state if training_state is not None else self._training_state()
 
         def own(named: Any) -> list[tuple[str, torch.Tensor]]:
             return [(name, t) for name, t in named if id(t) not in excluded and not (dtensor is not None and isinstance(t, dtensor))]

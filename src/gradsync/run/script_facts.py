@@ -321,7 +321,8 @@ class ScriptCheck:
 
         def models_changed(*_: Any) -> None:  # a model wrapped, a step ended: the parameters and buffers read again
             state.update(self._state_tensors())
-            state["companions"] = [(f"{c.key}: {name}", t) for c in companions.states() for name, t in (*c.parameters, *c.buffers)]
+            own = {id(t) for _, t in (*state["parameters"], *state["buffers"])}
+            state["companions"] = [(f"{c.key}: {name}", t) for c in companions.states(own) for name, t in (*c.parameters, *c.buffers)]
             gradients_changed()
 
         def gradients_changed(*_: Any) -> None:  # after a backward pass, before a step: only the gradients are new

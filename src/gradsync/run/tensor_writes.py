@@ -335,7 +335,8 @@ class TensorWrites:
 
     def read_elsewhere(self, args: tuple, kwargs: dict) -> None:
         """Tensors handed to a call the mode does not see (a collective): read."""
-        self.mode.reads.seen(args, kwargs)
+        if self.mode.reads:
+            self.mode.reads.seen(args, kwargs)
 
     def stop(self) -> None:
         """Off for good: the script compiles (dynamo traces the modes on the stack), or the run ends."""

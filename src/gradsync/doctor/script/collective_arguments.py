@@ -166,11 +166,12 @@ class ArgumentWatch:
         async_op = bool(kwargs.get("async_op"))
         held = returned if returned is not None else _argument(args, kwargs, where)
         result = _tensors(held)
+        if not result or (not async_op and all(_is_token(tensor, world) for tensor in result)):
+            return
         if _named(held, result, sys._getframe(1)):
             return  # the script holds it by a name, and may read it later (a loss logged every k steps)
-        if result and not (not async_op and all(_is_token(tensor, world) for tensor in result)):
-            if writes.await_read(result, lambda: self._unread(op, site)):
-                self._awaited += 1
+        if writes.await_read(result, lambda: self._unread(op, site)):
+            self._awaited += 1
 
     def _unread(self, op: str, site: str | None) -> None:
         with self.bookkeeping:  # called as the tensor dies, wherever the script is then
@@ -187,9 +188,9 @@ class ArgumentWatch:
 
 def _named(held: Any, result: list[torch.Tensor], frame: Any) -> bool:
     """Whether a frame of the user's code holds the result by a name: a local (or an item of a list,
-    tuple or dict in one), or an attribute of an object in one (`self.stats`). A result with no name (`x.float()`, the return value
-    of torch.distributed.nn.all_reduce) can only be read where the call stands; one with a name may be
-    read later, or only on the steps that log it."""
+    tuple or dict in one), or an attribute of an object in one (`self.stats`). A result with no
+    name (`x.float()`, the return value of torch.distributed.nn.all_reduce) can only be read where
+    the call stands; one with a name may be read later, or only on the steps that log it."""
     targets = {id(held), *map(id, result)}
     while frame is not None:
         if is_user_file(frame.f_code.co_filename):

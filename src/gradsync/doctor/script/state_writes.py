@@ -447,11 +447,16 @@ def _diverging_tensor_write(recorded: dict[int, dict[str, Any]], step: int, part
                             ) -> tuple[int, dict[int, dict[str, Any]], str, list[int]] | None:
     """Differential execution: (window, rank -> its write, how, the ranks to blame) for the latest step window before
     `step` in which the ranks did not make the same tensor-level writes to the parts that differ."""
-    for window in range(step - 1, -1, -1):
-        found = _window_difference(recorded, window, parts)
-        if found is not None:
-            return (window, *found)
-    return None
+    found = _first_window_difference(recorded, range(step - 1, -1, -1), parts)
+    return (found[0], *found[1]) if found is not None else None
+
+
+def _first_window_difference(recorded: dict[int, dict[str, Any]], windows: Any, parts: list[str], prefix: str | None = None
+                             ) -> tuple[int, tuple[dict[int, dict[str, Any]], str, list[int]]] | None:
+    """(window, what _window_difference found there) for the first of `windows`, in their order,
+    whose writes differ across ranks."""
+    return next(((window, found) for window in windows
+                 if (found := _window_difference(recorded, window, parts, prefix)) is not None), None)
 
 
 def _window_difference(recorded: dict[int, dict[str, Any]], window: int, parts: list[str], prefix: str | None = None
@@ -480,8 +485,7 @@ def _sharded_writes_differ(recorded: dict[int, dict[str, Any]]) -> list[Finding]
     make alike. Their shards differ by design, so no fingerprint can show the state parting; but a
     number applied to every shard (a clipping coefficient, a loss scale) must be the same on every
     rank, or each shard of one model is scaled its own way."""
-    windows = sorted({int(w) for facts in recorded.values() for w in facts.get("tensor_writes", {})})
-    for window in windows:
+    for window in _windows(recorded):
         sharded = {rank: [w for w in facts.get("tensor_writes", {}).get(str(window), []) if w.get("sharded")]
                    for rank, facts in recorded.items()}
         if not any(sharded.values()):
@@ -585,11 +589,10 @@ def _companion_apart(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
     prefix = f"{key}: "
     module, _, called = key.partition(" called at ")
     info = recorded[ranks_all[0]].get("companions", {}).get(key, {})
-    written = next(((window, found) for window in range(step - 1, first_seen - 2, -1)
-                    if (found := _window_difference(recorded, window, [COMPANIONS], prefix)) is not None), None)
+    written = _first_window_difference(recorded, range(step - 1, first_seen - 2, -1), [COMPANIONS], prefix)
     if written is None and not ("parameters" in differs and step == first_seen and info.get("created")):
-        written = next(((window, found) for window in range(step, max(map(int, _windows(recorded)), default=-1) + 1)
-                        if (found := _window_difference(recorded, window, [COMPANIONS], prefix)) is not None), None)
+        later = [window for window in _windows(recorded) if window >= step]
+        written = _first_window_difference(recorded, later, [COMPANIONS], prefix)
     if written is not None:
         window, (writes, how, blamed) = written
         write = writes[blamed[0]]
@@ -638,8 +641,9 @@ def _companion_apart(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
     )]
 
 
-def _windows(recorded: dict[int, dict[str, Any]]) -> set[str]:
-    return {window for facts in recorded.values() for window in facts.get("tensor_writes", {})}
+def _windows(recorded: dict[int, dict[str, Any]]) -> list[int]:
+    """The step windows any rank recorded tensor writes in, in order."""
+    return sorted({int(window) for facts in recorded.values() for window in facts.get("tensor_writes", {})})
 
 
 _SINGULAR = {"trainable", "optimizer_state", "scalers", "schedulers"}  # PARTS named by a singular noun
