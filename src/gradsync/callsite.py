@@ -111,6 +111,22 @@ def caller_location() -> str | None:
     return location(found)
 
 
+def entry_site(obj: object) -> str | None:
+    """The user's line that called into `obj` from outside it: the caller of the outermost frame
+    running one of its methods (`model.module.compute_loss(batch)`, whose method then calls the
+    forward; a DataLoader subclass whose `__init__` calls the base's); else the innermost user
+    frame."""
+    frame, entered = sys._getframe(1), None
+    while frame is not None:
+        if frame.f_locals.get("self") is obj:
+            entered = frame
+        frame = frame.f_back
+    caller = entered.f_back if entered is not None else None
+    if caller is not None and file_kind(caller.f_code.co_filename) == OWN:
+        return location(caller)
+    return location(user_frame(sys._getframe(1)))
+
+
 def user_frames(frame: types.FrameType | None) -> list[tuple[str, str, int, int, int]]:
     """The frames of the user's own files on a stack (failing those, of installed packages),
     outermost first, as (file, function, the function's first line, current line, current

@@ -11,8 +11,9 @@ import sys
 import textwrap
 
 import pytest
+import torch.utils.data
 
-from gradsync.run.activity import PositionTrail, TreeCpu, enclosing_loop
+from gradsync.run.activity import PositionTrail, TreeCpu, enclosing_loop, generator_loop
 
 SOURCE = textwrap.dedent('''\
     def trial(x):
@@ -136,3 +137,129 @@ def test_the_tree_counts_the_cpu_of_a_child_it_reaped():
     # own process_time counts finer: 0.49 s is a full 0.5 s spin.
     assert after.tree_s - before.tree_s >= 0.4, "the reaped child's CPU counts"
     assert after.time_s > before.time_s and after.main_s >= before.main_s
+
+
+PASSES = '''import sys
+from gradsync.run.activity import generator_loop, loop_around_call
+seen = []
+def passes(items):
+    seen.append(loop_around_call(sys._getframe(1)))
+    return iter(items)
+def one_epoch(items):
+    for x in passes(items):
+        pass
+def train():
+    for epoch in range(2):
+        one_epoch([1])
+def inline():
+    for epoch in range(1):
+        for x in passes([1]):
+            pass
+class Stream:
+    def __iter__(self):
+        order = [1, 2]
+        for i in order:
+            yield i
+class Listed:
+    def __iter__(self):
+        return iter([1])
+'''
+
+
+def test_the_loop_around_a_pass_is_the_epoch_loop_even_in_a_caller(tmp_path, monkeypatch):
+    (tmp_path / "passes_script.py").write_text(PASSES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import passes_script
+
+    passes_script.train()
+    passes_script.inline()
+    # The pass's own `for` line is not the loop around it: the epoch loop is, in the caller if need be.
+    assert [site.rsplit("/", 1)[-1] for site in passes_script.seen] == ["passes_script.py:11"] * 2 + ["passes_script.py:14"]
+    assert generator_loop(passes_script.Stream.__iter__).endswith("passes_script.py:20")  # the loop that yields
+    assert generator_loop(passes_script.Listed.__iter__).endswith("passes_script.py:23")  # no yield: the def
+    assert generator_loop(torch.utils.data.IterableDataset.__iter__) is None  # not the user's
+
+
+CONDITIONS = '''import sys
+from gradsync.run.activity import choosing_condition
+def here():
+    return choosing_condition(sys._getframe(1))
+def by_name(i):
+    sync = (i + 1) % 2 == 0
+    other = 1
+    chosen = here() if not sync else None
+    return chosen
+def by_expression(i):
+    if i % 2 != 1:
+        return here()
+def unconditional():
+    return here()
+'''
+
+
+def test_the_condition_that_chose_a_call_is_its_test_or_the_line_that_set_the_tested_name(tmp_path, monkeypatch):
+    (tmp_path / "conditions_script.py").write_text(CONDITIONS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import conditions_script
+
+    assert conditions_script.by_name(0).endswith("conditions_script.py:6")  # `if not sync`: where sync was set
+    assert conditions_script.by_expression(0).endswith("conditions_script.py:11")
+    assert conditions_script.unconditional() is None
+
+
+COUNTS = '''import sys
+import argparse
+from gradsync.run.activity import argument_line, loop_iterations
+EPOCHS = 3
+counted = []
+def passes():
+    counted.append(loop_iterations(sys._getframe(1)))
+    return [1]
+def train(args, items):
+    for epoch in range(args.start, args.epochs * 2):
+        for x in passes():
+            pass
+    for epoch in range(EPOCHS):
+        for x in passes():
+            pass
+    for epoch in range(len(items)):
+        for x in passes():
+            pass
+    for epoch in range(epochs_of(args)):
+        for x in passes():
+            pass
+    for item in items:
+        for x in passes():
+            pass
+def epochs_of(args):
+    return 2
+def build(count):
+    return argument_line(sys._getframe(1), "Schedule", "length", 1)
+def sizes(dataset, batch):
+    total = 4 * len(dataset) // batch
+    named = build(Schedule(None, length=total))
+    positional = build(Schedule(None, 2 * batch))
+    missing = build(Schedule(None))
+    return named, positional, missing
+class Schedule:
+    def __init__(self, optimizer, length=0):
+        pass
+'''
+
+
+def test_an_epoch_loop_over_a_range_of_plain_values_is_counted_and_an_argument_traced_to_its_line(tmp_path, monkeypatch):
+    (tmp_path / "counts_script.py").write_text(COUNTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import argparse
+
+    import counts_script
+
+    counts_script.train(argparse.Namespace(start=1, epochs=2), ["a", "b"])
+    # range(args.start, args.epochs * 2), range(EPOCHS), range(len(items)); a call of the script's own
+    # and a loop over items are not read.
+    assert counts_script.counted == [3] * 3 + [3] * 3 + [2] * 2 + [None] * 2 + [None] * 2
+    named, positional, missing = counts_script.sizes([0] * 10, 5)
+    line = {text: COUNTS.splitlines().index(text) + 1 for text in COUNTS.splitlines()}
+    assert named.endswith(f"counts_script.py:{line['    total = 4 * len(dataset) // batch']}")  # where the name was set
+    assert positional.endswith(f"counts_script.py:{line['    positional = build(Schedule(None, 2 * batch))']}")
+    assert missing is None

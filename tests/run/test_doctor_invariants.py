@@ -65,6 +65,18 @@ SCRIPTS = {name: (f"doctor_zoo/{name}.py", K) for name in [
     "healthy_functional_all_reduce_assigned", "healthy_token_count_reduced_after_cast",
     "healthy_loss_reduced_every_step_logged_every_k", "healthy_gather_in_autograd_function",
     "healthy_differentiable_collectives_used",
+    # a DDP comm hook returns the ranks' average, not a multiple of it
+    "comm_hook_sums_buckets", "comm_hook_bf16_without_division", "healthy_comm_hook_bf16_averaged",
+    # accumulation communicates on the micro-batch that ends the window: named at the condition
+    "no_sync_on_the_stepping_micro_batch", "no_sync_branch_skips_the_last_micro_batch",
+    "healthy_no_sync_until_the_last_micro_batch",
+    # each rank draws its own samples: named where they are chosen
+    "iterable_stream_every_rank",
+    # a per-step schedule is sized from the rank's own batches, not the whole dataset's
+    "onecycle_sized_from_dataset", "cosine_length_from_dataset", "healthy_cosine_length_from_loader",
+    # a gathered copy of a rank's own features carries no gradient into its loss
+    "contrastive_candidates_gathered_without_grad", "global_feature_stats_gathered_without_grad",
+    "healthy_contrastive_own_slot_restored",
 ]}
 
 pytestmark = [pytest.mark.launches, guard_of(SCRIPTS)]
@@ -109,6 +121,15 @@ CAUGHT = [
     ("normalizer_from_local_batches", "companion_apart", "warning", [0, 1]),
     ("functional_all_reduce_result_dropped", "collective_result_unused", "warning", [0, 1]),
     ("token_count_reduced_as_a_copy", "collective_result_unused", "warning", [0, 1]),
+    ("comm_hook_sums_buckets", "comm_hook_scales_gradients", "error", [0, 1]),
+    ("comm_hook_bf16_without_division", "comm_hook_scales_gradients", "error", [0, 1]),
+    ("no_sync_on_the_stepping_micro_batch", "gradients_not_averaged", "error", [0, 1]),
+    ("no_sync_branch_skips_the_last_micro_batch", "gradients_not_averaged", "error", [0, 1]),
+    ("iterable_stream_every_rank", "no_distributed_sampler", "error", [0, 1]),
+    ("onecycle_sized_from_dataset", "schedule_counts_whole_dataset", "warning", [0, 1]),
+    ("cosine_length_from_dataset", "schedule_counts_whole_dataset", "warning", [0, 1]),
+    ("contrastive_candidates_gathered_without_grad", "gathered_copy_in_loss", "warning", [0, 1]),
+    ("global_feature_stats_gathered_without_grad", "gathered_copy_in_loss", "warning", [0, 1]),
 ]
 
 # Mistakes of the red team the doctor does not yet name at their cause, and what it says instead.

@@ -87,8 +87,9 @@ def test_identical_batches_on_every_rank(doctor):
     run = doctor["no_sampler"]
     finding = run.only("no_distributed_sampler", "error")
     assert finding["ranks"] == [0, 1]
-    assert finding["locations"] == {"0": run.line("forward"), "1": run.line("forward")}, run.explain()
-    assert run.line("loop") in finding["message"]  # where the batches come from
+    # Named where the samples were chosen: the DataLoader built without a DistributedSampler.
+    assert finding["locations"] == {"0": run.line("loader"), "1": run.line("loader")}, run.explain()
+    assert run.line("loop") in finding["message"] and run.line("forward") in finding["message"]
     assert finding["details"]["forwards_compared"] == run.steps
     assert_failed(run, "no_distributed_sampler")
 
@@ -98,7 +99,9 @@ def test_sampler_iterated_again_without_set_epoch(doctor):
     run = doctor["epoch_not_set"]
     finding = run.only("sampler_epoch_not_set", "warning")
     assert finding["ranks"] == [0, 1]
-    assert finding["locations"] == {"0": run.line("loop"), "1": run.line("loop")}, run.explain()
+    # Named at the epoch loop, where set_epoch belongs; the pass that repeated is said too.
+    assert finding["locations"] == {"0": run.line("epochs"), "1": run.line("epochs")}, run.explain()
+    assert run.line("loop") in finding["message"]
     assert finding["details"] == {"epoch": 0}
     assert_warned(run, "sampler_epoch_not_set")
 

@@ -127,3 +127,31 @@ def test_a_companions_write_says_what_it_left_and_the_loop_line_it_was_made_unde
     assert (companion.kinds, companion.site, companion.loop_site) == (("companion",), _line("companion write"), _line("under the loop"))
     assert companion.result == tensors_fingerprint([teacher.weight])
     assert (parameter.loop_site, parameter.result) == (_line("parameter"), None)  # what it left is read for companions only
+
+
+def test_a_followed_tensor_is_followed_into_what_is_computed_from_it_and_forgotten_when_it_dies():
+    from gradsync.run.tensor_writes import Derivations
+
+    writes = TensorWrites(lambda write: None, Bookkeeping("the test's state-write watch"), lambda: False, lambda: False,
+                          lambda: None)
+    patches = Patches()
+    writes.install(patches)
+    try:
+        copy_of_own = torch.zeros(2, 2)
+        other = torch.ones(2, 2, requires_grad=True)
+        writes.follow(copy_of_own, "train.py:40")
+        stacked = torch.cat([other, copy_of_own])  # a list holding it
+        loss = (other @ stacked.T).sum()
+        unrelated = (other * 3).sum()
+        assert writes.origin(loss) == "train.py:40" and writes.origin(stacked) == "train.py:40"
+        assert writes.origin(unrelated) is None and writes.origin(other) is None
+        del copy_of_own, stacked, loss
+        assert not writes.mode.derivations  # every followed tensor died: nothing left to look for
+    finally:
+        patches.undo()
+    assert writes.origin(torch.zeros(1)) is None
+    bounded = Derivations()
+    kept = [torch.zeros(1) for _ in range(Derivations.FOLLOWED_AT_MOST + 1)]
+    for tensor in kept:
+        bounded.follow(tensor, "x")
+    assert bounded.origin(kept[0]) == "x" and bounded.origin(kept[-1]) is None

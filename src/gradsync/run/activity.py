@@ -18,11 +18,12 @@ import dataclasses
 import functools
 import threading
 import time
+import types
 from dataclasses import dataclass
 
 import psutil
 
-from gradsync.callsite import short_path
+from gradsync.callsite import OWN, file_kind, short_path, user_frame
 from gradsync.run.stall import CpuReading
 
 # One frame of the user's code, as gradsync.callsite.user_frames gives it: (file, function,
@@ -159,6 +160,153 @@ def enclosing_loop(file: str, first_line: int, lines: set[int]) -> int | None:
     when there is none, or the file cannot be read or parsed."""
     spans = [(start, end) for start, end in _loops(file) if first_line <= start <= min(lines) and end >= max(lines)]
     return max(spans)[0] if spans else None
+
+
+def loop_around_call(frame: types.FrameType | None) -> str | None:
+    """file:line of the innermost loop that holds the user's call at `frame` without being that
+    call's own line (a `for batch in loader:` line is itself a loop): the epoch loop around a pass
+    over the data, looked for in the calling function first, then in its callers."""
+    found = _loop_around(frame)
+    return f"{short_path(found[0].f_code.co_filename)}:{found[1]}" if found else None
+
+
+def loop_iterations(frame: types.FrameType | None) -> int | None:
+    """How many times the loop `loop_around_call` names runs in all, where it is a `for` over
+    `range(...)` of plain values (names, attributes, numbers, arithmetic, `len`), read now in
+    the frame that runs it: the epochs of an epoch loop. None where it is anything else (a
+    `while`, an iterator, a call of the script's own)."""
+    found = _loop_around(frame)
+    if found is None:
+        return None
+    frame, start = found
+    tree = _tree(frame.f_code.co_filename)
+    loop = next((node for node in ast.walk(tree) if isinstance(node, ast.For) and node.lineno == start), None) if tree else None
+    if loop is None or not (isinstance(loop.iter, ast.Call) and isinstance(loop.iter.func, ast.Name)
+                            and loop.iter.func.id == "range" and 1 <= len(loop.iter.args) <= 3 and not loop.iter.keywords):
+        return None
+    try:
+        bounds = [_plain_value(arg, frame) for arg in loop.iter.args]
+    except _NotPlain:
+        return None
+    return len(range(*bounds)) if all(isinstance(b, int) for b in bounds) else None
+
+
+class _NotPlain(Exception):
+    """An expression `_plain_value` does not evaluate (it might call the script's code)."""
+
+
+_ARITHMETIC = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+               ast.FloorDiv: lambda a, b: a // b, ast.Div: lambda a, b: a / b}
+
+
+def _plain_value(node: ast.expr, frame: types.FrameType) -> object:
+    """The value of an expression made of numbers, names, attributes of plain objects, arithmetic
+    and `len(...)`, read in `frame`; _NotPlain for anything that could run code of the script's."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.Name):
+        scope = frame.f_locals if node.id in frame.f_locals else frame.f_globals
+        if node.id not in scope:
+            raise _NotPlain
+        return scope[node.id]
+    if isinstance(node, ast.Attribute):
+        owner = _plain_value(node.value, frame)
+        # Only attributes held in an instance's own dict (an argparse Namespace, a config object):
+        # a property or __getattr__ would run the script's code.
+        held = getattr(owner, "__dict__", None)
+        if not isinstance(held, dict) or node.attr not in held:
+            raise _NotPlain
+        return held[node.attr]
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        left, right = _plain_value(node.left, frame), _plain_value(node.right, frame)
+        if not all(isinstance(v, (int, float)) for v in (left, right)):
+            raise _NotPlain
+        return _ARITHMETIC[type(node.op)](left, right)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("len", "int") and len(node.args) == 1:
+        value = _plain_value(node.args[0], frame)
+        if node.func.id == "int" and isinstance(value, (int, float)):
+            return int(value)
+        if node.func.id == "len" and isinstance(value, (list, tuple, dict, str, range)):
+            return len(value)
+    raise _NotPlain
+
+
+def _loop_around(frame: types.FrameType | None) -> tuple[types.FrameType, int] | None:
+    """(the user's frame, the first line of the loop) for `loop_around_call`."""
+    frame = user_frame(frame)
+    while frame is not None:
+        code = frame.f_code
+        if file_kind(code.co_filename) == OWN:
+            spans = [(start, end) for start, end in _loops(code.co_filename)
+                     if code.co_firstlineno <= start < frame.f_lineno <= end]
+            if spans:
+                return frame, max(spans)[0]
+        frame = frame.f_back
+    return None
+
+
+def generator_loop(function: object) -> str | None:
+    """file:line of the loop around the first `yield` of a generator function of the user's (an
+    IterableDataset's `__iter__`: the loop that walks the records); else the function's own first
+    line; None for a function that is not the user's Python."""
+    code = getattr(function, "__code__", None)
+    if code is None or file_kind(code.co_filename) != OWN:
+        return None
+    tree = _tree(code.co_filename)
+    defined = next((node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and code.co_firstlineno in (node.lineno, *(d.lineno for d in node.decorator_list))), None) if tree else None
+    yields = sorted(node.lineno for node in ast.walk(defined) if isinstance(node, (ast.Yield, ast.YieldFrom))) if defined else []
+    loop = enclosing_loop(code.co_filename, code.co_firstlineno, {yields[0]}) if yields else None
+    return f"{short_path(code.co_filename)}:{loop or code.co_firstlineno}"
+
+
+def choosing_condition(frame: types.FrameType | None) -> str | None:
+    """file:line of the condition that chose to run the user's call at `frame`: the test of the
+    innermost `if` (or `x if test else y`) around it in its function, or, where that test is a
+    plain name (`if not sync:`), the line that last assigned the name before the call; None when
+    no condition holds the call."""
+    frame = user_frame(frame)
+    if frame is None:
+        return None
+    code, line = frame.f_code, frame.f_lineno
+    tree = _tree(code.co_filename)
+    if tree is None:
+        return None
+    choices = [node for node in ast.walk(tree) if isinstance(node, (ast.If, ast.IfExp))
+               and code.co_firstlineno <= node.lineno <= line and (
+                   line <= (node.end_lineno or node.lineno) if isinstance(node, ast.IfExp)
+                   else any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in node.body + node.orelse))]
+    if not choices:
+        return None
+    test = max(choices, key=lambda node: (node.lineno, node.col_offset)).test
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    assigned = assigned_at(code.co_filename, code.co_firstlineno, test.id, line) if isinstance(test, ast.Name) else None
+    return f"{short_path(code.co_filename)}:{assigned or test.lineno}"
+
+
+def argument_line(frame: types.FrameType | None, callee: str, keyword: str, position: int | None) -> str | None:
+    """file:line where the user's call of `callee` at `frame` got its argument `keyword` (or the
+    one at `position`): the line that last assigned it before the call, where it is passed as a
+    plain name (`T_max=total_steps`), else the line of the expression itself; None when the call
+    or the argument is not found."""
+    frame = user_frame(frame)
+    if frame is None:
+        return None
+    code, line = frame.f_code, frame.f_lineno
+    tree = _tree(code.co_filename)
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno)
+             and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == callee] if tree else []
+    if not calls:
+        return None
+    call = max(calls, key=lambda node: (node.lineno, node.col_offset))
+    given = next((k.value for k in call.keywords if k.arg == keyword), None)
+    if given is None and position is not None and position < len(call.args):
+        given = call.args[position]
+    if given is None:
+        return None
+    assigned = assigned_at(code.co_filename, code.co_firstlineno, given.id, call.lineno) if isinstance(given, ast.Name) else None
+    return f"{short_path(code.co_filename)}:{assigned or given.lineno}"
 
 
 @functools.lru_cache(maxsize=64)

@@ -32,6 +32,7 @@ import threading
 import time
 import zlib
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -142,6 +143,10 @@ class CollectiveRecorder:
         self.calling = threading.local()  # .active inside a recorded call on this thread
         # What a pipeline stage's sends and receives carry (stage, micro-batch), named in their records' kind.
         self.pipeline_labels = PipelineLabels()
+        # Told of each gradient bucket a Python comm hook reduces (gradsync's stand-in for DDP's own
+        # reduction included), as `listener(bucket, reduction)` before the hook runs and again with
+        # the future it returned: what the doctor compares the hook's result against.
+        self.bucket_listeners: list[Callable[[dist.GradBucket, BucketReduction], None]] = []
         # Async collectives waiting for their futures: the training thread appends while the snapshot
         # thread may be settling, so a deque (atomic ends) and one settler at a time.
         self.issued: deque[tuple[Record, Any]] = deque()
@@ -630,10 +635,24 @@ def _nonfinite_names(bucket: dist.GradBucket, watch: DDPWatch) -> list[str]:
     ]
 
 
-def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group: Any, hook: Callable) -> Callable:
+@dataclass
+class BucketReduction:
+    """One gradient bucket handed to a comm hook, as the bucket listeners see it."""
+
+    hook: Callable  # the hook as the script gave it (gradsync's stand-in for DDP's own reduction: `own`)
+    registered_at: str | None  # the user's line that registered it (None: gradsync's stand-in)
+    own: bool  # gradsync's stand-in for DDP's own averaging, not the script's hook
+    group: Any  # the DDP model's process group (None: the default group)
+    future: Any = None  # what the hook returned (None before it ran, or when it raised)
+
+
+def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group: Any, hook: Callable,
+                           registered_at: str | None = None) -> Callable:
     """`hook` (the user's comm hook, or gradsync's stand-in for DDP's own reduction) recording
     each bucket it reduces and checking its gradients first."""
     bookkeeping = recorder.bookkeeping["the collective recorder's DDP gradient bucket hook"]
+    listening = recorder.bookkeeping["the collective recorder's bucket listeners"]
+    own = hook is _default_allreduce_hook
 
     # Under the user's hook's name and signature: DDP checks both when it is registered, and must
     # accept or refuse it as it would without gradsync.
@@ -657,6 +676,12 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
                 last_of_pass = True
                 recorder.backward_passes += 1
                 watch.pass_done()
+        reduction = None
+        if recorder.bucket_listeners:
+            with listening:
+                reduction = BucketReduction(hook, registered_at, own, group)
+                for listener in recorder.bucket_listeners:
+                    listener(bucket, reduction)
         try:
             future = hook(state, bucket)
         except BaseException as error:
@@ -664,6 +689,11 @@ def _bucket_recording_hook(recorder: CollectiveRecorder, watch: DDPWatch, group:
                 with bookkeeping:
                     recorder.finish(record, error)
             raise
+        if reduction is not None:
+            with listening:
+                reduction.future = future
+                for listener in recorder.bucket_listeners:
+                    listener(bucket, reduction)
         if record is not None:
             with bookkeeping:
                 recorder.finish_when_done(record, future)
@@ -803,7 +833,9 @@ def _patch_ddp(recorder: CollectiveRecorder, record_buckets: bool) -> list[tuple
                 # Only a hook DDP can accept is wrapped: DDP refuses the others (not callable, or
                 # nameless like a partial, as it reads a hook's names) as it would without gradsync.
                 if watch is not None and callable(hook) and hasattr(hook, "__name__") and hasattr(hook, "__qualname__"):
-                    registered = _bucket_recording_hook(recorder, watch, watch.process_group, hook)
+                    # gradsync's stand-in for DDP's own averaging is registered from a forward: no user's line.
+                    site = None if hook is _default_allreduce_hook else caller_location()
+                    registered = _bucket_recording_hook(recorder, watch, watch.process_group, hook, site)
                     watch.reduction = "buckets"
             result = original(self, state, registered)
             if registered is not hook:

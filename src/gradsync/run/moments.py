@@ -96,6 +96,9 @@ MOMENTS = {
     "(gradsync.run.pipeline_labels.PipelineMessage; signature: its tensor and peer, as recorded)",
     "file_written": "(file, how): the script wrote `file` with torch.save (how='torch.save'), or opened it for "
     "writing from its own files (how='open'; libraries open files of their own)",
+    "bucket_reduction": "(bucket, reduction): a DDP comm hook is handed a gradient bucket (its buffer holds this rank's "
+    "gradients), and again once it returned (reduction.future set): gradsync.run.collectives.BucketReduction says "
+    "which hook, registered where, and whether it is gradsync's stand-in for DDP's own averaging",
     "state_written": "(write): a call outside the optimizer's step wrote to the training state: the parameters, "
     "their gradients or the buffers of a wrapped model, a parameter an optimizer steps, or the state of a module "
     "run beside them (gradsync.run.companions) (gradsync.run.tensor_writes.StateWrite, with the user's line)",

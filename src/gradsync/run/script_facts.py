@@ -48,11 +48,12 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from gradsync import compat
-from gradsync.callsite import caller_location, is_user_file, user_frame
+from gradsync.callsite import caller_location, entry_site, is_user_file, user_frame
+from gradsync.run.activity import generator_loop, loop_around_call, loop_iterations
 from gradsync.run.collectives import CollectiveRecorder, is_gradient_reduction
 from gradsync.run.companions import CompanionModules
 from gradsync.run.check_primitives import Patches, group_ranks, index_sampler, inputs_fingerprint, nested_tensors, tensor_hash
@@ -122,6 +123,7 @@ class ScriptCheck:
         self.loaders: list[dict[str, Any]] = []
         self.sampler_passes: list[dict[str, Any]] = []
         self._loader_entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._loaders_built_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DataLoader -> its line
         self._iterator_entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._sampler_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._current_loader: dict[str, Any] | None = None  # the loader of the batch fetched last
@@ -150,6 +152,8 @@ class ScriptCheck:
             self._install_state_written_moment(patches)
         if self.moments.listened("pipeline_message"):
             self._install_pipeline_moment(patches)
+        if self.moments.listened("bucket_reduction"):
+            self._install_bucket_moment(patches)
         patches.on_undo(register_optimizer_step_pre_hook(self._before_step).remove)
         patches.on_undo(register_optimizer_step_post_hook(self._after_step).remove)
         check = self
@@ -239,6 +243,7 @@ class ScriptCheck:
                         check.sampler_passes.append({
                             "sampler": key, "epoch": sampler.epoch, "shuffle": sampler.shuffle, "site": caller_location(),
                             "set_epoch_calls": check._set_epoch_calls.get(sampler, 0),
+                            "epoch_loop": loop_around_call(sys._getframe(1)),  # where set_epoch belongs
                         })
                 return original(sampler)
 
@@ -268,6 +273,17 @@ class ScriptCheck:
 
         patches.wrap(DistributedDataParallel, "__init__", make_ddp_init)
         patches.wrap(DistributedDataParallel, "forward", make_ddp_forward)
+        def make_loader_init(original):
+            def __init__(loader, *args, **kwargs):
+                original(loader, *args, **kwargs)
+                with loaders:
+                    # Where the script chose the loader's dataset and sampler: the line a finding about
+                    # which samples each rank sees is fixed at (the caller of a subclass's __init__).
+                    check._loaders_built_at.setdefault(loader, entry_site(loader))
+
+            return __init__
+
+        patches.wrap(DataLoader, "__init__", make_loader_init)
         patches.wrap(DataLoader, "__iter__", make_loader_iter)
 
         def make_next_index(original):
@@ -490,6 +506,17 @@ class ScriptCheck:
         listeners.append(heard)
         patches.on_undo(lambda: listeners.remove(heard) if heard in listeners else None)
 
+    def _install_bucket_moment(self, patches: Patches) -> None:
+        """Each gradient bucket a DDP comm hook reduces, offered as the "bucket_reduction" moment
+        before and after the hook: the recorder already wraps every Python hook."""
+        moments, listeners = self.moments, self.recorder.bucket_listeners
+
+        def handed(bucket: Any, reduction: Any) -> None:
+            moments.emit("bucket_reduction", bucket, reduction)
+
+        listeners.append(handed)
+        patches.on_undo(lambda: listeners.remove(handed) if handed in listeners else None)
+
     def _install_backward_moment(self, patches: Patches) -> None:
         """Every backward call, offered as the "backward" moment with the tensors it starts from,
         and as "backward_ends" once it returned, saying whether DDP averaged gradients in it."""
@@ -632,6 +659,15 @@ class ScriptCheck:
                 "sampler": self._sampler_key(sampler) if isinstance(sampler, DistributedSampler) else None,
                 "feeds_training": False,
                 "under_join": self._joined > 0,
+                "built_at": self._loaders_built_at.get(loader),
+                # What a schedule sized from the data counts: the dataset's samples, per batch, and
+                # the epochs of the loop around this first pass (None: not a `range` of plain values).
+                "dataset_samples": _length(loader.dataset) if not isinstance(loader.dataset, IterableDataset) else None,
+                "batch_size": loader.batch_size,
+                "epochs": loop_iterations(sys._getframe(1)),
+                # An IterableDataset chooses its own samples: the loop of its __iter__ that walks them.
+                "dataset_loop": generator_loop(type(loader.dataset).__iter__)
+                if isinstance(loader.dataset, IterableDataset) else None,
             }
             self._loader_entries[loader] = entry
             if len(self.loaders) < MAX_RECORDS:

@@ -14,7 +14,9 @@ the memory it touches, so a write through an alias (`p.data.mul_`, a view) is th
 Each match is offered to the host's listeners as a `StateWrite`, with the user's file:line, the
 line of the training loop it was made under, and the plain numbers the call was given. The same
 mode sees reads: a tensor whose first read is awaited (a collective's result, `ResultReads`) is
-read when a call is given it, and was never read if it dies first.
+read when a call is given it, and was never read if it dies first; and a tensor followed
+(`Derivations`) is followed into the results of the calls given it, so that what a loss was
+computed from can be told at its backward.
 
 Not seen: the optimizer's own step and writes made inside it (the update itself), what C++ does
 on its own (autograd accumulating gradients, DDP's reducer and buffer broadcast, a collective
@@ -201,6 +203,44 @@ class ResultReads:
                         self._awaited.pop(ident, None)
 
 
+class Derivations:
+    """Tensors followed through what is computed from them: the result of a torch call given a
+    followed tensor (or a list holding one) is followed too, with the same origin. What a loss was
+    computed from can then be told when it reaches backward (a gathered copy of a rank's own
+    features, which no gradient flows through). Bounded: past FOLLOWED_AT_MOST tensors alive, the
+    newest are not followed."""
+
+    FOLLOWED_AT_MOST = 4096
+
+    def __init__(self) -> None:
+        self._followed: dict[int, tuple[weakref.ref, object]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._followed)
+
+    def follow(self, tensor: torch.Tensor, origin: object) -> None:
+        if len(self._followed) >= self.FOLLOWED_AT_MOST:
+            return
+        followed, ident = self._followed, id(tensor)
+        self._followed[ident] = (weakref.ref(tensor, lambda _, ident=ident: followed.pop(ident, None)), origin)
+
+    def origin(self, tensor: Any) -> object | None:
+        """The origin `tensor` was computed from, None where it was computed from none followed."""
+        entry = self._followed.get(id(tensor))
+        return entry[1] if entry is not None and entry[0]() is tensor else None
+
+    def derive(self, args: tuple, kwargs: dict, result: Any) -> None:
+        origin = next((found for value in (*args, *kwargs.values()) for tensor in _tensors(value)
+                       if (found := self.origin(tensor)) is not None), None)
+        if origin is not None:
+            for tensor in _tensors(result):
+                if self.origin(tensor) is None:
+                    self.follow(tensor, origin)
+
+    def clear(self) -> None:
+        self._followed.clear()
+
+
 @dataclass
 class _Result:
     unread: Callable[[], None]
@@ -239,6 +279,7 @@ class StateWriteMode(TorchFunctionMode):
         self.forwarding = forwarding
         self.loop = loop  # the code object of the function that steps the optimizer (None before the first step)
         self.reads = ResultReads()
+        self.derivations = Derivations()
         self._kinds: dict[Any, str | None] = {}
 
     def __torch_function__(self, func: Any, types_: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -250,17 +291,21 @@ class StateWriteMode(TorchFunctionMode):
         with self.bookkeeping:
             kind = self._kind_of(func, kwargs)
         if kind is None:
-            return func(*args, **kwargs)
-        write, targets = None, []
-        with self.bookkeeping:
-            if not self.stepping():
-                write, targets = self._write(func, kind, args, kwargs)
-        result = func(*args, **kwargs)
-        if write is not None:
+            result = func(*args, **kwargs)
+        else:
+            write, targets = None, []
             with self.bookkeeping:
-                if COMPANION in write.kinds:
-                    write = dataclasses.replace(write, result=tensors_fingerprint(targets))
-                self.heard(write)
+                if not self.stepping():
+                    write, targets = self._write(func, kind, args, kwargs)
+            result = func(*args, **kwargs)
+            if write is not None:
+                with self.bookkeeping:
+                    if COMPANION in write.kinds:
+                        write = dataclasses.replace(write, result=tensors_fingerprint(targets))
+                    self.heard(write)
+        if self.derivations:
+            with self.bookkeeping:
+                self.derivations.derive(args, kwargs, result)
         return result
 
     def _kind_of(self, func: Any, kwargs: dict) -> str | None:
@@ -333,6 +378,15 @@ class TensorWrites:
         cannot be told."""
         return self._on and self.mode.reads.await_read(tensors, unread)
 
+    def follow(self, tensor: torch.Tensor, origin: object) -> None:
+        """Follow `tensor` through what the script computes from it (Derivations), as from `origin`."""
+        if self._on:
+            self.mode.derivations.follow(tensor, origin)
+
+    def origin(self, tensor: Any) -> object | None:
+        """The origin of a followed tensor `tensor` was computed from (None: none)."""
+        return self.mode.derivations.origin(tensor) if self.mode.derivations else None
+
     def read_elsewhere(self, args: tuple, kwargs: dict) -> None:
         """Tensors handed to a call the mode does not see (a collective): read."""
         if self.mode.reads:
@@ -344,6 +398,7 @@ class TensorWrites:
             return
         self._on = False
         self.mode.reads.clear()
+        self.mode.derivations.clear()
         stack = torch.overrides._get_current_function_mode_stack()
         if stack and stack[-1] is self.mode:
             self.mode.__exit__(None, None, None)

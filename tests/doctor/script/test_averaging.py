@@ -173,6 +173,16 @@ def test_a_step_after_a_backward_under_no_sync_is_named_at_the_no_sync_call():
     assert "its latest backward pass ran under no_sync() (entered at train.py:52)" in finding.message
 
 
+def test_a_no_sync_chosen_by_a_condition_is_named_at_the_condition():
+    def rank(r: int) -> dict:
+        return _facts([_step(1), _step(2, grads=(10 + r, 20 + r), unreduced=["w", "b"], unsynced_at=["train.py:52"],
+                                       unsynced_chosen_at=["train.py:50"])])
+
+    (finding,) = _findings({0: rank(0), 1: rank(1)})
+    assert finding.locations == {"0": "train.py:50", "1": "train.py:50"}
+    assert "(entered at train.py:52, chosen by the condition at train.py:50)" in finding.message
+
+
 def test_the_watch_counts_a_ddp_parameter_averaged_only_after_a_synchronising_backward():
     moments, patches, watch = _watching()
     try:

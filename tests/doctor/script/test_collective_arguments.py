@@ -66,7 +66,8 @@ class Unnamed:
         self.tensor = tensor
 
 
-def test_a_result_dropped_before_any_read_is_named_and_one_read_first_is_not():
+def _watching() -> tuple[Moments, ArgumentWatch, TensorWrites, Patches]:
+    """The watch on a host whose state-write mode is on (patches.undo() takes it off)."""
     moments = Moments()
     watch = ArgumentWatch(moments, BookkeepingByKind())
     writes = TensorWrites(lambda write: None, Bookkeeping("the test's state-write watch"), lambda: False, lambda: False,
@@ -74,6 +75,11 @@ def test_a_result_dropped_before_any_read_is_named_and_one_read_first_is_not():
     moments.tensor_writes = writes
     patches = Patches()
     writes.install(patches)
+    return moments, watch, writes, patches
+
+
+def test_a_result_dropped_before_any_read_is_named_and_one_read_first_is_not():
+    moments, watch, writes, patches = _watching()
 
     def returned(op: str, result: Unnamed, site: str, *rest: torch.Tensor) -> None:
         moments.emit("collective_returned", op, (result.tensor, *rest), {}, site, None)
@@ -124,16 +130,47 @@ def test_a_result_dropped_before_any_read_is_named_and_one_read_first_is_not():
 
 
 def test_results_still_awaited_when_the_mode_comes_off_are_not_said_unread():
-    moments = Moments()
-    watch = ArgumentWatch(moments, BookkeepingByKind())
-    writes = TensorWrites(lambda write: None, Bookkeeping("the test's state-write watch"), lambda: False, lambda: False,
-                          lambda: None)
-    moments.tensor_writes = writes
-    patches = Patches()
-    writes.install(patches)
+    moments, watch, writes, patches = _watching()
     reduced = Unnamed(torch.tensor([3.0, 5.0]))
     moments.emit("collective_returned", "all_reduce", (reduced.tensor,), {}, "train.py:31", None)
     writes.stop()  # the script compiles: its reads are no longer seen
     patches.undo()
     del reduced.tensor
     assert watch.facts()["unread"] == []
+
+
+def test_a_loss_computed_from_the_gathered_copy_of_a_ranks_own_features_is_named_at_the_gather():
+    moments, watch, writes, patches = _watching()
+    anchors = torch.ones(3, 2, requires_grad=True)
+
+    def gathered_loss(site: str, *, restore: bool = False, detached: bool = False) -> torch.Tensor:
+        features = anchors * 2
+        if detached:
+            features = features.detach()
+        gathered = [torch.zeros(3, 2), torch.zeros(3, 2)]  # slot 0 is this rank's (no process group: rank 0)
+        moments.emit("collective_returned", "all_gather", (gathered, features), {}, site, None)
+        if restore:
+            gathered[0] = features
+        return (anchors @ torch.cat(gathered).T).logsumexp(1).mean()
+
+    try:
+        moments.emit("backward", gathered_loss("train.py:40"))
+        moments.emit("backward", gathered_loss("train.py:50", restore=True))  # the own slot put back: the copy is dropped
+        moments.emit("backward", gathered_loss("train.py:60", detached=True))  # nothing to lose: no gradient wanted
+        with torch.no_grad():
+            moments.emit("backward", gathered_loss("train.py:70"))  # a gather for a metric
+        differentiable = anchors * 2  # torch.distributed.nn's all_gather: its result carries the gradient
+        moments.emit("collective_returned", "all_gather", ([differentiable],), {}, "train.py:80", (differentiable,))
+        moments.emit("backward", differentiable.sum())
+        moments.emit("backward", gathered_loss("train.py:40"))  # the same gather again: said once
+    finally:
+        patches.undo()
+    facts = {NAME: watch.facts()}
+    (entry,) = facts[NAME]["gathered_into_loss"]
+    assert entry["site"] == "train.py:40" and entry["loss_site"].endswith("test_collective_arguments.py:" + str(
+        next(i for i, line in enumerate(open(__file__).read().splitlines(), 1)
+             if 'moments.emit("backward", gathered_loss("train.py:40"))' in line)))
+    (finding,) = registry.findings({0: facts, 1: facts}, [NAME])
+    assert (finding.category, finding.severity, finding.locations) == (
+        "gathered_copy_in_loss", "warning", {"0": "train.py:40", "1": "train.py:40"})
+    assert "dist.all_gather is not differentiable" in finding.message

@@ -21,7 +21,7 @@ def main() -> None:
     torch.manual_seed(0)
     ddp = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    for epoch in range(3):  # no sampler.set_epoch(epoch)
+    for epoch in range(3):  # doctor: epochs
         for x, y in loader:  # doctor: loop
             loss = F.mse_loss(ddp(x), y)
             opt.zero_grad()

@@ -30,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gradsync import compat
 from gradsync.rundir.records import Finding
-from gradsync.run.activity import enclosing_loop
-from gradsync.callsite import OWN, caller_location, file_kind, location, short_path, user_frame
+from gradsync.run.activity import choosing_condition, enclosing_loop
+from gradsync.callsite import caller_location, entry_site, location, short_path, user_frame
 from gradsync.run.check_primitives import Patches, dtensor_class, tensor_fingerprint, tensors_fingerprint
 from gradsync.run.harmless import BookkeepingByKind
 from gradsync.doctor.script.compare import names_text, ranks_text
@@ -82,6 +82,7 @@ class AveragingWatch:
         self._forwarded: dict[int, bool] = {}  # id of a DDP model that ran a training forward since its backward -> it syncs
         self._last_synced: dict[int, bool] = {}  # id of a DDP model -> whether its latest backward synchronised
         self._no_sync_site: str | None = None  # the line that entered no_sync() last
+        self._no_sync_conditions: dict[str | None, str | None] = {}  # that line -> the condition that chose it
         self._unsynced: list[str | None] = []  # lines of the backward passes since the last step that did not sync
         moments.on("wrapped", self._wrapped, self.bookkeeping)
         moments.on("forward_starts", self._forward_starts, self.bookkeeping)
@@ -109,7 +110,9 @@ class AveragingWatch:
         def make_no_sync(original):
             def no_sync(ddp, *args, **kwargs):
                 with watch.bookkeeping:
-                    watch._no_sync_site = caller_location()
+                    watch._no_sync_site = site = caller_location()
+                    if site not in watch._no_sync_conditions and len(watch._no_sync_conditions) < BYPASSES_KEPT:
+                        watch._no_sync_conditions[site] = choosing_condition(sys._getframe(1))
                 return original(ddp, *args, **kwargs)
 
             return no_sync
@@ -140,7 +143,7 @@ class AveragingWatch:
             if (self.moments.forwarding or not module.training or not torch.is_grad_enabled()
                     or len(self.bypasses) >= BYPASSES_KEPT):
                 return
-            site = _entry_site(module)
+            site = entry_site(module)
             if all(b["site"] != site for b in self.bypasses):
                 self.bypasses.append({"site": site, "step": self.moments.steps + 1})
 
@@ -206,6 +209,8 @@ class AveragingWatch:
             "by_hand": by_hand,
             "unreduced": unreduced,
             "unsynced_at": list(dict.fromkeys(self._unsynced)),  # passes since the last step under no_sync()
+            # the condition that chose each of those no_sync() lines (None: none holds it)
+            "unsynced_chosen_at": [self._no_sync_conditions.get(site) for site in dict.fromkeys(self._unsynced)],
             "created": created,  # where each unreduced parameter was made
             "twice": twice,
             "scaled_by": scaled,
@@ -264,21 +269,6 @@ def _loop_around(frame: Any) -> str | None:
     code = frame.f_code
     loop = enclosing_loop(code.co_filename, code.co_firstlineno, {frame.f_lineno})
     return f"{short_path(code.co_filename)}:{loop}" if loop is not None else None
-
-
-def _entry_site(module: Any) -> str | None:
-    """The user's line that called into `module` from outside it: the caller of the outermost
-    frame running one of its methods (`model.module.compute_loss(batch)`, whose method then calls
-    the forward); else the innermost user frame."""
-    frame, entered = sys._getframe(1), None
-    while frame is not None:
-        if frame.f_locals.get("self") is module:
-            entered = frame
-        frame = frame.f_back
-    caller = entered.f_back if entered is not None else None
-    if caller is not None and file_kind(caller.f_code.co_filename) == OWN:
-        return location(caller)
-    return location(user_frame(sys._getframe(1)))
 
 
 # -- the rule -----------------------------------------------------------------------------------
@@ -368,10 +358,15 @@ def _not_averaged(recorded: dict[int, Any]) -> list[Finding]:
                    "or wrap the model in DistributedDataParallel, which averages every parameter it was given.")
         elif set(missing) <= set(first["in_ddp"]) and any(r.get("unsynced_at") for r in by_rank.values()):
             site = next(r["unsynced_at"][-1] for r in by_rank.values() if r.get("unsynced_at"))
+            # Named at the condition that chose no_sync() for the micro-batch the step ended, where it is known.
+            chosen = {rank: (r.get("unsynced_chosen_at") or [None])[-1] or (r.get("unsynced_at") or [site])[-1] or "?"
+                      for rank, r in by_rank.items()}
+            condition = chosen[ranks[0]]
             why = (f"DDP did not average them before this step: its latest backward pass ran under no_sync() (entered at "
-                   f"{site}), so the step applied each rank's own accumulated gradient; the condition that chose "
-                   "no_sync() and the one that chose the step disagreed on this micro-batch")
-            locations = {str(rank): (by_rank[rank].get("unsynced_at") or [site])[-1] or "?" for rank in ranks}
+                   f"{site}{f', chosen by the condition at {condition}' if condition != site else ''}), so the step "
+                   "applied each rank's own accumulated gradient; the condition that chose no_sync() and the one that "
+                   "chose the step disagreed on this micro-batch")
+            locations = {str(rank): chosen[rank] for rank in ranks}
             fix = ("Step only after a backward pass outside no_sync(): derive both from one condition, e.g. `sync = "
                    "(i + 1) % accumulation == 0 or i + 1 == len(loader)`; `with ddp.no_sync() if not sync else "
                    "nullcontext(): loss.backward()`; `if sync: optimizer.step()`.")

@@ -12,6 +12,14 @@ values. So the tensor a collective wrote into (or returned) is watched until its
 (gradsync.run.tensor_writes.ResultReads: any torch function, collective or Python use of it); one
 dropped before that was never read.
 
+And a gathered copy carries no gradient: `dist.all_gather(gathered, features)` fills every slot,
+this rank's own included, with copies that autograd does not connect to `features`. A loss
+computed from `torch.cat(gathered)` (a contrastive loss's candidates, the statistics of a global
+batch) then gives this rank's features no gradient through their own slot. So the own slot of an
+all_gather of a tensor that requires grad is followed through every torch call computed from it
+(gradsync.run.tensor_writes.Derivations), and a loss it reaches at backward is said; a script that
+puts its own tensor back in the slot (the usual fix) drops the copy, which then reaches nothing.
+
 So each rank records, for each of the first collectives the script calls itself on tensors, the
 dtypes it passed and whether its outputs share memory with each other, or its input with an
 output other than its own slot, and the results dropped unread. The rule names a call whose
@@ -29,7 +37,7 @@ from typing import Any, TypedDict
 
 import torch
 
-from gradsync.callsite import is_user_file, short_path, user_frame
+from gradsync.callsite import caller_location, is_user_file, short_path, user_frame
 from gradsync.doctor.script.compare import ranks_text
 from gradsync.doctor.script.shared_facts import own_facts
 from gradsync.doctor.script.unit import Category, Check, RankFacts
@@ -81,6 +89,9 @@ class ArgumentFacts(TypedDict):
     calls: list[dict[str, Any]]
     # results nothing read before they were dropped: {"op", "site", "times"}, by op and line
     unread: list[dict[str, Any]]
+    # losses computed from this rank's own slot of an all_gather of a tensor that requires grad:
+    # {"site": the all_gather's line, "loss_site": the backward's, "step": optimizer steps before it}
+    gathered_into_loss: list[dict[str, Any]]
 
 
 def _argument(args: tuple, kwargs: dict, where: tuple[int, str]) -> Any:
@@ -117,9 +128,12 @@ class ArgumentWatch:
         self.bookkeeping = bookkeeping[f"the {NAME} check's watch"]
         self.calls: list[dict[str, Any]] = []
         self.unread: list[dict[str, Any]] = []
+        self.gathered_into_loss: list[dict[str, Any]] = []
         self._awaited = 0  # results watched so far
         moments.on("collective", self._collective, self.bookkeeping)
         moments.on("collective_returned", self._returned, self.bookkeeping)
+        moments.on("collective_returned", self._gathered, self.bookkeeping)
+        moments.on("backward", self._backward, self.bookkeeping)
 
     def install(self, patches: Patches) -> None:
         """Nothing beyond the host's moments."""
@@ -173,6 +187,30 @@ class ArgumentWatch:
         if writes.await_read(result, lambda: self._unread(op, site)):
             self._awaited += 1
 
+    def _gathered(self, op: str, args: tuple, kwargs: dict, site: str | None, returned: Any) -> None:
+        """Follow this rank's own slot of an all_gather of a tensor that requires grad, in a forward
+        that records gradients: dist.all_gather is not differentiable, so that slot is a copy no
+        gradient flows back through (a script that puts its own tensor back in the slot drops it)."""
+        writes = self.moments.tensor_writes
+        if writes is None or op != "all_gather" or returned is not None or not torch.is_grad_enabled():
+            return
+        inputs = _tensors(_argument(args, kwargs, _OUTPUTS[op][1]))
+        outputs = _tensors(_argument(args, kwargs, _OUTPUTS[op][0]))
+        if len(inputs) != 1 or not inputs[0].requires_grad or len(outputs) < 2:
+            return
+        own = _own_slot(_group(args, kwargs), len(outputs))
+        if own is not None and outputs[own] is not inputs[0] and not outputs[own].requires_grad:
+            writes.follow(outputs[own], site)
+
+    def _backward(self, tensors: Any) -> None:
+        writes = self.moments.tensor_writes
+        if writes is None or len(self.gathered_into_loss) >= MAX_CALLS:
+            return
+        for tensor in _tensors(tensors):
+            site = writes.origin(tensor)
+            if site is not None and all(entry["site"] != site for entry in self.gathered_into_loss):
+                self.gathered_into_loss.append({"site": site, "loss_site": caller_location(), "step": self.moments.steps})
+
     def _unread(self, op: str, site: str | None) -> None:
         with self.bookkeeping:  # called as the tensor dies, wherever the script is then
             for entry in self.unread:
@@ -183,7 +221,7 @@ class ArgumentWatch:
                 self.unread.append({"op": op, "site": site, "times": 1})
 
     def facts(self) -> ArgumentFacts:
-        return {"calls": self.calls, "unread": self.unread}
+        return {"calls": self.calls, "unread": self.unread, "gathered_into_loss": self.gathered_into_loss}
 
 
 def _named(held: Any, result: list[torch.Tensor], frame: Any) -> bool:
@@ -251,7 +289,31 @@ def collective_arguments(checks: RankFacts) -> list[Finding]:
     recorded = own_facts(checks, NAME)
     if recorded is None:
         return []
-    return [*(_aliased(recorded) or _dtypes_differ(recorded)), *_results_unread(recorded)]
+    return [*(_aliased(recorded) or _dtypes_differ(recorded)), *_results_unread(recorded), *_gathered_into_loss(recorded)]
+
+
+def _gathered_into_loss(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
+    found = {rank: facts["gathered_into_loss"][0] for rank, facts in recorded.items() if facts.get("gathered_into_loss")}
+    if not found:
+        return []
+    ranks = sorted(found)
+    first = found[ranks[0]]
+    return [Finding(
+        "gathered_copy_in_loss",
+        "warning",
+        ranks,
+        f"On {ranks_text(ranks)}, the loss passed to backward at {first['loss_site'] or '?'} was computed from this "
+        f"rank's own slot of the dist.all_gather at {first['site'] or '?'}, which gathered a tensor that requires grad. "
+        "dist.all_gather is not differentiable: that slot is a copy no gradient flows back through, so the features "
+        "reach the loss through the gathered batch as constants, and their gradient misses that part of the loss "
+        "(a contrastive loss then trains each rank's features only as anchors, not as candidates).",
+        "Put the rank's own tensor back in its slot after the gather (`gathered[rank] = features`, before "
+        "`torch.cat(gathered)`), or gather with the differentiable torch.distributed.nn.functional.all_gather; "
+        "detach the input first if the gathered batch is meant to carry no gradient.",
+        locations={str(rank): found[rank]["site"] or "?" for rank in ranks},
+        step=first["step"] + 1,
+        details={"loss_site": first["loss_site"]},
+    )]
 
 
 def _results_unread(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
@@ -340,7 +402,8 @@ def _dtypes_differ(recorded: dict[int, dict[str, Any]]) -> list[Finding]:
 
 CHECK = Check(
     name=NAME,
-    summary="the tensors handed to a collective: outputs that share memory, dtypes that differ by rank, results unread",
+    summary="the tensors handed to a collective: outputs that share memory, dtypes that differ by rank, results "
+            "unread, a gathered copy of a rank's own features in its loss",
     categories={
         "collective_output_aliased": Category(
             ("error",),
@@ -364,6 +427,15 @@ CHECK = Check(
             "script goes on with its own values. Named at the call. Results the script holds by a name (a local, an "
             "item of one, an attribute: maybe read later), a few zeros and ones (a barrier's token), views, and "
             "tensors whose memory another tensor holds (`p.grad.data`) are left alone",
+        ),
+        "gathered_copy_in_loss": Category(
+            ("warning",),
+            "a loss was computed from the gathered copy of this rank's own features, which carries no gradient",
+            "this rank's own slot of a `dist.all_gather` of a tensor that requires grad (called while gradients are "
+            "recorded) reached the loss passed to backward (followed through every torch call computed from it): "
+            "all_gather is not differentiable, so the features' gradient misses what they contribute through the "
+            "gathered batch. Named at the all_gather. A slot the script puts its own tensor back in, the "
+            "differentiable torch.distributed.nn all_gather, a detached input and a gather under no_grad are left alone",
         ),
     },
     rule=collective_arguments,

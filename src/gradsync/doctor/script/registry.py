@@ -15,9 +15,9 @@ from gradsync.run.harmless import BookkeepingByKind
 from gradsync.run.moments import Moments, Watch
 from gradsync.rundir.records import Finding, register_categories
 from gradsync.doctor.script import (
-    accumulation, averaging, collective_arguments, data_split, dataset_generator, eval_mode, find_unused, fsdp_root,
+    accumulation, averaging, collective_arguments, comm_hook_average, data_split, dataset_generator, eval_mode, find_unused, fsdp_root,
     identical_batches, line_trace, loss_scale, parameter_order, pipeline_messages, replicas, same_file, sampler_epoch,
-    sampler_overlap, shared_random_draws, skipped_step, stale_gradients, state_dict_keys, state_writes,
+    sampler_overlap, schedule_length, shared_random_draws, skipped_step, stale_gradients, state_dict_keys, state_writes,
     tensor_parallel_inputs, uneven_batches, update_differs,
 )
 from gradsync.doctor.script.unit import Category, Check, RankFacts
@@ -42,11 +42,13 @@ CHECKS: tuple[Check, ...] = (
     eval_mode.CHECK,
     parameter_order.CHECK,
     averaging.CHECK,
+    comm_hook_average.CHECK,
     skipped_step.CHECK,
     stale_gradients.CHECK,
     state_writes.CHECK,
     state_dict_keys.CHECK,
     update_differs.CHECK,
+    schedule_length.CHECK,
     line_trace.CHECK,
     collective_arguments.CHECK,
     same_file.CHECK,

@@ -43,18 +43,21 @@ def sampler_epoch_not_set(checks: RankFacts) -> list[Finding]:
     if not repeats:
         return []
     epochs = sorted({p["epoch"] for p in repeats.values()})
+    # Named at the loop around the pass (the epoch loop): where the missing set_epoch call belongs.
+    loops = sorted({p.get("epoch_loop") or p["site"] or "?" for p in repeats.values()})
     return [
         Finding(
             "sampler_epoch_not_set",
             "warning",
             sorted(repeats),
             f"A shuffling DistributedSampler started another pass with the same epoch ({', '.join(map(str, epochs))}) "
-            f"as its previous pass on {ranks_text(list(repeats))} (loop at "
-            f"{', '.join(sorted({p['site'] or '?' for p in repeats.values()}))}): every epoch repeats the same "
-            "order, because the sampler's shuffle is seeded by its epoch and set_epoch was not called.",
-            "Call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader "
+            f"as its previous pass on {ranks_text(list(repeats))} (pass at "
+            f"{', '.join(sorted({p['site'] or '?' for p in repeats.values()}))}, in the loop at {', '.join(loops)}): "
+            "every epoch repeats the same order, because the sampler's shuffle is seeded by its epoch and the loop "
+            "never calls set_epoch.",
+            f"Call sampler.set_epoch(epoch) at the start of the loop at {loops[0]}, before iterating the DataLoader "
             "(gradsync's trainer.epochs() does it for its loader).",
-            locations={str(rank): p["site"] or "?" for rank, p in sorted(repeats.items())},
+            locations={str(rank): p.get("epoch_loop") or p["site"] or "?" for rank, p in sorted(repeats.items())},
             details={"epoch": epochs[0]},
         )
     ]
@@ -68,7 +71,8 @@ CHECK = Check(
             ("warning",),
             "a shuffling DistributedSampler repeated an epoch's order (no set_epoch)",
             "a shuffling `DistributedSampler` was iterated again at the same line with the same epoch and no "
-            "`set_epoch` in between: same order every epoch. Two passes in one epoch at two lines "
+            "`set_epoch` in between: same order every epoch. Named at the loop around the pass, where `set_epoch` "
+            "belongs. Two passes in one epoch at two lines "
             "(`list(sampler)` to warm a cache, then the DataLoader) are not this",
         ),
     },
