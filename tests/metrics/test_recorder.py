@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import gradsync
-from gradsync.metrics.recorder import aggregate, interval_summary
+from gradsync.metrics.recorder import StepRecord, aggregate, interval_summary
+from gradsync.metrics.timing import Clock
 from tests.harness import launch
 
 REQUIRED = {
@@ -61,6 +62,37 @@ def test_one_rank_is_its_own_slowest_and_ranks_busy_alike_name_the_lowest():
 def test_a_step_of_no_time_has_no_rate_and_no_share():
     row = aggregate([_record(0.0, 0.0), _record(0.0, 0.0)])
     assert row["samples_per_s"] == 0.0 and row["exposed_comm_share"] == 0.0 and row["slowest_rank"] == 0
+
+
+def test_exposed_communication_is_bounded_by_its_step_by_construction():
+    """Injected marks (seconds on the CPU clock) where summing the waits passed the step: a wait
+    begun before the step's window, two meters timing the same wait, an estimate from another step."""
+    clock = Clock(torch.device("cpu"))
+    record = StepRecord(step=2, epoch=0, start=10.0, end=11.0)
+    record.exposed = [(9.5, 10.25), (10.5, 11.0), (10.75, 11.0)]  # old sum: 0.75 + 0.5 + 0.25 = 1.5 s
+    record.exposed_estimate_s = 0.5
+    assert sum(b - a for a, b in record.exposed) + record.exposed_estimate_s > 1.0  # what the old code read
+    # Inside the step: [10, 10.25] and [10.5, 11] merged with [10.75, 11] = 0.75 s, and the estimate fills the rest.
+    assert record.exposed_seconds(clock) == 1.0
+    row = record.resolve(clock)
+    assert row["exposed_comm_s"] <= row["step_time_s"] == 1.0
+    shares = aggregate([{**row, "values": {}}, {**row, "values": {}}])
+    assert 0 <= shares["exposed_comm_share"] <= 1
+    apart = StepRecord(step=3, epoch=0, start=0.0, end=2.0)
+    apart.exposed = [(0.5, 0.75), (1.0, 1.5)]
+    assert apart.exposed_seconds(clock) == 0.75  # separate waits inside the step add up as they were
+
+
+def test_the_pipeline_bubble_is_a_share_of_the_schedule_measured_on_one_span():
+    # Counters where the schedule's time passed the step's (another clock, a schedule run outside
+    # the window): the old share of the step read 1.5.
+    def rank(schedule_s: float, compute_s: float) -> dict:
+        return _record(1.0, 0.0, comm={"raw_bytes": 64, "sent_bytes": 64, "pipeline_schedule_s": schedule_s,
+                                       "pipeline_compute_s": compute_s})
+
+    assert (2.0 - 0.5) / 1.0 > 1  # what the old code read for the first rank
+    assert aggregate([rank(2.0, 0.5), rank(2.0, 1.5)])["pipeline_bubble_share"] == pytest.approx((0.75 + 0.25) / 2)
+    assert aggregate([rank(0.0, 0.0)])["pipeline_bubble_share"] == 0.0  # no schedule ran: no bubble
 
 
 def test_the_interval_names_the_rank_busiest_on_average_and_the_spread():

@@ -93,8 +93,9 @@ def test_ranks_that_wait_alike_name_the_lowest_rank_slowest():
 
 
 def test_a_wait_share_stays_between_none_and_all_of_the_interval():
-    """A wait counter summed over threads can outrun the clock, and a restarted worker's starts again
-    from zero: the shares are clamped, not carried into the slowest rank or the imbalance."""
+    """Readings of an older gradsync (waits summed as they ended) can outrun the clock, and a restarted
+    worker's count starts again from zero: those shares are cut, not carried into the slowest rank or
+    the imbalance. Readings taken now cannot outrun it (run.collectives.WaitClock)."""
     over = readings(wait_share=1.5)
     restarted = [{**row, "communication_wait_s": 100.0 - row["communication_wait_s"]} for row in readings(wait_share=0.2)]
     found = timeline({0: over, 1: restarted})

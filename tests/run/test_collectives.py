@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from gradsync.run.collectives import CollectiveRecorder, Record, install
+from gradsync.run.collectives import CollectiveRecorder, Record, WaitClock, install
 from tests.harness import launch
 from tests.run.side_by_side import gloo_world, gradsync_warnings, outcome
 
@@ -354,7 +354,7 @@ def _late_peer_training(rank, recorder):
     broadcast inside the second forward, which no hook sees. Rank 0 times each backward and the
     all_reduce from the outside, the bounds of what it can have waited in them."""
     model = DistributedDataParallel(torch.nn.Linear(4, 4))
-    recorder.communication_wait_s = 0.0  # DDP's construction broadcast waited too: not part of this
+    recorder.waits = WaitClock()  # DDP's construction broadcast waited too: not part of this
     timed_calls_s = 0.0
     for step in (1, 2, 3):
         if rank == 1 and step == 2:
@@ -631,3 +631,21 @@ def test_object_collectives_agree_on_what_they_exchange_not_on_what_each_rank_ke
     assert signature("all_gather_object", [None], {"loss": 1.0}) == signature("all_gather_object", [None, None], {"loss": 1.0})
     # broadcast_object_list first exchanges one size per object: the lists' lengths must agree.
     assert signature("broadcast_object_list", [1, 2, 3], 0) != signature("broadcast_object_list", [1, 2], 0)
+
+
+def test_the_wait_clock_counts_the_union_of_waits_and_the_one_under_way():
+    """Injected instants: what a reading at each instant says the script had waited by then."""
+    waits = WaitClock()
+    waits.begin(10.0)
+    assert waits.seconds(10.5) == 0.5  # under way: counted up to the reading
+    waits.begin(10.5)  # a blocking collective inside a backward's final wait: the same time, once
+    waits.end(11.0)
+    assert waits.seconds(11.25) == 1.25
+    waits.end(12.0)
+    assert waits.seconds(20.0) == 2.0
+    waits.end(21.0)  # an end without its begin (a wait begun before the clock was replaced) changes nothing
+    assert waits.seconds(30.0) == 2.0
+    # Read at any two instants, the count never grows by more than the time between them.
+    waits.begin(30.0)
+    readings = [(t, waits.seconds(t)) for t in (30.5, 31.0, 31.75)]
+    assert all(w2 - w1 <= t2 - t1 for (t1, w1), (t2, w2) in zip(readings, readings[1:]))

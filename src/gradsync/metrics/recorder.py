@@ -7,6 +7,7 @@ the same everywhere and no rank waits on rank 0's file writes.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,8 +62,23 @@ class StepRecord:
         total[1] += weight
 
     def exposed_seconds(self, clock: Clock) -> float:
-        """The step's gradient communication that backward (or the trainer) waited for."""
-        return sum(clock.seconds(a, b) for a, b in self.exposed) + self.exposed_estimate_s
+        """The step's communication that training waited for, within the step's own span.
+
+        Bounded by construction, so that its share of the step cannot leave [0, 1]: the waits are
+        taken as offsets from the step's start, cut to the span the step time measures (a wait
+        begun before the window opened counts from its start), and merged where they overlap (two
+        meters may time the same wait); an estimate carried from another step fills at most the
+        rest of the span."""
+        span = clock.seconds(self.start, self.end) if self.end is not None else math.inf
+        waits = sorted((max(0.0, clock.seconds(self.start, a)), min(span, clock.seconds(self.start, b)))
+                       for a, b in self.exposed)
+        measured, reached = 0.0, 0.0
+        for begin, finish in waits:
+            begin = max(begin, reached)
+            if finish > begin:
+                measured += finish - begin
+                reached = finish
+        return measured + min(self.exposed_estimate_s, max(0.0, span - measured))
 
     def resolve(self, clock: Clock) -> dict[str, Any]:
         """Plain numbers (JSON-ready); waits for the step's device work on CUDA."""
@@ -158,10 +174,12 @@ def _communication(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         if kind in comm:
             values[kind] = comm[kind]
     if "pipeline_schedule_s" in comm:
-        # A pipeline's bubble, measured: the share of the step each rank's stages sat waiting
-        # inside the schedule (for neighbours' activations or gradients), averaged over ranks.
-        shares = [(r["comm"]["pipeline_schedule_s"] - r["comm"]["pipeline_compute_s"]) / r["step_time_s"]
-                  for r in per_rank if r["step_time_s"] > 0]
+        # A pipeline's bubble, measured: the share of the schedule's time each rank's stages sat
+        # waiting inside it (for neighbours' activations or gradients), averaged over ranks. Over
+        # one span for both, by construction in [0, 1]: the stages' compute is timed inside the
+        # schedule's run, on the same clock, so it never exceeds it.
+        shares = [1.0 - r["comm"]["pipeline_compute_s"] / r["comm"]["pipeline_schedule_s"]
+                  for r in per_rank if r["comm"].get("pipeline_schedule_s", 0.0) > 0]
         values["pipeline_bubble_share"] = statistics.fmean(shares) if shares else 0.0
     return values
 

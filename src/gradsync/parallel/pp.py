@@ -21,10 +21,11 @@ per step with nothing gathered. torch's stages drive DDP's `no_sync` across micr
 themselves. With a model too large for one stage per GPU, FSDP under the pipeline is the next
 step; it is not built here.
 
-What a step measures (on each rank): the time its stages computed and the schedule's wall
-time. The rest is waiting for neighbours, the bubble and the transfers together: it is the
-step's exposed communication, and its share of the step, averaged over the ranks, is the
-metrics' `pipeline_bubble_share`.
+What a step measures (on each rank): the time its stages computed inside the schedule's runs and
+the schedule's wall time, on one clock. The rest is waiting for neighbours, the bubble and the
+transfers together: it is the step's exposed communication, and its share of the schedule's time
+(the bubble fraction as pipeline papers define it), averaged over the ranks, is the metrics'
+`pipeline_bubble_share`, within [0, 1] by construction.
 """
 
 from __future__ import annotations
@@ -215,8 +216,9 @@ class PipelineStrategy(Strategy):
         self._loss_scale: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._raw_losses: list[tuple[torch.Tensor, int]] = []
         # Running totals (a step's are differences): seconds computing, seconds in the schedule, bytes sent.
-        self._compute_s = 0.0
+        self._compute_s = 0.0  # counted only inside the schedule's runs: it is a part of _schedule_s
         self._schedule_s = 0.0
+        self._scheduling = False  # a schedule's run is under way (the stages' compute counts)
         self._p2p_bytes = 0.0
         self._all_reduce_bytes = 0.0  # "pp+ddp": each stage's gradient all-reduces across pipelines
         self._idle_s_last = 0.0
@@ -313,7 +315,8 @@ class PipelineStrategy(Strategy):
                 try:
                     return method(*args, **kwargs)
                 finally:
-                    strategy._compute_s += time.perf_counter() - started
+                    if strategy._scheduling:  # nested in the schedule's run, on its clock: never more than it
+                        strategy._compute_s += time.perf_counter() - started
             return run
 
         def counted(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -377,9 +380,13 @@ class PipelineStrategy(Strategy):
         self._raw_losses = []
         schedule, _ = self._schedule_for(self._batch_len)
         compute_before = self._compute_s
-        started = time.perf_counter()
         args = (inputs if isinstance(inputs, tuple) else (inputs,)) if self.is_first else ()
-        schedule.step(*args, target=targets if self.is_last else None)
+        self._scheduling = True
+        started = time.perf_counter()
+        try:
+            schedule.step(*args, target=targets if self.is_last else None)
+        finally:
+            self._scheduling = False
         if self._synced and self.ddp_modules:
             self._reductions += 1  # the schedule's last backward all-reduced each stage's gradients
             self._all_reduce_bytes += self._gradient_bytes()

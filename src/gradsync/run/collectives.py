@@ -125,7 +125,7 @@ class CollectiveRecorder:
         self.optimizer_steps = 0
         # The ends of the latest optimizer steps (time.time()), for `gradsync status`'s recent step time.
         self.step_ends: deque[float] = deque(maxlen=STEP_ENDS_KEPT)
-        self.communication_wait_s = 0.0
+        self.waits = WaitClock()
         self.first_nonfinite: dict[str, Any] | None = None
         self.nonfinite_passes = 0
         self.ddp_models: list[DDPWatch] = []
@@ -155,6 +155,11 @@ class CollectiveRecorder:
         self.pending_reductions: dict[int, DistributedDataParallel] = {}
         # non-finite checks of GPU losses, read one pass later when the GPU is long done with them
         self.pending_loss_checks: list[tuple[torch.Tensor, str | None]] = []
+
+    @property
+    def communication_wait_s(self) -> float:
+        """Seconds spent waiting on communication so far (WaitClock)."""
+        return self.waits.seconds(time.time())
 
     # -- recording --------------------------------------------------------------------------
 
@@ -227,15 +232,17 @@ class CollectiveRecorder:
         when entering it failed) is finished within `bookkeeping`."""
         if record is None:
             return call()
+        self.waits.begin(record.entered)
         try:
             result = call()
         except BaseException as error:
             with bookkeeping:
                 self.finish(record, error)
             raise
+        finally:
+            self.waits.end(time.time())
         with bookkeeping:
             self.finish(record)
-            self.communication_wait_s += record.finished - record.entered
         return result
 
     def finish_when_done(self, record: Record, future: Any) -> None:
@@ -635,6 +642,42 @@ def _nonfinite_names(bucket: dist.GradBucket, watch: DDPWatch) -> list[str]:
     ]
 
 
+class WaitClock:
+    """The seconds the script has waited on communication, as the union of its waits in time.
+
+    A wait is added when it ends, and the one under way counts up to the moment read, so the
+    count read at two instants never grows by more than the time between them: a reading's share
+    of waiting cannot leave [0, 1] by construction. Waits that overlap (a blocking collective
+    inside a backward's final wait, two threads) count once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = 0.0  # seconds of the waits that ended
+        self._since: float | None = None  # when the waits under way began (time.time())
+        self._under_way = 0
+
+    def begin(self, at: float) -> None:
+        with self._lock:
+            if self._under_way == 0:
+                self._since = at
+            self._under_way += 1
+
+    def end(self, at: float) -> None:
+        with self._lock:
+            if self._under_way == 0:
+                return
+            self._under_way -= 1
+            if self._under_way == 0 and self._since is not None:
+                self._done += max(0.0, at - self._since)
+                self._since = None
+
+    def seconds(self, now: float) -> float:
+        """The waits' seconds up to `now` (a wait under way counts up to it)."""
+        with self._lock:
+            under_way = max(0.0, now - self._since) if self._since is not None else 0.0
+            return self._done + under_way
+
+
 @dataclass
 class BucketReduction:
     """One gradient bucket handed to a comm hook, as the bucket listeners see it."""
@@ -1009,9 +1052,14 @@ def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, 
     """
     computed: list[float] = []
 
+    def computation_done() -> None:
+        if not computed:  # one wait per pass, however often the engine runs the callback
+            computed.append(time.time())
+            recorder.waits.begin(computed[0])
+
     def queue_mark(_grad_outputs: Any) -> None:
         with bookkeeping:
-            engine.queue_callback(lambda: computed.append(time.time()))
+            engine.queue_callback(computation_done)
 
     handle = None
     with bookkeeping:
@@ -1022,13 +1070,12 @@ def _timing_final_wait(recorder: CollectiveRecorder, engine: Any, tensors: Any, 
     if handle is None:
         return run()
     try:
-        result = run()
+        return run()
     finally:
+        if computed:
+            recorder.waits.end(time.time())
         with bookkeeping:
             handle.remove()
-    if computed:
-        recorder.communication_wait_s += time.time() - computed[0]
-    return result
 
 
 def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Callable[[], None]:

@@ -140,13 +140,14 @@ class SnapshotWriter(threading.Thread):
         except psutil.Error:
             return
         recorder = self.recorder
+        now = time.time()  # the waits read at the very instant the reading is stamped with
         progress = {
             "optimizer_steps": self._optimizer_steps(),
             "backward_passes": recorder.backward_passes,
-            "communication_wait_s": recorder.communication_wait_s,
+            "communication_wait_s": recorder.waits.seconds(now),
         }
         with self.system_log.open("a") as log:
-            log.write(json.dumps({"time": time.time(), **progress, **reading}) + "\n")
+            log.write(json.dumps({"time": now, **progress, **reading}) + "\n")
 
     def _optimizer_steps(self) -> int:
         """The trainer's own count when it runs (a resumed run continues from its checkpoint's

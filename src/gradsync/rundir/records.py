@@ -199,7 +199,7 @@ class MetricsRow(TypedDict, total=False):
     reduce_scatter_bytes: float
     all_reduce_bytes: float  # HSDP's across replicas, TP's activation exchanges
     p2p_bytes: float  # a pipeline's activations and their gradients, sent by rank 0
-    pipeline_bubble_share: float  # the share of the step a pipeline's ranks waited inside the schedule
+    pipeline_bubble_share: float  # the share of the schedule's time a pipeline's ranks waited inside it
     # The last row of each gather interval also carries:
     system: dict[str, dict[str, float]]  # rank -> mean readings
     rank_busy_s: dict[str, float]
