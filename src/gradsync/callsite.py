@@ -56,9 +56,10 @@ def _kind(code: types.CodeType) -> int:
     return verdict
 
 
-def short_path(filename: str) -> str:
-    """A path relative to the working directory when the file is under it (what the user typed)."""
-    return _short_path(filename, os.getcwd())
+def short_path(filename: str, working_dir: str | None = None) -> str:
+    """A path relative to the working directory (this process's, or `working_dir`: another
+    process's) when the file is under it (what the user typed)."""
+    return _short_path(filename, working_dir or os.getcwd())
 
 
 @functools.lru_cache(maxsize=4096)

@@ -4,8 +4,17 @@ The texts here are what Gloo and torch print (the end-to-end cases in test_zoo.p
 real aborts); the rules are judged on hand-made rank states, as in test_analysis.py.
 """
 
-from gradsync.run.analysis.last_words import classify, read_last_words
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gradsync.run.analysis.last_words import classify, read_fatal_stack, read_last_words
 from gradsync.run.analysis.rules import diagnose
+from gradsync.run.analysis.views import last_position
 from tests.run.test_analysis import exception, record, view
 
 GLOO_MISMATCH = (
@@ -122,3 +131,94 @@ def test_a_rank_the_backend_took_down_for_a_lost_peer_is_not_the_cause():
     first = view(1, [record(1)], exit=exception("corrupt sample", "ValueError", "data.py:7", time=10.0), exitcode=1)
     (finding,) = diagnose({0: lost, 1: first}, trigger="failure", now=20.0)["findings"]
     assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+
+
+# A native crash in a helper the training loop calls (a C call through ctypes reading address 0),
+# on rank 1 at its third step; rank 0 goes on to its next all_reduce and waits there.
+NATIVE_CRASH = """\
+import ctypes, time
+import torch, torch.distributed as dist
+def decode(record):
+    return ctypes.string_at(0)                  # line 4: the native call that crashes
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for step in range(5):
+        dist.all_reduce(torch.ones(4))          # line 9
+        if rank == 1 and step == 2:
+            decode(b"record")                   # line 11
+        time.sleep(0.2)
+    dist.destroy_process_group()
+main()
+"""
+
+
+@pytest.mark.launches
+def test_faulthandlers_dump_is_read_for_the_user_frames_of_the_crashed_thread(tmp_path):
+    (tmp_path / "crash.py").write_text(NATIVE_CRASH.replace("main()\n", "").replace("import ctypes, time", "import ctypes, time, faulthandler"))
+    dump = tmp_path / "fatal.txt"
+    code = f"import faulthandler, sys; sys.path.insert(0, {str(tmp_path)!r}); handle = open({str(dump)!r}, 'w'); " \
+           "faulthandler.enable(handle, all_threads=True); import crash; crash.decode(b'x')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -11 and "Fatal Python error" not in done.stderr  # into the file, not stderr
+    assert read_fatal_stack(dump, str(tmp_path)) == ["crash.py:4"]  # ctypes' own frame is not the user's
+    assert read_fatal_stack(tmp_path / "missing.txt") is None
+    (tmp_path / "empty.txt").write_text("")  # the rank ended otherwise: faulthandler wrote nothing
+    assert read_fatal_stack(tmp_path / "empty.txt") is None
+
+
+def test_a_rank_killed_by_a_signal_is_named_at_the_call_faulthandler_saw_it_in():
+    crashed = _killed(1, [record(1, site="train.py:9")], "SIGSEGV", None)
+    crashed.fatal_stack = ["train.py:4", "train.py:11", "train.py:15"]
+    views = {0: view(0, [record(1, site="train.py:9"), record(2, site="train.py:9", state="entered")], alive=True),
+             1: crashed}
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["locations"] == {"1": "train.py:4"}
+    assert "inside a call made at train.py:4" in finding["message"]
+    assert "train.py:4 <- train.py:11 <- train.py:15" in finding["message"]
+    assert "PYTHONFAULTHANDLER" not in finding["suggestion"] and finding["details"]["fatal_stack"] == {"1": crashed.fatal_stack}
+    # Without a dump (an older gradsync, a script that took faulthandler over): the last recorded position.
+    crashed.fatal_stack = None
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["locations"] == {"1": last_position(crashed)} != {"1": "train.py:4"}
+    assert "PYTHONFAULTHANDLER" in finding["suggestion"]
+
+
+def _run(tmp_path, script: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
+    (tmp_path / "train.py").write_text(script)
+    done = subprocess.run([sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "2",
+                           "--run-dir", "run", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **env})
+    return done, json.loads((tmp_path / "run" / "diagnosis.json").read_text())
+
+
+@pytest.mark.launches
+def test_a_native_crash_under_gradsync_run_is_named_at_the_users_line_that_made_the_call(tmp_path):
+    done, diagnosis = _run(tmp_path, NATIVE_CRASH)
+    assert done.returncode == 1, done.stderr
+    finding = diagnosis["findings"][0]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1], finding
+    assert finding["locations"] == {"1": "train.py:4"} and "train.py:4 <- train.py:11" in finding["message"]
+    assert "Fatal Python error" not in done.stdout + done.stderr  # the dump went to the run folder only
+    assert "Current thread" in (tmp_path / "run" / "workers" / "attempt0" / "fatal-rank1.txt").read_text()
+
+
+@pytest.mark.launches
+def test_a_faulthandler_the_user_asked_for_is_left_to_write_where_they_asked(tmp_path):
+    """The healthy twin: PYTHONFAULTHANDLER=1 (faulthandler on stderr before the script) and a script
+    that enables it itself both keep their output, under gradsync run as under plain Python."""
+    own = textwrap.dedent("""\
+        import faulthandler, sys, torch, torch.distributed as dist
+        faulthandler.enable()
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1))
+        faulthandler.dump_traceback(sys.stderr)
+        dist.destroy_process_group()
+        """)
+    done, diagnosis = _run(tmp_path, own)
+    assert done.returncode == 0 and diagnosis["status"] == "ok", done.stderr
+    assert done.stderr.count('train.py", line 5 in <module>') == 2  # each rank's, on the job's stderr
+    done, diagnosis = _run(tmp_path, NATIVE_CRASH, PYTHONFAULTHANDLER="1")
+    assert done.returncode == 1 and diagnosis["findings"][0]["ranks"] == [1]
+    assert "Fatal Python error: Segmentation fault" in done.stderr
+    assert not (tmp_path / "run" / "workers" / "attempt0" / "fatal-rank1.txt").exists()  # not gradsync's to take

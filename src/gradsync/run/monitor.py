@@ -29,7 +29,7 @@ import psutil
 
 from gradsync.run import faults
 from gradsync.run.analysis.attempts import earlier_attempts_finding, regrouped_finding, unfired_fault_findings
-from gradsync.run.analysis.last_words import classify, read_last_words
+from gradsync.run.analysis.last_words import classify, read_fatal_stack, read_last_words
 from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
@@ -231,7 +231,9 @@ class Monitor(threading.Thread):
         if "exit" not in state and "agent_exit" not in state:
             return state
         words = read_last_words(self.folder.log(attempt, rank))
-        return state if words is None else {**state, "last_words": list(words.lines)}
+        fatal = read_fatal_stack(self.folder.fatal(attempt, rank), state.get("cwd"))
+        return {**state, **({"last_words": list(words.lines)} if words is not None else {}),
+                **({"fatal_stack": fatal} if fatal is not None else {})}
 
     def _job_wide(self, attempt: int, snapshots, exits, max_age_s: float, not_before: float = 0.0,
                   until: Callable[[dict[str, Any]], bool] | None = None) -> tuple[dict, dict]:
@@ -467,9 +469,14 @@ class Monitor(threading.Thread):
             snapshot = view.snapshot or {}
             if not snapshot.get("remote"):
                 view.last_words = read_last_words(self.folder.log(attempt, rank))
-            elif isinstance(snapshot.get("last_words"), list):
-                words = classify("\n".join(str(line) for line in snapshot["last_words"]))
-                view.last_words = words if words.lines else None
+                if view.signal is not None:  # faulthandler writes only at a fatal signal
+                    view.fatal_stack = read_fatal_stack(self.folder.fatal(attempt, rank), snapshot.get("cwd"))
+            else:
+                if isinstance(snapshot.get("last_words"), list):
+                    words = classify("\n".join(str(line) for line in snapshot["last_words"]))
+                    view.last_words = words if words.lines else None
+                if isinstance(snapshot.get("fatal_stack"), list) and view.signal is not None:
+                    view.fatal_stack = [str(site) for site in snapshot["fatal_stack"]]
 
     def _add_notes(self, diagnosis: dict[str, Any], attempt: int) -> None:
         """The busy notes printed during the attempt, recorded with its diagnosis."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import functools
 import json
 import os
@@ -347,6 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     inherit(run.root)  # a trainer in the script writes its metrics into the launcher's folder
     output = WorkerOutput(run.log(identity["attempt"], identity["rank"]), options.show_backend_logs)
     atexit.register(output.close)  # run last by end_process, after the script's own exit handlers
+    _keep_last_words(run.fatal(identity["attempt"], identity["rank"]))
     recorder = CollectiveRecorder(options.ring_size)
     recorder.sink = RingWriter(run.ring(identity["attempt"], identity["rank"]), options.ring_size)
     install(recorder, record_buckets=options.record_buckets or options.doctor_steps is not None)
@@ -404,6 +406,27 @@ def main(argv: list[str] | None = None) -> None:
     finish({"status": "finished", "code": 0, "time": time.time()})
     teardown.armed = True
     end_process(0)
+
+
+def _keep_last_words(path: Path) -> None:
+    """Have faulthandler write every thread's Python stack into `path` at a fatal signal (SIGSEGV,
+    SIGBUS, SIGFPE, SIGABRT, SIGILL): a native crash then names the user's line that made the
+    call, where the process would otherwise die without a word of Python. Into a file of the run
+    folder, never the script's stderr; and not where faulthandler is on already (PYTHONFAULTHANDLER,
+    `python -X faulthandler`: the user asked for it on stderr). A script that enables it itself
+    later takes it over, as it would without gradsync. faulthandler re-raises the signal once it
+    has written, so the process ends by the same signal, with the same exit code."""
+    if faulthandler.is_enabled():
+        return
+    try:
+        handle = open(path, "w")  # noqa: SIM115 - held open for the process's life: the handler writes to its descriptor
+    except OSError:
+        return
+    faulthandler.enable(handle, all_threads=True)
+    _LAST_WORDS.append(handle)
+
+
+_LAST_WORDS: list[Any] = []  # the open file faulthandler writes into: kept alive for the process's life
 
 
 def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, options: RunOptions, identity: dict[str, Any]) -> ScriptCheck:

@@ -16,6 +16,7 @@ RING = "rank{}.ring"
 LOG = "rank{}.log"
 SYSTEM = "system-rank{}.jsonl"
 FAULT = "fault-rank{}.json"
+FATAL = "fatal-rank{}.txt"
 SCRIPT_CHECK = "script-check-rank{}.json"
 FLIGHT = "flight-rank{}.json"
 PROFILE_TRACE = "rank{}.trace.json"
@@ -133,6 +134,11 @@ class RunDir:
     def fault(self, attempt: int, rank: int) -> Path:
         """The record an injected fault leaves just before it fires (FaultRecord)."""
         return self.attempt(attempt) / FAULT.format(rank)
+
+    def fatal(self, attempt: int, rank: int) -> Path:
+        """Every thread's Python stack at a fatal signal (SIGSEGV, SIGABRT...), as faulthandler
+        writes it; empty when the rank ended otherwise."""
+        return self.attempt(attempt) / FATAL.format(rank)
 
     def script_check(self, attempt: int, rank: int) -> Path:
         """What a rank saw of its own run under --doctor-steps."""

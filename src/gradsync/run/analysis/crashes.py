@@ -228,18 +228,35 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
             "Exit with an error on every rank together, or fix what made this rank exit.",
             locations={str(view.rank): where},
         )
-    where = last_position(view)
+    last = last_position(view)
     how, suggestion = _SIGNALS.get(view.signal or "", _OTHER_SIGNAL)
+    if view.fatal_stack:
+        # faulthandler's stack at the signal: the call the rank was in when it died, not the last
+        # place it reported (a snapshot a second old, or a collective long finished).
+        where = view.fatal_stack[0]
+        called = " <- ".join(view.fatal_stack[:3])
+        said = (f"Rank {view.rank} was killed by {view.signal or 'a signal'} (exit code {view.exitcode}) inside a call "
+                f"made at {where} (its Python stack at the signal, read from faulthandler's dump: {called}); its last "
+                f"recorded position before that was {last}. {how}")
+        suggestion = (f"Look at the native call made at {where}: an extension, a C library reached through ctypes, or "
+                      "a tensor whose memory was freed or shared while in use."
+                      + ("" if view.signal == "SIGSEGV" else f" {suggestion}"))  # SIGSEGV's own advice: get this stack
+    else:
+        where = last
+        said = f"Rank {view.rank} was killed by {view.signal or 'a signal'} (exit code {view.exitcode}); its last " \
+               f"recorded position was {where}. {how}"
+    details = _last_words_details(view)
+    if view.fatal_stack is not None:
+        details["fatal_stack"] = {str(view.rank): view.fatal_stack}
     return Finding(
         "rank_crashed",
         "error",
         [view.rank],
-        f"Rank {view.rank} was killed by {view.signal or 'a signal'} (exit code {view.exitcode}); its last "
-        f"recorded position was {where}. {how}{_last_words_text(view)}{consequence}",
+        f"{said}{_last_words_text(view)}{consequence}",
         suggestion,
         locations={str(view.rank): where},
         step=(view.snapshot or {}).get("backward_passes"),
-        details=_last_words_details(view),
+        details=details,
     )
 
 

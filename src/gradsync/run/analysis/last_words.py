@@ -18,7 +18,9 @@ what its messages mean rather than by one example's wording:
   consequence of another rank's failure rather than a cause;
 - `native_abort`: a C++ exception nobody caught, when no family above explains it.
 
-Text only: nothing here reads a rank's records; the rules decide what the family changes.
+Text only: nothing here reads a rank's records; the rules decide what the family changes. And
+the Python stack faulthandler wrote at a fatal signal (`read_fatal_stack`): the user's frames of
+the thread the signal stopped, where a native crash was called from.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradsync.callsite import is_user_file, short_path
 from gradsync.run.analysis.wording import clipped
 
 KEPT_LINES = 20  # of a rank's log: enough for an abort's few lines after a traceback of its own
@@ -164,3 +167,34 @@ def read_last_words(path: Path) -> LastWords | None:
         tail = tail.split(b"\n", 1)[-1]  # the first line read is likely cut
     words = classify(tail.decode(errors="replace"))
     return words if words.lines else None
+
+
+# faulthandler's dump: "Current thread 0x... (most recent call first):" (the thread the signal
+# stopped), then one '  File "...", line N in function' per frame, innermost first.
+_CRASHED_THREAD = re.compile(r"^Current thread 0x[0-9a-fA-F]+")
+_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in ')
+FATAL_BYTES = 65536  # of faulthandler's dump: every thread's stack, 100 frames each at most
+
+
+def read_fatal_stack(path: Path, working_dir: str | None = None) -> list[str] | None:
+    """The user's frames (file:line, innermost first, relative to `working_dir`, the rank's) of the
+    thread a fatal signal stopped, from faulthandler's dump at `path` (gradsync run's worker
+    writes one per rank); [] when the thread ran none of the user's code, None when there is no
+    dump (the rank ended otherwise, or an older gradsync ran it)."""
+    try:
+        with open(path, "rb") as dump:
+            text = dump.read(FATAL_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if _CRASHED_THREAD.match(line)), None)
+    if start is None:
+        return None
+    frames = []
+    for line in lines[start + 1:]:
+        frame = _FRAME.match(line)
+        if frame is None:
+            break
+        if is_user_file(frame["file"]):
+            frames.append(f"{short_path(frame['file'], working_dir)}:{frame['line']}")
+    return frames

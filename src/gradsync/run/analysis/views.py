@@ -31,6 +31,9 @@ class RankView:
     # Of another node, and silent: its state stopped coming and its node's agent never said how it
     # ended. What it last reported is where it was, not where it is.
     unreachable: bool = False
+    # The user's frames of the thread a fatal signal stopped, innermost first, from faulthandler's
+    # dump (None: no dump, the rank ended otherwise): where a native crash was called from.
+    fatal_stack: list[str] | None = None
     # The tail of the rank's log and what it says the rank died of (None: no log on this node).
     last_words: LastWords | None = None
 
