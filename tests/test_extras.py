@@ -28,9 +28,9 @@ def _name(requirement: str) -> str:
     return requirement.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip()
 
 
-def test_the_core_installs_with_torch_numpy_psutil_and_rich():
+def test_the_core_installs_with_torch_numpy_psutil_rich_and_py_spy():
     project = _pyproject()["project"]
-    assert sorted(_name(r) for r in project["dependencies"]) == ["numpy", "psutil", "rich", "torch"]
+    assert sorted(_name(r) for r in project["dependencies"]) == ["numpy", "psutil", "py-spy", "rich", "torch"]
     assert "torch>=2.4" in project["dependencies"], "a range, so GPU users keep their CUDA build"
 
 

@@ -34,10 +34,13 @@ from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
 from gradsync.run.jobwide import JobBoard, StoreAddress, round_of, world_size_of
+from gradsync.run.outside import read_from_outside
 from gradsync.run.stacks import StacksRequest
 from gradsync.run.options import RunOptions
 from gradsync.run.analysis.working import busy_note
-from gradsync.run.stall import Busy, Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read
+from gradsync.run.stall import (
+    IDLE, WORKING, Busy, Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read,
+)
 from gradsync.rundir import RunDir, layout, read_attempt, read_by_rank, write_json
 
 if TYPE_CHECKING:
@@ -175,6 +178,25 @@ class Monitor(threading.Thread):
         worked_at = {pid: at for pid, at in self.worked_at.items() if pid in running}
         return Observation(snapshots, exits, now, frozenset(ours), frozenset(running), worked_at)
 
+    def _read_silent_rank(self, view: RankView, ours: set[int], now: float) -> None:
+        """A rank of this node whose reports stopped (its main thread holds the GIL in a native
+        call, or it was stopped) is read from outside (gradsync.run.outside): its line, whether it
+        runs, who holds the GIL. The read replaces its last report's position in the view, and is
+        kept in the snapshot ("outside_read") with its time; where it fails, why ("outside_read_failed")."""
+        snapshot = view.snapshot or {}
+        if snapshot.get("remote") or snapshot.get("pid") not in ours:
+            return
+        silent_s = now - snapshot.get("time", now)
+        if silent_s <= self.rules.snapshot_max_age_s(remote=False):
+            return
+        read = read_from_outside(snapshot["pid"], snapshot.get("cwd"))
+        if isinstance(read, str):
+            view.snapshot = {**snapshot, "outside_read_failed": read, "silent_s": round(silent_s, 1)}
+            return
+        activity = {**(snapshot.get("activity") or {}), "state": WORKING if read.running else IDLE, "position": None}
+        view.snapshot = {**snapshot, "stack": read.stack, "location": read.location or snapshot.get("location"),
+                         "activity": activity, "outside_read": read.as_dict(), "silent_s": round(silent_s, 1)}
+
     def _read_main_threads(self, snapshots, ours: set[int], now: float) -> None:
         """Read this node's ranks' main threads from /proc, noting when each was last seen using
         CPU: what the stall rule asks of a rank whose snapshots stopped coming."""
@@ -285,6 +307,7 @@ class Monitor(threading.Thread):
         self._read_last_words(attempt, views)
         for rank in alive:
             views[rank].alive = True
+            self._read_silent_rank(views[rank], ours, now)
         for rank, view in views.items():
             # Of another node, its state stale and no word of its end: what it last said is old news.
             view.unreachable = bool((view.snapshot or {}).get("remote")) and not view.alive and view.exit is None and view.exitcode is None

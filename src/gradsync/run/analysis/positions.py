@@ -9,7 +9,9 @@ import bisect
 
 from gradsync.run.analysis.exits import ended_at, where_it_ended
 from gradsync.run.analysis.rank_lines import rank_line
-from gradsync.run.analysis.views import P2P_PEER, RankView, group_members, last_position, reached_on, unrecorded_wait, where_is
+from gradsync.run.analysis.views import (
+    P2P_PEER, RankView, group_members, last_position, reached_on, read_from_outside_text, unrecorded_wait, where_is,
+)
 from gradsync.run.analysis.working import SUGGEST_BUSY, activity, is_working, working_location, working_text
 from gradsync.run.analysis.wording import NEVER_HEARD_OF, SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
@@ -87,7 +89,8 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
         # A rank that kept working is named where it worked (the loop it moved within, or the line
         # it stayed at), with that evidence; an idle one where it stands.
         busy = {r for r, v in running.items() if is_working(v)}
-        stuck = listing([(r, f"rank {r} {working_text(v, now)}" if r in busy else f"rank {r} at {v.location or '?'}")
+        stuck = listing([(r, f"rank {r} {working_text(v, now)}" if r in busy
+                          else f"rank {r} at {v.location or '?'}{read_from_outside_text(v)}")
                          for r, v in sorted(running.items())])
         details = {"stacks": {str(r): (v.snapshot or {}).get("stack", [])[-12:] for r, v in sorted(running.items())}}
         if busy:

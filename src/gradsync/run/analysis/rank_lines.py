@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gradsync.run.analysis.alignment import Divergence
 from gradsync.run.analysis.crashes import CONSEQUENCE, MISMATCH_SYMPTOM, failure_signature, failure_time, fault_outcome
-from gradsync.run.analysis.views import RankView, last_position, unrecorded_wait, where_is
+from gradsync.run.analysis.views import RankView, last_position, read_from_outside_text, unrecorded_wait, where_is
 from gradsync.run.analysis.working import is_working, working_location
 from gradsync.run.analysis.wording import NEVER_HEARD_OF, describe, first_line
 from gradsync.rundir.records import Finding
@@ -70,7 +70,7 @@ def rank_line(
         return f"waiting in {wait} at {view.location or '?'}"
     if is_working(view):  # its own looks found its process tree using CPU, or its position moving
         return f"working outside collectives at {working_location(view) or '?'}"
-    return f"running outside collectives at {view.location or '?'}"
+    return f"running outside collectives at {view.location or '?'}{read_from_outside_text(view)}"
 
 
 def unexplained_failure(views: dict[int, RankView], trigger: str) -> Finding:

@@ -141,6 +141,24 @@ def reached_on(view: RankView, group: str, source: dict[str, Any] | None = None)
     return view.reached.get(group, -1)
 
 
+def read_from_outside_text(view: RankView) -> str:
+    """' (read from outside ...)' for a rank whose position py-spy read because its own reports had
+    stopped (gradsync.run.outside), saying how old its last report was and who held the GIL; the
+    reason, where the read failed; '' for a rank that reported itself."""
+    snapshot = view.snapshot or {}
+    read, silent = snapshot.get("outside_read"), snapshot.get("silent_s")
+    if read:
+        running = "running" if read.get("running") else "not running"
+        if read.get("gil") == "the main thread":
+            state = f"its main thread held the GIL, {running}: a native call that keeps it, so its reports could not run"
+        else:
+            state = f"its main thread was {running}; {read['gil'] + ' held the GIL' if read.get('gil') else 'no thread held the GIL'}"
+        return f" (read from outside by py-spy, its own reports stopped {silent:.0f} s before: {state})"
+    if snapshot.get("outside_read_failed"):
+        return f" (its last report, {silent:.0f} s old: {snapshot['outside_read_failed']})"
+    return ""
+
+
 def where_is(view: RankView) -> str:
     """The line a rank is at: where it waits, else its last snapshot's line, else its last collective's."""
     waiting = view.waiting_on()
