@@ -697,3 +697,24 @@ def test_a_rank_idle_outside_collectives_after_its_peer_finished_with_every_coll
 def test_the_backends_words_are_said_on_one_line_and_cut_to_length():
     assert backend_words(CLOSED + "\nmore") == CLOSED
     assert backend_words("ValueError: " + "x" * 400, limit=20) == "ValueError: xxxxx..."
+
+
+def test_a_stall_with_no_rank_in_a_collective_is_no_communication_hang_and_says_what_each_waits_on():
+    from gradsync.run.analysis.working import busy_note
+    from gradsync.run.stall import Busy
+
+    loader = ["train.py:60 in main", "train.py:48 in train", ".venv/lib/python3.11/site-packages/torch/utils/data/"
+              "dataloader.py:1296 in _get_data", "/usr/lib/python3.11/queue.py:180 in get"]
+    views = {0: view(0, [record(1)], alive=True, location="train.py:48"),
+             1: view(1, [record(1)], alive=True, location="train.py:52")}
+    views[0].snapshot["stack"] = loader
+    views[1].snapshot["stack"] = ["train.py:60 in main", "train.py:52 in refresh"]  # a C call: says nothing
+    diagnosis = diagnose(views, trigger="stall", now=700.0)
+    (finding,) = [f for f in diagnosis["findings"] if f["severity"] == "error"]
+    assert finding["category"] == "stalled_outside_collectives" and finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": "train.py:48", "1": "train.py:52"}
+    assert "rank 0 at train.py:48, waiting on its DataLoader's worker processes; rank 1 at train.py:52" in finding["message"]
+    assert "Nobody waited on a peer" in finding["message"] and "--busy-timeout" in finding["suggestion"]
+    note = busy_note(views, Busy(30.0, (), (), stop=False, outside=(0, 1)), 700.0, 0, 10.0, 600.0)
+    assert "no rank is in a collective" in note.message and "in 570 s" in note.message
+    assert note.working == {"0": "train.py:48", "1": "train.py:52"} and note.waiting == {}

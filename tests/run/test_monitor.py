@@ -228,3 +228,52 @@ def test_a_rank_that_works_while_the_other_waits_is_noted_then_stopped_at_the_bu
     finally:
         for worker in workers:
             worker.kill()
+
+
+# Both ranks' main threads wait on their DataLoader's workers, which take 6 s to open their shards
+# (sleeping, not computing), before the first collective: nobody waits on a peer.
+SLOW_SHARDS = """\
+import json, time
+import torch, torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+class Shards(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, index):
+        time.sleep(SLEEP_S)              # line 8: opening a shard
+        return torch.ones(2)
+def main():
+    dist.init_process_group("gloo")
+    for batch in DataLoader(Shards(), batch_size=2, num_workers=1):   # line 12
+        dist.all_reduce(batch)
+    dist.destroy_process_group()
+main()
+"""
+
+
+def _gradsync_run(tmp_path: Path, script: str, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
+    import json
+
+    (tmp_path / "train.py").write_text(script)
+    done = subprocess.run([sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "2", *options,
+                           "--run-dir", "run", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    return done, json.loads((tmp_path / "run" / "diagnosis.json").read_text())
+
+
+@pytest.mark.launches
+def test_ranks_waiting_on_their_own_dataloader_workers_are_noted_not_stopped_at_the_stall_timeout(tmp_path):
+    done, diagnosis = _gradsync_run(tmp_path, SLOW_SHARDS.replace("SLEEP_S", "6"), "--stall-timeout", "2")
+    assert done.returncode == 0 and diagnosis["status"] == "ok", done.stderr
+    assert "no rank is in a collective" in done.stderr and "Nobody waits on a peer" in done.stderr
+    assert "waiting on its DataLoader's worker processes" in done.stderr
+
+
+@pytest.mark.launches
+def test_ranks_that_never_leave_their_own_waits_are_stopped_at_the_busy_timeout_as_stalled_outside_collectives(tmp_path):
+    done, diagnosis = _gradsync_run(tmp_path, SLOW_SHARDS.replace("SLEEP_S", "120"), "--stall-timeout", "2",
+                                    "--busy-timeout", "6")
+    assert done.returncode == 1, done.stderr
+    (finding,) = [f for f in diagnosis["findings"] if f["severity"] == "error"]
+    assert finding["category"] == "stalled_outside_collectives" and finding["ranks"] == [0, 1], finding
+    assert finding["locations"] == {"0": "train.py:12", "1": "train.py:12"}
+    assert diagnosis["stopped_at"] == "busy_timeout"

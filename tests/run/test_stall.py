@@ -43,8 +43,9 @@ OWN, STRANGER = 4242, 5151  # a PID this launcher started, and one it did not
 
 
 def snapshot(pid: int = OWN, seen: float = 0.0, progressed: float = 0.0, **extra) -> dict:
-    """A rank's snapshot written `seen` seconds before NOW, its last progress `progressed` seconds before."""
-    return {"pid": pid, "time": NOW - seen, "last_progress": NOW - progressed, **extra}
+    """A rank's snapshot written `seen` seconds before NOW, its last progress `progressed` seconds
+    before, found waiting in a collective (a communication stall) unless `activity` says otherwise."""
+    return {"pid": pid, "time": NOW - seen, "last_progress": NOW - progressed, "activity": {"state": WAITING}, **extra}
 
 
 def exit_record(ago: float, pid: int = OWN) -> dict:
@@ -369,3 +370,38 @@ def test_real_progress_is_the_exit_or_the_last_progress_never_the_work():
     assert last_progressed(state, None, NOW, RULES, ours={OWN}, running={OWN}) == NOW - (TIMEOUT + 30)
     assert last_active(state, None, NOW, RULES, ours={OWN}, running={OWN}) == NOW
     assert last_progressed(state, exit_record(3.0), NOW, RULES) == NOW - 3.0
+
+
+def idle_outside(progressed: float, pid: int = OWN) -> dict:
+    """A rank outside every collective that did nothing since `progressed` s before NOW (a main
+    thread waiting on its DataLoader's workers, a lock, a subprocess)."""
+    return snapshot(pid=pid, progressed=progressed, activity={"state": IDLE, "worked_at": 0.0})
+
+
+@pytest.mark.parametrize("no_progress, busy", [
+    (TIMEOUT - EPS, None),  # within the stall timeout: nothing to say
+    (TIMEOUT, Busy(TIMEOUT, (), (), stop=False, outside=(0, 1))),  # not stalled: noted
+    (BUSY_TIMEOUT - EPS, Busy(BUSY_TIMEOUT - EPS, (), (), stop=False, outside=(0, 1))),
+    (BUSY_TIMEOUT, Busy(BUSY_TIMEOUT, (), (), stop=True, outside=(0, 1))),  # stopped at the busy timeout
+])
+def test_ranks_idle_outside_every_collective_are_no_communication_hang_and_wait_for_the_busy_timeout(no_progress, busy):
+    """Nobody waits on a peer: the stall timeout does not stop the job, the busy timeout does."""
+    seen = judge(observe({0: idle_outside(no_progress), 1: idle_outside(no_progress + 5, pid=OWN + 1)},
+                         running={OWN, OWN + 1}), RULES)
+    assert (seen.stalled, seen.busy) == (False, busy)
+    if busy is not None:
+        assert "none waits in a collective" in seen.reason
+
+
+def test_one_rank_waiting_in_a_collective_makes_it_a_stall_again():
+    """The peer the waiting rank needs is idle elsewhere: a communication hang, at the stall timeout."""
+    seen = judge(observe({0: idle_outside(TIMEOUT), 1: waiting(TIMEOUT)}, running={OWN, OWN + 1}), RULES)
+    assert (seen.stalled, seen.busy) == (True, None)
+
+
+def test_a_rank_whose_looks_said_nothing_may_be_waiting_and_keeps_the_stall_clock():
+    """A snapshot without the state of its looks (an older gradsync): it may wait in a collective."""
+    unknown = snapshot(progressed=TIMEOUT, pid=OWN + 1)
+    del unknown["activity"]
+    seen = judge(observe({0: idle_outside(TIMEOUT), 1: unknown}, running={OWN, OWN + 1}), RULES)
+    assert (seen.stalled, seen.busy) == (True, None)

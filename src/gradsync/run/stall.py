@@ -7,7 +7,10 @@ read that never returns, a queue nothing fills). The launcher's monitor keeps tw
 rank's last real progress (a collective entered or finished, an optimizer step, an exit) and last
 work (`judge`): the *stall* clock stops a job in which no rank was active for the stall timeout;
 the *busy* clock, while ranks wait in a collective for a rank that keeps working without real
-progress, prints a note at the stall timeout and stops the job only at the busy timeout. A rank
+progress, prints a note at the stall timeout and stops the job only at the busy timeout. A job in
+which no rank was active for the stall timeout but none waits in a collective either (nobody waits
+on a peer: each rank waits on something of its own, its DataLoader's workers opening their shards,
+a lock, a subprocess) is not a communication hang: it goes on the busy clock too. A rank
 whose snapshots stopped coming is judged by its main thread's CPU as read from outside
 (`main_thread_worked`).
 
@@ -154,6 +157,9 @@ class Busy:
     working: tuple[int, ...]
     waiting: tuple[int, ...]
     stop: bool
+    # The ranks still running when none of them waits in a collective: nobody waits on a peer, so no
+    # communication hang; each waits on something of its own (its DataLoader's workers, a lock).
+    outside: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -277,14 +283,26 @@ def judge(seen: Observation, rules: StallRules) -> StallVerdict:
                         for rank, state in ranks)
     alive = tuple(rank for rank, state in ranks
                   if rank not in seen.exits and rank_alive(state, now, rules, seen.ours, seen.running))
-    stalled = bool(alive) and idle >= timeout
     waiting = tuple(rank for rank in alive if waits_in_collective(seen.snapshots[rank]))
+    # Idle for the stall timeout with no rank in a collective: nobody waits on a peer. Not stopped
+    # at the stall timeout (a DataLoader whose workers open their shards for minutes), only at the
+    # busy timeout, like a rank that keeps working while others wait.
+    # Only where every running rank's looks said what it was doing: a state of an older gradsync
+    # (or a rank never looked at) may be a wait in a collective.
+    looked = all(activity_of(seen.snapshots[rank]).get("state") for rank in alive)
+    outside = bool(alive) and idle >= timeout and looked and not waiting
+    stalled = bool(alive) and idle >= timeout and not outside
     working = tuple(rank for rank in alive if rank not in waiting and works_now(seen.snapshots[rank], now, rules, seen.worked_at)
                     and now - last_active(seen.snapshots[rank], None, now, rules, seen.ours, seen.running, seen.worked_at) < timeout)
     busy = None
-    if not stalled and progress_idle >= timeout and waiting and working:
+    if outside:
+        busy = Busy(progress_idle, (), (), stop=progress_idle >= rules.busy_timeout_s, outside=alive)
+    elif not stalled and progress_idle >= timeout and waiting and working:
         busy = Busy(progress_idle, working, waiting, stop=progress_idle >= rules.busy_timeout_s)
-    if busy is not None:
+    if busy is not None and busy.outside:
+        reason = (f"no rank was active for {idle:.1f} s and none waits in a collective (rank(s) {_listed(alive)} still "
+                  f"run): nobody waits on a peer (busy timeout {rules.busy_timeout_s:g} s)")
+    elif busy is not None:
         reason = (f"no rank progressed for {progress_idle:.1f} s while rank(s) {_listed(working)} work and rank(s) "
                   f"{_listed(waiting)} wait in a collective (busy timeout {rules.busy_timeout_s:g} s)")
     elif idle < timeout:

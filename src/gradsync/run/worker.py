@@ -19,6 +19,7 @@ import faulthandler
 import functools
 import json
 import os
+import re
 import runpy
 import socket
 import statistics
@@ -247,6 +248,7 @@ class SnapshotWriter(threading.Thread):
         `loss.item()` after DDP's bucket all-reduces spins in CUDA's wait for them, burning CPU
         for a collective that waits on the other ranks."""
         return (self.recorder.in_blocking_collective() or bool(stack and "torch/distributed/" in stack[-1])
+                or any("torch/distributed/" in line and _WAITING_FUNCTION.search(line) for line in stack[-WAIT_FRAMES:])
                 or (native and bool(self.recorder.issued)))
 
     def finish(self, outcome: dict[str, Any]) -> None:
@@ -265,6 +267,12 @@ class SnapshotWriter(threading.Thread):
             self.dump_flight()
         with self.bookkeeping:
             write_json(self.exit_path, state)
+
+
+# A functional collective's wait goes on below torch.distributed's code into torch's op dispatch
+# (torch/_ops.py): a frame of torch.distributed that waits, among the innermost few, is one.
+WAIT_FRAMES = 8
+_WAITING_FUNCTION = re.compile(r" in _?wait(_tensor)?$")
 
 
 def _backend() -> str | None:

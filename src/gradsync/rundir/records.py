@@ -250,6 +250,7 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "out_of_memory": (ERROR, "a rank failed to allocate memory, as its last words say; the others' errors are consequences"),
     "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
     "rank_stuck": (ERROR, "a rank stayed outside any collective (stuck, or busy elsewhere) while the others waited"),
+    "stalled_outside_collectives": (ERROR, "no rank progressed until the busy timeout and none was in a collective: each waited on something of its own"),
     "hang": (ERROR, "every rank waits in the same matched collective: the network or backend is not delivering"),
     "rank_unreachable": (ERROR, "a rank on another node stopped reporting and its node never said how it ended: the host or the network went away"),
     "desync": (ERROR, "the ranks' collectives were paired out of step although nothing failed"),

@@ -12,7 +12,9 @@ from gradsync.run.analysis.rank_lines import rank_line
 from gradsync.run.analysis.views import (
     P2P_PEER, RankView, group_members, last_position, reached_on, read_from_outside_text, unrecorded_wait, where_is,
 )
-from gradsync.run.analysis.working import SUGGEST_BUSY, activity, is_working, working_location, working_text
+from gradsync.run.analysis.working import (
+    SUGGEST_BUSY, activity, is_working, outside_text, waits_on, working_location, working_text,
+)
 from gradsync.run.analysis.wording import NEVER_HEARD_OF, SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
 
@@ -48,6 +50,9 @@ def unreachable_finding(unreachable: list[RankView], views: dict[int, RankView],
 def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Finding | None:
     waiting = {r: v for r, v in views.items() if v.waiting_on() is not None and not v.finished}
     finished = {r: v for r, v in views.items() if v.finished or (v.exit and v.exit.get("status") == "finished")}
+    alive = sorted(r for r, v in views.items() if v.alive and r not in finished)
+    if trigger == "stall" and alive and not waiting and not finished:
+        return _outside_collectives([views[r] for r in alive])
     # Running: alive, or stopped by the launcher once a peer failed waiting for it (where it was
     # then, by its last snapshot, is the answer).
     running = {
@@ -214,3 +219,22 @@ def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, 
 
 # What the peer must be blocked in, by what this rank waits in: a receive needs a send, and back.
 _P2P_MATCH = {"src": ("send", "isend", "batch_isend_irecv"), "dst": ("recv", "irecv", "batch_isend_irecv")}
+
+
+def _outside_collectives(alive: list[RankView]) -> Finding:
+    """No rank in a collective when the job was stopped (only at the busy timeout: gradsync.run.stall):
+    nobody waited on a peer, so it is no communication hang; named where each rank stood."""
+    return Finding(
+        "stalled_outside_collectives",
+        "error",
+        [v.rank for v in alive],
+        f"No rank made progress until the busy timeout, and none was in a collective: {outside_text(alive)}. "
+        "Nobody waited on a peer, so this is no communication hang: each rank waited on something of its own.",
+        "Look at what each rank waits on at its line (its full stack is in diagnosis.json): DataLoader workers "
+        "that hang or died (num_workers=0 shows the error in the main process), a lock two threads take in "
+        "opposite orders, a subprocess or a file that never answers. If the work is only slow (workers opening "
+        "their shards), raise --busy-timeout.",
+        locations={str(v.rank): v.location or "?" for v in alive},
+        details={"stacks": {str(v.rank): (v.snapshot or {}).get("stack", [])[-12:] for v in alive},
+                 "waits_on": {str(v.rank): waits_on(v) for v in alive}},
+    )

@@ -80,19 +80,58 @@ def busy_note(views: dict[int, RankView], busy: Busy, now: float, attempt: int, 
               busy_timeout_s: float) -> BusyNote:
     working = [views[r] for r in busy.working if r in views]
     waiting = [views[r] for r in busy.waiting if r in views]
-    works = listing([(v.rank, f"rank {v.rank} {working_text(v, now)}") for v in working])
-    waits = listing([(v.rank, f"rank {v.rank} waits in {_waits_in(v)}") for v in waiting])
-    message = (
-        f"no rank has made progress for {busy.for_s:.0f} s, past the stall timeout ({stall_timeout_s:g} s), but the "
-        f"job is not stalled: {works}; {waits}. Not stopped while it works: the job is stopped after "
-        f"--busy-timeout ({busy_timeout_s:g} s) without progress, in {max(0.0, busy_timeout_s - busy.for_s):.0f} s."
-    )
+    left = f"in {max(0.0, busy_timeout_s - busy.for_s):.0f} s"
+    if busy.outside:
+        own = [views[r] for r in busy.outside if r in views]
+        message = (
+            f"no rank has made progress for {busy.for_s:.0f} s, past the stall timeout ({stall_timeout_s:g} s), and no "
+            f"rank is in a collective: {outside_text(own)}. Nobody waits on a peer, so this is no communication hang. "
+            f"Not stopped yet: the job is stopped after --busy-timeout ({busy_timeout_s:g} s) without progress, {left}."
+        )
+        working = own
+    else:
+        works = listing([(v.rank, f"rank {v.rank} {working_text(v, now)}") for v in working])
+        waits = listing([(v.rank, f"rank {v.rank} waits in {_waits_in(v)}") for v in waiting])
+        message = (
+            f"no rank has made progress for {busy.for_s:.0f} s, past the stall timeout ({stall_timeout_s:g} s), but the "
+            f"job is not stalled: {works}; {waits}. Not stopped while it works: the job is stopped after "
+            f"--busy-timeout ({busy_timeout_s:g} s) without progress, {left}."
+        )
     return BusyNote(
         time=now, attempt=attempt, busy_for_s=round(busy.for_s, 1), busy_timeout_s=busy_timeout_s,
         working={str(v.rank): working_location(v) or "?" for v in working},
         waiting={str(v.rank): _waits_at(v) for v in waiting},
         message=message,
     )
+
+
+# What a rank outside every collective waits on, told by the innermost frames of its stack (their
+# files, as the snapshot writes them): the first of these, most specific first, that one of them runs
+# (a DataLoader waits in a queue, which waits on a lock).
+INNERMOST_FRAMES = 8
+_WAITS_ON = (
+    ("torch/utils/data/", "its DataLoader's worker processes"),
+    ("multiprocessing/", "another process (a multiprocessing queue or pipe)"),
+    ("subprocess.py", "a subprocess"),
+    ("concurrent/futures/", "a thread or process pool's futures"),
+    ("queue.py", "a queue"),
+    ("threading.py", "a lock or an event of another thread"),
+    ("socket.py", "the network"),
+    ("selectors.py", "a file or socket to become ready"),
+)
+
+
+def waits_on(view: RankView) -> str | None:
+    """What the rank's stack says it waits on, outside every collective; None when it says nothing
+    (a C call: a sleep, a read, a native lock)."""
+    places = [line.split(" in ", 1)[0] for line in ((view.snapshot or {}).get("stack") or [])[-INNERMOST_FRAMES:]]
+    return next((what for marker, what in _WAITS_ON if any(marker in place for place in places)), None)
+
+
+def outside_text(views: list[RankView]) -> str:
+    """'rank 0 at x.py:48, waiting on its DataLoader's worker processes; rank 1 at ...'."""
+    return listing([(v.rank, f"rank {v.rank} at {v.location or '?'}" + (f", waiting on {what}" if (what := waits_on(v)) else ""))
+                    for v in views])
 
 
 def _waits_in(view: RankView) -> str:
