@@ -405,3 +405,11 @@ def test_a_rank_whose_looks_said_nothing_may_be_waiting_and_keeps_the_stall_cloc
     del unknown["activity"]
     seen = judge(observe({0: idle_outside(TIMEOUT), 1: unknown}, running={OWN, OWN + 1}), RULES)
     assert (seen.stalled, seen.busy) == (True, None)
+
+
+def test_a_rank_whose_records_hold_an_unfinished_collective_waits_in_it_whatever_its_looks_say():
+    """The end of a backward waiting for DDP's bucket reductions: native code, no CPU, looks idle."""
+    in_backward = idle_outside(TIMEOUT, pid=OWN + 1)
+    in_backward["records"] = [{"state": "finished"}, {"state": "issued"}]
+    seen = judge(observe({0: idle_outside(TIMEOUT), 1: in_backward}, running={OWN, OWN + 1}), RULES)
+    assert (seen.stalled, seen.busy) == (True, None)

@@ -34,6 +34,7 @@ from gradsync.run.options import DEFAULT_BUSY_TIMEOUT_S, RunOptions
 # DataLoader worker, a subprocess). An idle rank (a sleep, a lock, a thread polling an event now
 # and then, idle DataLoader workers) stays far below it.
 BUSY_SHARE = 0.1
+OPEN_RECORDS = 16  # a rank's latest recorded collectives looked at for one still open
 
 WAITING, WORKING, IDLE = "waiting", "working", "idle"
 
@@ -256,8 +257,12 @@ def last_active(snapshot: Mapping[str, Any], exit_record: Mapping[str, Any] | No
 
 
 def waits_in_collective(snapshot: Mapping[str, Any]) -> bool:
-    """Whether the rank's latest look found it waiting in a collective (rank_state)."""
-    return activity_of(snapshot).get("state") == WAITING
+    """Whether the rank's latest look found it waiting in a collective (rank_state), or its records
+    hold a collective it entered or issued and never saw finish: the main thread waiting at the end
+    of a backward for DDP's bucket reductions sits in native code without CPU, and its looks say idle."""
+    if activity_of(snapshot).get("state") == WAITING:
+        return True
+    return any(record.get("state") in ("entered", "issued") for record in (snapshot.get("records") or [])[-OPEN_RECORDS:])
 
 
 def works_now(snapshot: Mapping[str, Any], now: float, rules: StallRules, worked_at: Mapping[int, float] | None = None) -> bool:
