@@ -245,7 +245,7 @@ class Shards(Dataset):
 def main():
     dist.init_process_group("gloo")
     for batch in DataLoader(Shards(), batch_size=2, num_workers=1):   # line 12
-        dist.all_reduce(batch)
+        COLLECTIVE
     dist.destroy_process_group()
 main()
 """
@@ -262,7 +262,10 @@ def _gradsync_run(tmp_path: Path, script: str, *options: str) -> tuple[subproces
 
 @pytest.mark.launches
 def test_ranks_waiting_on_their_own_dataloader_workers_are_noted_not_stopped_at_the_stall_timeout(tmp_path):
-    done, diagnosis = _gradsync_run(tmp_path, SLOW_SHARDS.replace("SLEEP_S", "6"), "--stall-timeout", "2")
+    # No collective after the loader: the ranks' workers finish seconds apart on a loaded machine,
+    # and a rank that reached an all_reduce first would rightly make it a stall.
+    done, diagnosis = _gradsync_run(tmp_path, SLOW_SHARDS.replace("SLEEP_S", "6").replace("COLLECTIVE", "batch.sum()"),
+                                    "--stall-timeout", "2")
     assert done.returncode == 0 and diagnosis["status"] == "ok", done.stderr
     assert "no rank is in a collective" in done.stderr and "Nobody waits on a peer" in done.stderr
     assert "waiting on its DataLoader's worker processes" in done.stderr
@@ -270,8 +273,8 @@ def test_ranks_waiting_on_their_own_dataloader_workers_are_noted_not_stopped_at_
 
 @pytest.mark.launches
 def test_ranks_that_never_leave_their_own_waits_are_stopped_at_the_busy_timeout_as_stalled_outside_collectives(tmp_path):
-    done, diagnosis = _gradsync_run(tmp_path, SLOW_SHARDS.replace("SLEEP_S", "120"), "--stall-timeout", "2",
-                                    "--busy-timeout", "6")
+    done, diagnosis = _gradsync_run(tmp_path, SLOW_SHARDS.replace("SLEEP_S", "120").replace("COLLECTIVE", "dist.all_reduce(batch)"),
+                                    "--stall-timeout", "2", "--busy-timeout", "6")
     assert done.returncode == 1, done.stderr
     (finding,) = [f for f in diagnosis["findings"] if f["severity"] == "error"]
     assert finding["category"] == "stalled_outside_collectives" and finding["ranks"] == [0, 1], finding
