@@ -718,3 +718,15 @@ def test_a_stall_with_no_rank_in_a_collective_is_no_communication_hang_and_says_
     note = busy_note(views, Busy(30.0, (), (), stop=False, outside=(0, 1)), 700.0, 0, 10.0, 600.0)
     assert "no rank is in a collective" in note.message and "in 570 s" in note.message
     assert note.working == {"0": "train.py:48", "1": "train.py:52"} and note.waiting == {}
+
+
+def test_a_rank_that_has_recorded_no_line_yet_is_noted_as_still_starting():
+    from gradsync.run.analysis.working import busy_note
+    from gradsync.run.stall import Busy
+
+    views = {0: RankView(0, snapshot=None, alive=True),
+             1: view(1, [record(1, op="broadcast", state="entered", site="train.py:25")], alive=True, location="train.py:25")}
+    note = busy_note(views, Busy(6.0, (0,), (1,), stop=False), 700.0, 0, 5.0, 600.0)
+    assert "rank 0 works with no position recorded yet (it is still starting" in note.message, note.message
+    assert "rank 1 waits in broadcast" in note.message and "at train.py:25" in note.message, note.message
+    assert note.working == {"0": "?"} and note.waiting == {"1": "train.py:25"}

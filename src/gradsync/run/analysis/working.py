@@ -42,7 +42,10 @@ def working_text(view: RankView, now: float) -> str:
     core), its Python position moving'."""
     seen = activity(view)
     position = seen.get("position") or {}
-    text = f"works at {position.get('location') or view.location or '?'}"
+    where = position.get("location") or view.location
+    if where is None:  # no line yet: the process still imports, or runs code before the script's
+        return "works with no position recorded yet (it is still starting: importing or set up)"
+    text = f"works at {where}"
     if position.get("loop") and position["loop"] != position.get("location"):
         text += f", within the loop at {position['loop']},"
     since = seen.get("working_since")
