@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # Test-only, installed without its declared dependencies (see requirements-dev.txt).
 HTA := HolisticTraceAnalysis==0.5.0
 
-.PHONY: demo test test-fast test-zoo zoo-record test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-doctor-blind bench-resnet-300mbit bench-resnet-300mbit-release bench-resnet-slow-links bench-side-by-side gpu-check slurm-check clean
+.PHONY: demo test test-fast test-zoo zoo-record test-under-load chaos compat bench-parallel bench-lora bench-tp-meter bench-overhead bench-run-overhead bench-analysis-scale bench-system-sampler bench-checkpoint-overhead bench-compression-accuracy bench-hook-cost bench-hook-cost-300mbit bench-doctor-overhead bench-doctor-blind bench-run-blind bench-resnet-300mbit bench-resnet-300mbit-release bench-resnet-slow-links bench-side-by-side gpu-check slurm-check clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -112,6 +112,13 @@ bench-doctor-blind: $(STAMP)
 	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set1
 	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set2
 	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set3
+	$(BIN)/python benchmarks/doctor_blind.py benchmarks/doctor_blind/set4
+
+# `gradsync run` on the blind sets of failing and healthy scripts (benchmarks/run_blind/setN, written
+# from public reports by someone who had not read it): how many verdicts name the rank and the line at
+# fault, how many healthy look-alikes run untouched (~15 min per set).
+bench-run-blind: $(STAMP)
+	$(BIN)/python benchmarks/run_blind.py benchmarks/run_blind/set1
 
 # Test accuracy and loss curve of the digits demo under each gradient compressor.
 bench-compression-accuracy: $(STAMP)

@@ -730,3 +730,45 @@ def test_a_rank_that_has_recorded_no_line_yet_is_noted_as_still_starting():
     assert "rank 0 works with no position recorded yet (it is still starting" in note.message, note.message
     assert "rank 1 waits in broadcast" in note.message and "at train.py:25" in note.message, note.message
     assert note.working == {"0": "?"} and note.waiting == {"1": "train.py:25"}
+
+
+def _held(rank, status="finished", threads=None, records=()):
+    """A rank whose script ended (as build_views makes it) and whose non-daemon threads hold its process."""
+    threads = threads if threads is not None else [{"thread": "uploader", "at": "train.py:12", "started_at": "train.py:40",
+                                                    "stack": ["train.py:12 in upload", "/usr/lib/python3.11/queue.py:171 in get"]}]
+    v = view(rank, list(records), alive=True, location=None)
+    v.snapshot["ending"] = {"status": status, "code": 0, "time": 90.0 + rank, "threads": threads}
+    v.exit = {key: value for key, value in v.snapshot["ending"].items() if key != "threads"}
+    return v
+
+
+def test_ranks_whose_threads_keep_their_process_from_exiting_are_named_at_the_threads_start():
+    views = {0: _held(0, records=[record(1)]), 1: _held(1, records=[record(1)])}
+    diagnosis = diagnose(views, trigger="stall", now=700.0)
+    (finding,) = [f for f in diagnosis["findings"] if f["severity"] == "error"]
+    assert finding["category"] == "exit_held_by_threads" and finding["ranks"] == [0, 1]
+    assert finding["locations"] == {"0": "train.py:40", "1": "train.py:40"}
+    assert ("ranks 0, 1: its process waits for its non-daemon thread 'uploader' (started at train.py:40), at train.py:12, "
+            "waiting on a queue") in finding["message"], finding["message"]
+    assert "daemon=True" in finding["suggestion"]
+    assert "but its process waits for its non-daemon thread 'uploader'" in diagnosis["ranks"]["0"]
+
+
+def test_a_held_rank_whose_peer_waits_for_it_in_a_collective_finished_early_and_says_what_holds_it():
+    views = {0: _held(0, records=[record(1)]),
+             1: view(1, [record(1), record(2, op="barrier", state="entered", site="train.py:50")], alive=True)}
+    diagnosis = diagnose(views, trigger="stall", now=700.0)
+    (finding,) = [f for f in diagnosis["findings"] if f["severity"] == "error"]
+    assert finding["category"] == "rank_exited" and finding["ranks"] == [0], finding
+    assert "its process waits for its non-daemon thread 'uploader'" in finding["message"], finding["message"]
+
+
+def test_the_busy_note_says_a_held_rank_ended_its_script_and_what_holds_it():
+    from gradsync.run.analysis.working import busy_note
+    from gradsync.run.stall import Busy
+
+    views = {0: _held(0, threads=[{"thread": "beat", "at": None, "started_at": None, "stack": []}])}
+    views[0].snapshot["time"] = 102.0
+    note = busy_note(views, Busy(8.0, (), (), stop=False, outside=(0,)), 700.0, 0, 5.0, 600.0)
+    assert "rank 0 ended its script (finished) 12 s before its last report, and its process waits for its non-daemon thread 'beat'" in note.message, note.message
+    assert note.working == {"0": "?"}

@@ -54,7 +54,7 @@ def _public_collectives(rank, recorder):
         dist.send(torch.ones(1), dst=1)
     else:
         dist.recv(torch.zeros(1), src=0)
-    sub = dist.new_group([0, 1])
+    sub = dist.new_group([0, 1])  # line: new_group
     dist.all_reduce(t, group=sub)
     # The tensor all-gather under its current name (torch 2.13 renamed it, deprecating the old).
     gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -84,7 +84,11 @@ def test_records_public_collectives_with_user_sites_and_agreed_signatures():
         assert all(r["state"] == "finished" for r in records), [(r["op"], r["seq"], r["state"]) for r in records]
         p2p = [r for r in records if r["op"] in ("send", "recv")]
         assert len(p2p) == 1 and p2p[0]["seq"] is None, "point-to-point stays out of the compared sequence"
-        sub = [r for r in records if r["group"] not in ("default",)]
+        (created,) = [r for r in records if r["group"] == "group creations"]
+        assert (created["op"], created["signature"], created["seq"]) == ("new_group", "ranks=[0, 1]", 1), created
+        created_at = next(i for i, text in enumerate(open(__file__), 1) if "# line: new_group" in text)
+        assert created["site"].endswith(f"tests/run/test_collectives.py:{created_at}") and created["state"] == "finished"
+        sub = [r for r in records if r["group"] not in ("default", "group creations")]
         assert sub and sub[-1]["op"] == "all_reduce" and sub[-1]["seq"] == 1
         assert result["phase"] == "teardown"
     # The compared sequences agree exactly across ranks; point-to-point differs but is excluded.

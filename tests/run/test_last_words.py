@@ -223,3 +223,36 @@ def test_a_faulthandler_the_user_asked_for_is_left_to_write_where_they_asked(tmp
     assert done.returncode == 1 and diagnosis["findings"][0]["ranks"] == [1]
     assert "Fatal Python error: Segmentation fault" in done.stderr
     assert not (tmp_path / "run" / "workers" / "attempt0" / "fatal-rank1.txt").exists()  # not gradsync's to take
+
+
+def test_an_extra_call_at_a_line_both_ranks_use_is_named_before_the_backends_size_abort_far_on():
+    # Both ranks log a 0-d value at log.py:44 at step 1; at step 3 only rank 0 does, and that extra
+    # one pairs silently with rank 1's next 0-d eval all_reduce, each later one meeting the other
+    # rank's previous, until the 2-element totals meet rank 0's 0-d one: Gloo aborts rank 0 on the
+    # sizes. The call the ranks part at is rank 0's extra log, not where the sizes disagree.
+    scalar, pair = "float32[] op=SUM", "float32[2] op=SUM"
+    both = [record(1, signature=scalar, site="log.py:44"), record(2, signature=scalar, site="eval.py:40")]
+    rank0 = both + [record(3, signature=scalar, site="log.py:44"), record(4, signature=scalar, site="eval.py:40"),
+                    record(5, signature=scalar, site="eval.py:40", state="entered")]
+    rank1 = both + [record(3, signature=scalar, site="eval.py:40"), record(4, signature=scalar, site="eval.py:40"),
+                    record(5, signature=pair, site="eval.py:46", state="entered")]
+    views = {0: view(0, rank0, signal="SIGABRT", exitcode=-6), 1: view(1, rank1, alive=True)}
+    views[0].last_words = classify(GLOO_MISMATCH)
+    diagnosis = diagnose(views, trigger="failure", now=200.0)
+    finding = diagnosis["findings"][0]
+    assert finding["category"] == "collective_mismatch" and finding["ranks"] == [0], finding
+    assert finding["locations"] == {"0": "log.py:44", "1": "eval.py:40"}, finding
+    assert "rank 0 had called an extra collective" in finding["message"] and "until #5 no longer matched" in finding["message"]
+    assert "The backend on rank 0 said so as it aborted" in finding["message"], finding["message"]
+
+
+def test_the_same_collective_called_from_each_ranks_own_branch_is_no_extra_call():
+    scalar = "float32[] op=SUM"
+    rank0 = [record(1, signature=scalar, site="a.py:10"), record(2, op="broadcast", signature=scalar, site="a.py:20"),
+             record(3, signature="float32[4] op=SUM", site="a.py:30", state="entered")]
+    rank1 = [record(1, signature=scalar, site="a.py:10"), record(2, op="broadcast", signature=scalar, site="a.py:22"),
+             record(3, signature="float32[8] op=SUM", site="a.py:30", state="entered")]
+    diagnosis = diagnose({0: view(0, rank0, alive=True), 1: view(1, rank1, alive=True)}, trigger="stall", now=200.0)
+    finding = diagnosis["findings"][0]
+    assert finding["category"] == "shape_mismatch" and "extra collective" not in finding["message"], finding
+    assert finding["locations"] == {"0": "a.py:30", "1": "a.py:30"}, finding

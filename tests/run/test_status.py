@@ -68,6 +68,10 @@ def test_a_rank_is_waiting_in_its_collective_working_or_idle_at_its_line_or_ende
     ended = rank_status(1, _state(1, now, exit={"status": "exception", "type": "ValueError", "location": "train.py:9"}), now)
     assert ended.state == "ended: failed with ValueError at train.py:9" and ended.since_progress_s is None
     assert rank_status(0, _state(0, now, exit={"status": "finished", "code": 0}), now).state == "ended: finished"
+    held = _state(0, now, ending={"status": "finished", "code": 0, "time": now - 5,
+                                  "threads": [{"thread": "beat", "at": "train.py:17", "started_at": "train.py:27", "stack": []}]})
+    assert rank_status(0, held, now).state == ("script ended, exit held: its process waits for its non-daemon thread "
+                                               "'beat' (started at train.py:27), at train.py:17")
 
 
 def test_the_job_line_names_the_slowest_rank_and_who_waits_for_whom():

@@ -44,7 +44,7 @@ from gradsync import compat, events
 from gradsync.callsite import caller_location
 from gradsync.run.harmless import Bookkeeping, BookkeepingByKind, IdentityMap
 from gradsync.run.pipeline_labels import PipelineLabels, watch_pipelining
-from gradsync.rundir.records import POINT_TO_POINT, RECORD_FIELDS
+from gradsync.rundir.records import GROUP_CREATIONS, POINT_TO_POINT, RECORD_FIELDS
 
 CHECKPOINT_EVERY = 32  # a group's running hash is kept at every 32nd collective for comparisons
 UNUSED_CHECK_PASSES = 50  # backward passes watched for parameters that never get a gradient
@@ -141,6 +141,7 @@ class CollectiveRecorder:
         self._warned: set[str] = set()
         self.bookkeeping = BookkeepingByKind()  # each hook's, by kind (gradsync.run.harmless)
         self.calling = threading.local()  # .active inside a recorded call on this thread
+        self.creating = threading.local()  # .active inside a recorded process-group creation on this thread
         # What a pipeline stage's sends and receives carry (stage, micro-batch), named in their records' kind.
         self.pipeline_labels = PipelineLabels()
         # Told of each gradient bucket a Python comm hook reduces (gradsync's stand-in for DDP's own
@@ -182,16 +183,18 @@ class CollectiveRecorder:
         return sequence
 
     def enter(
-        self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None, args: dict[str, Any] | None = None
+        self, op: str, group: Any, signature: str, kind: str = "", site: str | None = None, args: dict[str, Any] | None = None,
+        key: str | None = None,
     ) -> Record:
         """Record a collective entered. All or nothing: what can fail (the group's ranks, the user's
         line, the ring file) comes before any change, so a failed entry leaves neither a sequence
         that seems to diverge from the peers' nor a record that seems to wait for good.
 
-        `args`: what may differ between ranks by design (an all_to_all's splits); kept, never compared."""
+        `args`: what may differ between ranks by design (an all_to_all's splits); kept, never compared.
+        `key`: the sequence to number it in, when not `group`'s own (GROUP_CREATIONS, over `group`'s ranks)."""
         if self.issued:
             self.settle()
-        key = self.group_key(group)
+        key = key or self.group_key(group)
         record = Record(self.count, key, None, op, signature, kind, site or caller_location(), args)
         sequence = None
         if op not in POINT_TO_POINT:
@@ -781,8 +784,53 @@ def _default_allreduce_hook(state, bucket):
 GRADIENT_PASS_KIND = "DDP gradients of a backward pass"
 
 
+# Each process-group creation the script can call: (the signature compared between ranks, whether
+# the call is collective over the world). new_group with use_local_synchronization=True is
+# collective over its members only, and is not numbered with the world's creations.
+_GROUP_CREATIONS: dict[str, tuple[Callable[[tuple, dict], str], Callable[[tuple, dict], bool]]] = {
+    "new_group": (lambda a, k: f"ranks={_ranks_text(_arg(a, k, 0, 'ranks'))}",
+                  lambda a, k: not _arg(a, k, 4, "use_local_synchronization", False)),
+    "new_subgroups": (lambda a, k: f"group_size={_arg(a, k, 0, 'group_size')}", lambda a, k: True),
+    "new_subgroups_by_enumeration": (lambda a, k: f"ranks_per_subgroup_list={_arg(a, k, 0, 'ranks_per_subgroup_list')}",
+                                     lambda a, k: True),
+    "split_group": (lambda a, k: f"split_ranks={_arg(a, k, 1, 'split_ranks')}", lambda a, k: True),
+}
+
+
+def _ranks_text(ranks: Any) -> str:
+    return "all" if ranks is None else str(sorted(int(rank) for rank in ranks))
+
+
+def _wrap_group_creation(recorder: CollectiveRecorder, op: str, original: Callable) -> Callable:
+    """A process-group creation, recorded as a collective of the world's creations (GROUP_CREATIONS):
+    every rank must make the same ones in the same order, members or not, since torch names each
+    group by counting the ones created before it. A creation only some ranks make shifts every later
+    group's name on those ranks, and a later group's ranks then wait for each other under different
+    names (in its creation, on Gloo) or pair the wrong collectives."""
+    signature_of, collective = _GROUP_CREATIONS[op]
+    bookkeeping = recorder.bookkeeping["the collective recorder's group creation wrappers"]
+
+    @functools.wraps(original)
+    def created(*args: Any, **kwargs: Any) -> Any:
+        if getattr(recorder.creating, "active", False):  # one creation made of others (new_subgroups' new_group)
+            return original(*args, **kwargs)
+        record = None
+        with bookkeeping:
+            if collective(args, kwargs):
+                record = recorder.enter(op, None, signature_of(args, kwargs), key=GROUP_CREATIONS)
+        recorder.creating.active = True
+        try:
+            return recorder.run_blocking(record, lambda: original(*args, **kwargs), bookkeeping)
+        finally:
+            recorder.creating.active = False
+
+    created.__gradsync_original__ = original
+    return created
+
+
 def _patch_device_mesh(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any]]:
-    """Record each `init_device_mesh` call (shape, names, the user's line) before it runs."""
+    """Record each `init_device_mesh` call (shape, names, the user's line) before it runs, and as
+    one of the world's group creations (it creates a group per mesh dimension)."""
     import torch.distributed.device_mesh as device_mesh
 
     original = device_mesh.init_device_mesh
@@ -790,14 +838,25 @@ def _patch_device_mesh(recorder: CollectiveRecorder) -> list[tuple[Any, str, Any
 
     @functools.wraps(original)
     def init_device_mesh(device_type: str, mesh_shape: Any, *args: Any, **kwargs: Any) -> Any:
+        record = None
         with bookkeeping:
             names = kwargs.get("mesh_dim_names")
-            recorder.meshes.append({
+            mesh = {
                 "shape": [int(size) for size in mesh_shape],
                 "names": [str(name) for name in names] if names else None,
                 "site": caller_location(),
-            })
-        return original(device_type, mesh_shape, *args, **kwargs)
+            }
+            recorder.meshes.append(mesh)
+            if not getattr(recorder.creating, "active", False):
+                record = recorder.enter("init_device_mesh", None, f"shape={mesh['shape']} names={mesh['names']}",
+                                        site=mesh["site"], key=GROUP_CREATIONS)
+        if record is None:
+            return original(device_type, mesh_shape, *args, **kwargs)
+        recorder.creating.active = True
+        try:
+            return recorder.run_blocking(record, lambda: original(device_type, mesh_shape, *args, **kwargs), bookkeeping)
+        finally:
+            recorder.creating.active = False
 
     patched = [(device_mesh, "init_device_mesh", original)]
     device_mesh.init_device_mesh = init_device_mesh
@@ -1105,6 +1164,11 @@ def install(recorder: CollectiveRecorder, record_buckets: bool = False) -> Calla
     dist.init_process_group = _wrap_phase(recorder, "running", dist.init_process_group)
     originals.append((dist, "destroy_process_group", dist.destroy_process_group))
     dist.destroy_process_group = _wrap_destroy(recorder, dist.destroy_process_group)
+    for op in _GROUP_CREATIONS:
+        original = getattr(dist, op, None)
+        if original is not None:
+            originals.append((dist, op, original))
+            setattr(dist, op, _wrap_group_creation(recorder, op, original))
     originals += _patch_ddp(recorder, record_buckets)
     originals += _patch_device_mesh(recorder)
     originals.append((torch.autograd, "backward", torch.autograd.backward))

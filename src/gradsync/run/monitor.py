@@ -534,13 +534,20 @@ def build_views(snapshots, exits, failures: dict[int, Any], stopped: set[int], f
         views[rank] = RankView(
             rank=rank,
             snapshot=snapshot,
-            exit=(exit_record or {}).get("exit"),
+            # A rank whose process waits for the script's threads has ended its script all the same.
+            exit=(exit_record or {}).get("exit") or _script_ended(snapshot),
             exitcode=exitcode,
             signal=signal_name,
             stopped_by_gradsync=snapshot is not None and _stopped(snapshot, stopped),
             injected=fired.get(rank),
         )
     return views
+
+
+def _script_ended(snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How the script of a rank held at its exit ended (gradsync.run.script_exit), as its exit record would say."""
+    ending = (snapshot or {}).get("ending")
+    return {key: value for key, value in ending.items() if key != "threads"} if isinstance(ending, dict) else None
 
 
 def _agent_exit(failure: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from gradsync.errors import ConfigError
 from gradsync.run.analysis.views import RankView
+from gradsync.run.analysis.working import holding_text
 from gradsync.run.analysis.wording import describe
 from gradsync.run.jobwide import JobBoard, StoreAddress, round_of, world_size_of
 from gradsync.run.stacks import StacksRequest
@@ -111,6 +112,8 @@ def rank_status(rank: int, state: dict[str, Any], now: float) -> RankStatus:
             text = f"ended: exit code {ended.get('code')}"
         else:
             text = "ended: finished"
+    elif view.held_at_exit is not None:
+        text = f"script ended, exit held: {holding_text(view)}"
     elif now - float(state.get("time") or 0) >= STALE_AFTER_S:
         text = f"not heard of for {now - float(state.get('time') or 0):.0f} s; last at {view.location or '?'}"
     else:

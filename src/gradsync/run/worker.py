@@ -48,6 +48,7 @@ from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.harmless import Bookkeeping, exception_text
 from gradsync.run.moments import probe_named
+from gradsync.run.script_exit import ThreadStarts, holding_threads, join_script_threads
 from gradsync.run.script_facts import ScriptCheck
 from gradsync.run.stacks import RequestWatch, thread_stacks
 from gradsync.run.stall import WORKING, CpuReading, in_native_call, rank_state, tree_worked
@@ -106,6 +107,9 @@ class SnapshotWriter(threading.Thread):
         # `gradsync report` on scripts that do not use gradsync's trainer.
         self.system = SystemSampler(self.interval_s, backend_interface())
         self.system_log = run.system(identity["attempt"], identity["rank"])
+        self.thread_starts = ThreadStarts(recorder.bookkeeping["gradsync run's thread start sites"])
+        # How the script ended, once it has, while the process waits for its non-daemon threads.
+        self.ending: dict[str, Any] | None = None
 
     def run(self) -> None:
         # The first snapshot at once: a rank that dies in its first second still says where it was.
@@ -190,8 +194,12 @@ class SnapshotWriter(threading.Thread):
             "backend": self._backend,
             "activity": activity,
         }
+        ending = self.ending
+        if ending is not None and not self.stopped.is_set():  # the script ended; its threads hold the process
+            state["ending"] = {**ending, "threads": holding_threads(self.thread_starts)}
         request = self.stacks.current(now)
-        if all_threads or request is not None or now - max(recorder.last_progress, self.worked_at) >= self.quiet_threads_s:
+        if (all_threads or request is not None or "ending" in state
+                or now - max(recorder.last_progress, self.worked_at) >= self.quiet_threads_s):
             state["threads"] = thread_stacks(leave_out=self.ident)
             state["stacks_id"] = None if request is None else request.id
         return state
@@ -365,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     recorder.phase = "running"
     flight_on = flight.enable(options.flight_recorder_entries)  # before the script creates a process group
     writer = SnapshotWriter(recorder, options, identity, flight_on)
+    writer.thread_starts.install()
     check = None
     if options.doctor_steps is not None:
         check = _install_script_check(recorder, writer, options, identity)
@@ -393,27 +402,30 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as exiting:
         code = exiting.code
         if code is None or code == 0:
-            finish({"status": "finished", "code": 0, "time": time.time()})
-            teardown.armed = True
-            end_process(0)
-        if not isinstance(code, int):
-            print(code, file=sys.stderr)  # what Python does with sys.exit("message")
-            code = 1
-        finish({"status": "exit_code", "code": code, "time": time.time()})
-        end_process(code)
+            outcome, code = {"status": "finished", "code": 0, "time": time.time()}, 0
+        else:
+            if not isinstance(code, int):
+                print(code, file=sys.stderr)  # what Python does with sys.exit("message")
+                code = 1
+            outcome = {"status": "exit_code", "code": code, "time": time.time()}
     except BaseException as error:
         described = {"type": type(error).__name__, "message": exception_text(error)[:4000], "location": None,
                      "traceback": "", "collective": None}
         with ending:
             described = describe_exception(error)
-        finish({"status": "exception", "time": time.time(), **described})
+        outcome, code = {"status": "exception", "time": time.time(), **described}, 130 if isinstance(error, KeyboardInterrupt) else 1
         # Not on the console: the diagnosis shows the failing rank's traceback once.
         with ending:
             output.log_only(described["traceback"])
-        end_process(130 if isinstance(error, KeyboardInterrupt) else 1)
-    finish({"status": "finished", "code": 0, "time": time.time()})
-    teardown.armed = True
-    end_process(0)
+    else:
+        outcome, code = {"status": "finished", "code": 0, "time": time.time()}, 0
+    # As CPython: the script's non-daemon threads are joined before any exit handler runs.
+    writer.ending = outcome
+    with ending, contextlib.suppress(KeyboardInterrupt):  # CPython, too, goes on ending after a ^C here
+        join_script_threads()
+    finish(outcome)
+    teardown.armed = outcome["status"] == "finished"
+    end_process(code)
 
 
 def _keep_last_words(path: Path) -> None:

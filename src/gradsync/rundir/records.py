@@ -19,6 +19,10 @@ from typing import Any, TypedDict
 # ranks: recorded (a rank stuck in recv is worth naming) but numbered apart (seq None), outside
 # the compared sequence. Their signature ends with the peer: " src=R" or " dst=R".
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+# The records of process-group creations (new_group, new_subgroups, split_group, init_device_mesh):
+# each is a collective of every rank of the world, in the same order on every rank (torch names a
+# new group by counting the groups created), so they are numbered as one sequence of their own.
+GROUP_CREATIONS = "group creations"
 RECORD_FIELDS = ("index", "group", "seq", "op", "signature", "kind", "site", "args", "state", "entered", "finished", "crc", "error")
 
 
@@ -250,6 +254,8 @@ CATEGORIES: dict[str, tuple[tuple[str, ...], str]] = {
     "out_of_memory": (ERROR, "a rank failed to allocate memory, as its last words say; the others' errors are consequences"),
     "script_failed": (ERROR, "every rank failed the same way: the script's own error, not one rank's"),
     "rank_stuck": (ERROR, "a rank stayed outside any collective (stuck, or busy elsewhere) while the others waited"),
+    "group_creation_mismatch": (ERROR, "the ranks created process groups differently: a new_group, new_subgroups, split_group or init_device_mesh only some ranks made, or in another order"),
+    "exit_held_by_threads": (ERROR, "a rank's script ended but its process never exited: non-daemon threads it started hold it (Python joins them before atexit handlers)"),
     "stalled_outside_collectives": (ERROR, "no rank progressed until the busy timeout and none was in a collective: each waited on something of its own"),
     "hang": (ERROR, "every rank waits in the same matched collective: the network or backend is not delivering"),
     "rank_unreachable": (ERROR, "a rank on another node stopped reporting and its node never said how it ended: the host or the network went away"),

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 from gradsync.run.analysis.views import RankView, group_members, last_site
 from gradsync.run.analysis.wording import SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
-from gradsync.rundir.records import Finding
+from gradsync.rundir.records import GROUP_CREATIONS, Finding
 
 
 @dataclass
@@ -29,6 +29,9 @@ class Divergence:
     # in the order they reach it, which the records' numbers need not show (a collective issued
     # from a hook inside DDP's backward pass reaches Gloo before the pass's gradient buckets).
     in_flight: bool = False
+    # The ranks that made an extra call at `seq`, which their peers did not (with `surfaced_at`:
+    # one that paired silently until that later collective).
+    extra: tuple[int, ...] = ()
 
 
 def _key(record: dict[str, Any]) -> tuple:
@@ -136,30 +139,73 @@ def _first_difference(group: str, by_rank: dict[int, dict[int, dict[str, Any]]],
     for seq in sorted({seq for records in by_rank.values() for seq in records}):
         present = {rank: records[seq] for rank, records in by_rank.items() if seq in records}
         if len(present) >= 2 and len({key(r) for r in present.values()}) > 1:
-            return _first_unpaired_line(Divergence(group, seq, present), by_rank, key)
+            return _first_extra_call(Divergence(group, seq, present), by_rank, key)
     return None
 
 
-def _first_unpaired_line(divergence: Divergence, by_rank: dict[int, dict[int, dict[str, Any]]], key: Any = _key) -> Divergence:
-    """Where the trouble began: an extra collective with the same op and tensors as the one its
-    peers call next pairs with it silently; every later collective is then met by the peers' one
-    before, until one no longer matches. The extra one shows as a collective, before the
-    mismatch, whose line is the rank's own (no other rank calls a collective there) while the
-    line its peers paired it with is one that rank calls too.
+def _first_extra_call(divergence: Divergence, by_rank: dict[int, dict[int, dict[str, Any]]], key: Any = _key) -> Divergence:
+    """Where the trouble began, by aligning the ranks' calls by what they are and where they were
+    made. An extra collective with the same op and tensors as the one its peers call next pairs
+    with it silently; every later one is then met by the peers' one before, until one no longer
+    matches (`divergence`, where the backend finally aborts on the sizes). Up to there each rank's
+    calls are aligned with the first rank's by (op, tensors, kind, line) from the start: the first
+    call one side made and the other did not (_extra_calls) is the extra one, named on the ranks
+    that made it. Two branches calling the same collective from different lines (`if rank
+    == 0: broadcast(...) else: broadcast(...)`) are a replacement, not an extra call: `divergence`
+    stands. Decided from the records' order alone, whatever the backend said of the later
+    collective (its words are the evidence of where it broke, not of where it began)."""
+    ranks = sorted(divergence.records)
+    start = max(min(by_rank[rank]) for rank in ranks)  # the window every rank still holds
 
-    Two branches calling the same collective from different lines (`if rank == 0: broadcast(...)
-    else: broadcast(...)`) differ too, but each side's line is its own: not taken for an extra one.
-    """
-    ranks = list(divergence.records)
-    sites = {rank: {r.get("site") for r in by_rank[rank].values()} for rank in ranks}
-    for seq in range(divergence.seq - 1, min(min(by_rank[r]) for r in ranks) - 1, -1):
-        present = {rank: by_rank[rank].get(seq) for rank in ranks}
-        if any(r is None or not r.get("site") for r in present.values()) or len({key(r) for r in present.values()}) > 1:
-            break
-        own = {rank for rank, r in present.items() if not any(r["site"] in sites[o] for o in ranks if o != rank)}
-        if own and len(own) < len(ranks) and len({r["site"] for r in present.values()}) > 1:
-            return Divergence(divergence.group, seq, present, surfaced_at=divergence)
-    return divergence
+    def calls(rank: int) -> list[dict[str, Any]]:  # to its last record: what follows the parting is the evidence
+        return [by_rank[rank][seq] for seq in range(start, max(by_rank[rank]) + 1) if seq in by_rank[rank]]
+
+    def aligned(record: dict[str, Any]) -> tuple:
+        return (*key(record), record.get("site"))
+
+    made = {rank: calls(rank) for rank in ranks}
+    first = [aligned(r) for r in made[ranks[0]]]
+    extras: dict[int, set[int]] = {}  # seq of an extra call -> the ranks that made it there
+    for rank in ranks[1:]:
+        shift = _extra_calls(first, [aligned(r) for r in made[rank]])
+        if shift is not None:
+            side, at = shift
+            maker = ranks[0] if side == 0 else rank
+            extras.setdefault(made[maker][at]["seq"], set()).add(maker)
+    if not extras:
+        return divergence
+    seq = min(extras)
+    extra = tuple(sorted(extras[seq]))
+    if seq > divergence.seq or len(extra) == len(ranks):
+        return divergence
+    if seq == divergence.seq:  # the parting itself is the extra call: its maker is the odd one out
+        return Divergence(divergence.group, seq, divergence.records, extra=extra)
+    present = {rank: by_rank[rank][seq] for rank in ranks if seq in by_rank[rank]}
+    return Divergence(divergence.group, seq, present, surfaced_at=divergence, extra=extra)
+
+
+MOST_EXTRA_CALLS = 4  # extra calls in a row looked for where two ranks' calls first part
+
+
+def _extra_calls(first: list[tuple], other: list[tuple]) -> tuple[int, int] | None:
+    """(0 or 1, position): where one of two ranks' calls made one to MOST_EXTRA_CALLS calls the
+    other did not (0: `first` made them, 1: `other`), their calls matching one by one before that
+    point and, shifted by those calls, every one after it that both made (at least one, as evidence). None when
+    they first part some other way (a different call, not an extra one).
+
+    Aligned from the start, not by the longest common stretch (a diff's way), which in a loop's
+    repeated calls can pair a rank's step with the other's previous step."""
+    common = min(len(first), len(other))
+    part = next((i for i in range(common) if first[i] != other[i]), None)
+    if part is None:
+        return None
+    for count in range(1, MOST_EXTRA_CALLS + 1):
+        for side, longer, shorter in ((0, first, other), (1, other, first)):
+            # As far as both went: the side with the extra calls may have got further, or not as far.
+            after = range(part + count, min(len(longer), len(shorter) + count))
+            if after and all(longer[i] == shorter[i - count] for i in after):
+                return side, part
+    return None
 
 
 def _checkpoint_divergence(views: dict[int, RankView], group: str, ranks: Iterable[int] | None = None) -> Divergence | None:
@@ -175,21 +221,6 @@ def _checkpoint_divergence(views: dict[int, RankView], group: str, ranks: Iterab
         if len({c[seq] for c in checkpoints.values()}) > 1:
             return Divergence(group, seq, {}, before_window=True)
     return None
-
-
-def _ranks_alone_at_their_line(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> list[int]:
-    """The ranks whose line at this collective no other rank ever called a collective from (the
-    extra one), else every rank involved."""
-    sites = {rank: {r.get("site") for r in view.records} for rank, view in views.items()}
-    callers: dict[str | None, int] = {}  # line -> how many ranks ever called a collective there
-    for seen in sites.values():
-        for site in seen:
-            callers[site] = callers.get(site, 0) + 1
-    alone = [
-        rank for rank, record in records.items()
-        if callers.get(record.get("site"), 0) == (record.get("site") in sites.get(rank, ()))
-    ]
-    return sorted(alone) if 0 < len(alone) < len(records) else sorted(records)
 
 
 def _odd_ones_out(records: dict[int, dict[str, Any]]) -> list[int]:
@@ -226,6 +257,33 @@ def divergence_finding(divergence: Divergence, views: dict[int, RankView], trigg
         finding.message += " " + said
         finding.details = {**(finding.details or {}), "last_words": _mismatch_words(views)}
     return finding
+
+
+def _creation_finding(divergence: Divergence, views: dict[int, RankView], ranks: list[int], locations: dict[str, str]) -> Finding:
+    """The ranks' process-group creations part (GROUP_CREATIONS): named at the creation some ranks
+    made and the others did not, or made otherwise."""
+    records = divergence.records
+    sides = listing([(rank, f"rank {rank}: {describe(record)} at {record.get('site') or '?'}") for rank, record in sorted(records.items())])
+    if divergence.extra:
+        what = (f"{ranks_text(ranks)} created a process group that the other ranks never created ({sides}; the "
+                f"others' creation #{divergence.seq} is the next group they all create)")
+    else:
+        what = f"The ranks' process-group creation #{divergence.seq} differs ({sides})"
+    return Finding(
+        "group_creation_mismatch",
+        "error",
+        ranks,
+        f"{what}. Every rank of the job must make every process-group creation (new_group, new_subgroups, "
+        "split_group, init_device_mesh), members or not, in the same order: torch names each group by counting "
+        "the groups created before it, so from there on the ranks' groups differ, and a collective or a later "
+        "creation on them waits for good or pairs with the wrong one.",
+        "Create every group on every rank, in the same order, before any rank-dependent branch (at start-up, "
+        "not lazily inside `if rank == 0:`); a rank that is not a member gets GroupMember.NON_GROUP_MEMBER "
+        "back and simply never uses it. new_group(..., use_local_synchronization=True) is the exception: only "
+        "its members call it.",
+        locations=locations,
+        collective="/".join(sorted({r["op"] for r in records.values()})),
+    )
 
 
 def backend_said_mismatch(views: dict[int, RankView]) -> str:
@@ -297,12 +355,14 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
     locations = {str(rank): record.get("site") or "?" for rank, record in sorted(records.items())}
     for rank, view in views.items():
         locations.setdefault(str(rank), view.location or last_site(view) or "?")
-    ranks = _odd_ones_out(records)
+    ranks = list(divergence.extra) or _odd_ones_out(records)
+    if divergence.group == GROUP_CREATIONS:
+        return _creation_finding(divergence, views, ranks, locations)
     sides = listing([(rank, _side(rank, record)) for rank, record in sorted(records.items())])
     if divergence.surfaced_at is not None:
         later = divergence.surfaced_at
         later_sides = listing([(rank, f"rank {rank}: {describe(r)} at {r.get('site') or '?'}") for rank, r in sorted(later.records.items())])
-        extra = _ranks_alone_at_their_line(records, views)
+        extra = list(divergence.extra)
         return Finding(
             "collective_mismatch",
             "error",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradsync.run.analysis.views import P2P_PEER, RankView, group_members, reached_on
+from gradsync.run.analysis.working import holding_text
 from gradsync.run.analysis.wording import clipped, describe, first_line, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
 
@@ -29,7 +30,10 @@ def where_it_ended(view: RankView) -> str:
     said = (f"after its last collective, {describe(last)} at {last.get('site') or '?'}" if last is not None
             else "before any collective")
     left = (view.snapshot or {}).get("left_group")
-    return said + (f", and left the process group at {left['site']}" if left else "")
+    said += f", and left the process group at {left['site']}" if left else ""
+    if view.alive and view.held_at_exit is not None:  # the script ended; its threads hold the process
+        said += f" ({holding_text(view)})"
+    return said
 
 
 def ended_at(view: RankView) -> str:

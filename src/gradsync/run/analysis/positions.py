@@ -13,7 +13,7 @@ from gradsync.run.analysis.views import (
     P2P_PEER, RankView, group_members, last_position, reached_on, read_from_outside_text, unrecorded_wait, where_is,
 )
 from gradsync.run.analysis.working import (
-    SUGGEST_BUSY, activity, is_working, outside_text, waits_on, working_location, working_text,
+    SUGGEST_BUSY, activity, held_location, holding_text, is_working, outside_text, waits_on, working_location, working_text,
 )
 from gradsync.run.analysis.wording import NEVER_HEARD_OF, SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
@@ -51,6 +51,9 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
     waiting = {r: v for r, v in views.items() if v.waiting_on() is not None and not v.finished}
     finished = {r: v for r, v in views.items() if v.finished or (v.exit and v.exit.get("status") == "finished")}
     alive = sorted(r for r, v in views.items() if v.alive and r not in finished)
+    held = [v for _, v in sorted(views.items()) if v.alive and v.held_at_exit is not None]
+    if trigger == "stall" and held and not waiting:
+        return _held_at_exit(held)
     if trigger == "stall" and alive and not waiting and not finished:
         return _outside_collectives([views[r] for r in alive])
     # Running: alive, or stopped by the launcher once a peer failed waiting for it (where it was
@@ -219,6 +222,32 @@ def _waiting_for_ranks_elsewhere(waiting: dict[int, RankView], views: dict[int, 
 
 # What the peer must be blocked in, by what this rank waits in: a receive needs a send, and back.
 _P2P_MATCH = {"src": ("send", "isend", "batch_isend_irecv"), "dst": ("recv", "irecv", "batch_isend_irecv")}
+
+
+def _held_at_exit(held: list[RankView]) -> Finding:
+    """Ranks whose script ended but whose process never exited, waiting for the script's
+    non-daemon threads (gradsync.run.script_exit), and no rank waits in a collective: the job
+    would hang there for good under plain torchrun too."""
+    ranks = {v.rank: v for v in held}
+    alike: dict[str, list[int]] = {}  # ranks held alike are said once
+    for view in held:
+        alike.setdefault(holding_text(view), []).append(view.rank)
+    return Finding(
+        "exit_held_by_threads",
+        "error",
+        sorted(ranks),
+        f"{ranks_text(ranks)} ended {'its' if len(held) == 1 else 'their'} script, but "
+        f"{'its process' if len(held) == 1 else 'their processes'} never exited: "
+        + "; ".join(f"{ranks_text(members).lower()}: {text}" for text, members in alike.items())
+        + ". Python joins every non-daemon thread before it runs the atexit handlers, so a thread that "
+        "nothing stops before the script returns (or only an atexit handler does) keeps the process, and "
+        "the job, alive for good.",
+        "Stop and join the thread before the script returns (a `finally:` after the training loop, not "
+        "an atexit handler, which runs only after the join), or start it with daemon=True if it may be "
+        "cut off at exit.",
+        locations={str(v.rank): held_location(v) or "?" for v in held},
+        details={"threads": {str(v.rank): (v.held_at_exit or {}).get("threads") or [] for v in held}},
+    )
 
 
 def _outside_collectives(alive: list[RankView]) -> Finding:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gradsync.run.analysis.alignment import Divergence
 from gradsync.run.analysis.crashes import CONSEQUENCE, MISMATCH_SYMPTOM, failure_signature, failure_time, fault_outcome
 from gradsync.run.analysis.views import RankView, last_position, read_from_outside_text, unrecorded_wait, where_is
-from gradsync.run.analysis.working import is_working, working_location
+from gradsync.run.analysis.working import holding_text, is_working, working_location
 from gradsync.run.analysis.wording import NEVER_HEARD_OF, describe, first_line
 from gradsync.rundir.records import Finding
 
@@ -48,6 +48,8 @@ def rank_line(
         stopped = view.exit.get("stopped_after_steps")
         if stopped:
             return f"stopped after optimizer step {stopped} (--doctor-steps) and {collectives} collectives{tail}"
+        if view.alive and view.held_at_exit is not None:
+            return f"finished its script after {collectives} collectives, but {holding_text(view)}{tail}"
         return f"finished its script after {collectives} collectives{tail}"
     waiting = view.waiting_on()
     if view.signal == "SIGTERM" and crashes and view not in crashes and view.exit is None:

@@ -130,7 +130,9 @@ def _cause(
     everyone_finished = all(v.finished for v in views.values())
     if divergence is not None and (trigger != "exit" or everyone_finished):
         return divergence_finding(divergence, views, trigger)
-    # Without either, the ranks' positions do: one finished, one stuck outside any collective.
-    if trigger in ("stall", "failure") and not everyone_finished:
+    # Without either, the ranks' positions do: one finished, one stuck outside any collective, one
+    # whose script ended but whose threads keep its process from exiting.
+    held = any(v.alive and v.held_at_exit is not None for v in views.values())
+    if trigger in ("stall", "failure") and (not everyone_finished or held):
         return position_finding(views, now, trigger)
     return None

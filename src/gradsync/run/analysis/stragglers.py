@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from gradsync.rundir.records import Finding
+from gradsync.rundir.records import GROUP_CREATIONS, Finding
 
 
 class StragglerTracker:
@@ -35,8 +35,8 @@ class StragglerTracker:
             for group, state in snapshot.get("groups", {}).items():
                 members[group] = set(state.get("ranks") or snapshots) & set(snapshots)
             for record in snapshot.get("records", []):
-                if record["seq"] is None or record["seq"] <= self.done.get(record["group"], -1):
-                    continue
+                if record["seq"] is None or record["seq"] <= self.done.get(record["group"], -1) or record["group"] == GROUP_CREATIONS:
+                    continue  # (a group's creation waits on each rank's start-up, not on its pace)
                 self.entered.setdefault((record["group"], record["seq"]), {})[rank] = record["entered"]
                 members.setdefault(record["group"], set(snapshots))  # a snapshot without its groups: every rank
         for key in [k for k in self.entered if len(members.get(k[0], ())) < 2]:

@@ -45,6 +45,12 @@ class RankView:
     def location(self) -> str | None:
         return (self.snapshot or {}).get("location")
 
+    @property
+    def held_at_exit(self) -> dict[str, Any] | None:
+        """For a rank whose script ended and whose process still waits for the script's non-daemon
+        threads (gradsync.run.script_exit): how it ended, and the threads that hold it."""
+        return (self.snapshot or {}).get("ending")
+
     def waiting_on(self) -> dict[str, Any] | None:
         """The collective this rank is blocked in, if any: an open record of gradsync's recorder,
         else the first collective Flight Recorder saw the backend leave unfinished (one the

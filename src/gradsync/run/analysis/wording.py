@@ -7,10 +7,13 @@ Text only: nothing here reads a rank.
 from __future__ import annotations
 
 from typing import Any
+from gradsync.rundir.records import GROUP_CREATIONS
 
 
 def describe(record: dict[str, Any]) -> str:
     """'all_reduce #12 (DDP gradient bucket 0, float32[1234])' for a record."""
+    if record.get("group") == GROUP_CREATIONS:
+        return f"{record['op']}({record.get('signature') or ''}) (group creation #{record.get('seq')})"
     inside = ", ".join(part for part in (record.get("kind"), record.get("signature")) if part)
     number = f" #{record['seq']}" if record.get("seq") is not None else ""
     group = "" if record.get("group") == "default" else f" on {record.get('group')}"

@@ -32,7 +32,10 @@ def is_working(view: RankView) -> bool:
 
 
 def working_location(view: RankView) -> str | None:
-    """The line a working rank has been at: the loop it has not left, else the line it is at."""
+    """The line a working rank has been at: the loop it has not left, else the line it is at; for a
+    rank held at its exit, the start of the thread that holds it."""
+    if view.held_at_exit is not None:
+        return held_location(view)
     position = activity(view).get("position") or {}
     return position.get("loop") or position.get("location") or view.location
 
@@ -40,6 +43,8 @@ def working_location(view: RankView) -> str | None:
 def working_text(view: RankView, now: float) -> str:
     """'works at x.py:17, within the loop at x.py:23, for 42 s (its process tree at 100% of a
     core), its Python position moving'."""
+    if view.held_at_exit is not None:
+        return held_text(view)
     seen = activity(view)
     position = seen.get("position") or {}
     where = position.get("location") or view.location
@@ -124,16 +129,52 @@ _WAITS_ON = (
 )
 
 
-def waits_on(view: RankView) -> str | None:
-    """What the rank's stack says it waits on, outside every collective; None when it says nothing
-    (a C call: a sleep, a read, a native lock)."""
-    places = [line.split(" in ", 1)[0] for line in ((view.snapshot or {}).get("stack") or [])[-INNERMOST_FRAMES:]]
+def stack_waits_on(stack: list[str]) -> str | None:
+    """What a thread's stack ('file:line in function', outermost first) says it waits on; None when
+    it says nothing (a C call: a sleep, a read, a native lock)."""
+    places = [line.split(" in ", 1)[0] for line in stack[-INNERMOST_FRAMES:]]
     return next((what for marker, what in _WAITS_ON if any(marker in place for place in places)), None)
+
+
+def waits_on(view: RankView) -> str | None:
+    """What the rank's main thread waits on, outside every collective (stack_waits_on)."""
+    return stack_waits_on((view.snapshot or {}).get("stack") or [])
+
+
+def holding_text(view: RankView) -> str:
+    """"its process waits for its non-daemon thread 'uploader' (started at x.py:30), at x.py:22,
+    waiting on a queue": what keeps a rank whose script ended from exiting."""
+    threads = (view.held_at_exit or {}).get("threads") or []
+    if not threads:
+        return "its process has not exited yet"
+    said = []
+    for thread in threads:
+        text = f"'{thread.get('thread')}'" + (f" (started at {thread['started_at']})" if thread.get("started_at") else "")
+        text += f", at {thread['at']}" if thread.get("at") else ""
+        what = stack_waits_on(thread.get("stack") or [])
+        said.append(text + (f", waiting on {what}" if what else ""))
+    kind = "thread" if len(said) == 1 else "threads"
+    return f"its process waits for its non-daemon {kind} {'; '.join(said)}"
+
+
+def held_text(view: RankView) -> str:
+    """"ended its script (finished) 14 s before, and its process waits for ...": a rank held at its exit."""
+    ending, seen = view.held_at_exit or {}, (view.snapshot or {}).get("time")
+    how = {"finished": "finished", "exit_code": f"sys.exit({ending.get('code')})", "exception": f"raised {ending.get('type')}"}
+    ago = f" {seen - ending['time']:.0f} s before its last report" if isinstance(seen, (int, float)) and ending.get("time") else ""
+    return f"ended its script ({how.get(ending.get('status'), ending.get('status'))}){ago}, and {holding_text(view)}"
+
+
+def held_location(view: RankView) -> str | None:
+    """Where to change a rank held at its exit: the start of the first thread holding it, else its line."""
+    threads = (view.held_at_exit or {}).get("threads") or []
+    return next((t.get("started_at") or t.get("at") for t in threads if t.get("started_at") or t.get("at")), None)
 
 
 def outside_text(views: list[RankView]) -> str:
     """'rank 0 at x.py:48, waiting on its DataLoader's worker processes; rank 1 at ...'."""
-    return listing([(v.rank, f"rank {v.rank} at {v.location or '?'}" + (f", waiting on {what}" if (what := waits_on(v)) else ""))
+    return listing([(v.rank, f"rank {v.rank} {held_text(v)}" if v.held_at_exit is not None else
+                     f"rank {v.rank} at {v.location or '?'}" + (f", waiting on {what}" if (what := waits_on(v)) else ""))
                     for v in views])
 
 

@@ -1,0 +1,84 @@
+"""How a rank's process ends once its script has: as CPython ends it, and what holds it meanwhile.
+
+CPython ends a script in this order: threading's own exit callbacks (a ThreadPoolExecutor asks its
+workers to stop), then it joins every non-daemon thread, then it runs the atexit handlers. The
+worker ends the process itself (gradsync.distributed.end_process: atexit handlers, then
+os._exit), so it must join the script's threads first, as CPython would: a thread still writing a
+checkpoint would otherwise be cut off, and a thread that only an atexit handler stops would hang
+the job under torchrun and never under `gradsync run`.
+
+While the join waits, the rank's snapshots say so (`ending`: how the script ended, and each
+non-daemon thread that holds the process, with the line it is at and the line that started it),
+so that a process that never exits is named at those threads, not taken for a rank that stalled
+inside its script.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any
+
+from gradsync.callsite import location, stack_summary, user_frame
+from gradsync.run.harmless import Bookkeeping
+
+HELD_FRAMES = 8  # innermost frames kept of each holding thread: what it waits on (analysis.working.waits_on)
+
+
+class ThreadStarts:
+    """Where the script started each thread: its innermost user line at `Thread.start()`, kept in a
+    weak map keyed by the thread (nothing is added to the user's thread objects)."""
+
+    def __init__(self, bookkeeping: Bookkeeping) -> None:
+        self.bookkeeping = bookkeeping
+        self._sites: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
+
+    def install(self) -> None:
+        start = threading.Thread.start
+        starts = self
+
+        def start_noting_where(thread: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+            with starts.bookkeeping:
+                site = location(user_frame(sys._getframe(1)))
+                if site is not None:
+                    starts._sites[thread] = site
+            return start(thread, *args, **kwargs)
+
+        start_noting_where.__wrapped__ = start  # type: ignore[attr-defined]
+        start_noting_where.__name__ = start.__name__
+        start_noting_where.__qualname__ = start.__qualname__
+        start_noting_where.__doc__ = start.__doc__
+        threading.Thread.start = start_noting_where  # type: ignore[method-assign]
+
+    def site(self, thread: threading.Thread) -> str | None:
+        return self._sites.get(thread)
+
+
+def holding_threads(starts: ThreadStarts | None) -> list[dict[str, Any]]:
+    """The non-daemon threads but the main one still alive: what CPython's exit joins. Each with
+    its name, the user's line it is at (None: none of its frames is the user's), the line that
+    started it, and its innermost frames."""
+    frames = sys._current_frames()
+    held = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon or not thread.is_alive():
+            continue
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        held.append({
+            "thread": thread.name,
+            "at": location(user_frame(frame)),
+            "started_at": starts.site(thread) if starts is not None else None,
+            "stack": stack_summary(frame, limit=HELD_FRAMES),
+        })
+    return held
+
+
+def join_script_threads() -> None:
+    """What CPython does between a script's end and its atexit handlers: threading's exit
+    callbacks, then join every non-daemon thread (threading._shutdown, which the interpreter calls
+    at that point; only where it is there and only from the main thread)."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is None or threading.current_thread() is not threading.main_thread():
+        return
+    shutdown()

@@ -1,0 +1,71 @@
+"""A rank's process ends as CPython ends a script (gradsync.run.script_exit): threads joined before
+exit handlers, and what holds a process whose script ended."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from gradsync.run.harmless import Bookkeeping
+from gradsync.run.script_exit import ThreadStarts, holding_threads
+from tests.harness import REPO_ROOT
+
+
+def test_a_non_daemon_thread_is_listed_with_the_line_it_is_at_and_the_line_that_started_it(monkeypatch):
+    monkeypatch.setattr(threading.Thread, "start", threading.Thread.start)  # undone after the test
+    starts = ThreadStarts(Bookkeeping("test"))
+    starts.install()
+    release = threading.Event()
+    held = threading.Thread(target=release.wait, name="held")
+    daemon = threading.Thread(target=release.wait, name="daemon", daemon=True)
+    held.start(); line = sys._getframe().f_lineno  # noqa: E702 - the line number of the start itself
+    daemon.start()
+    try:
+        (thread,) = [t for t in holding_threads(starts) if t["thread"] in ("held", "daemon")]
+        assert thread["thread"] == "held" and thread["started_at"].endswith(f"test_script_exit.py:{line}")
+        assert thread["at"] is None, "its frames are threading's, none is the user's"
+        assert any("threading.py" in frame for frame in thread["stack"])
+    finally:
+        release.set()
+        held.join()
+        daemon.join()
+
+
+def test_a_thread_start_that_fails_to_note_its_site_still_starts(monkeypatch):
+    monkeypatch.setattr(threading.Thread, "start", threading.Thread.start)
+    starts = ThreadStarts(Bookkeeping("test"))
+    starts.install()
+    starts._sites = None  # every note fails
+    ran = []
+    thread = threading.Thread(target=ran.append, args=(1,))
+    thread.start()
+    thread.join()
+    assert ran == [1]
+
+
+ENDING = textwrap.dedent("""
+    import atexit, threading, time
+    from concurrent.futures import ThreadPoolExecutor
+    from gradsync.run.script_exit import join_script_threads
+
+    def late():
+        time.sleep(0.5)
+        print("thread done", flush=True)
+
+    atexit.register(lambda: print("atexit ran", flush=True))
+    threading.Thread(target=late).start()
+    ThreadPoolExecutor(max_workers=1).submit(time.sleep, 0.1)  # never shut down: threading's exit callback stops it
+    join_script_threads()
+    print("joined", flush=True)
+""")
+
+
+@pytest.mark.launches
+def test_threads_are_joined_as_cpython_joins_them_before_exit_handlers():
+    done = subprocess.run([sys.executable, "-c", ENDING], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["thread done", "joined", "atexit ran"], done.stdout
