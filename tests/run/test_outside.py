@@ -117,3 +117,45 @@ def test_a_rank_holding_the_gil_in_a_native_call_is_named_at_that_call(tmp_path)
     assert finding["category"] == "rank_stuck" and finding["ranks"] == [1], finding
     assert finding["locations"]["1"] == "train.py:4", finding
     assert "read from outside by py-spy" in finding["message"] and "held the GIL" in finding["message"]
+
+
+LOADER = """\
+import multiprocessing, time
+def open_shard():
+    time.sleep(30)   # line 3: a worker that never answers
+if __name__ == "__main__":
+    worker = multiprocessing.get_context("fork").Process(target=open_shard)
+    worker.start()
+    print("ready", flush=True)
+    worker.join()
+"""
+
+
+@pytest.mark.launches
+def test_a_ranks_worker_processes_are_read_at_their_lines(tmp_path):
+    (tmp_path / "loader.py").write_text(LOADER)
+    parent = subprocess.Popen([sys.executable, "loader.py"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # into the worker's sleep
+        (child,) = outside.read_children(parent.pid, str(tmp_path))
+    finally:
+        for process in __import__("psutil").Process(parent.pid).children():
+            process.kill()
+        parent.kill()
+        parent.wait()
+    assert child["location"] == "loader.py:3" and child["running"] is False, child
+
+
+def test_a_stall_outside_collectives_names_where_the_waiting_ranks_workers_are():
+    stack = ["train.py:60 in main", ".venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py:1296 in _get_data"]
+    views = {rank: view(rank, [record(1)], alive=True, location="train.py:60") for rank in (0, 1)}
+    for v in views.values():
+        v.snapshot["stack"] = stack
+    views[0].snapshot["children"] = [{"pid": 812, "location": "data.py:40", "running": False},
+                                     {"pid": 813, "failed": "py-spy could not read it: Permission Denied"}]
+    (finding,) = [f for f in diagnose(views, trigger="stall", now=700.0)["findings"] if f["severity"] == "error"]
+    assert finding["category"] == "stalled_outside_collectives", finding
+    assert ("rank 0 at train.py:60, waiting on its DataLoader's worker processes (its workers, read from outside: pid 812 "
+            "at data.py:40, not running; pid 813 could not be read (py-spy could not read it: Permission Denied))") in finding["message"]
+    assert finding["details"]["children"] == {"0": views[0].snapshot["children"]}

@@ -617,7 +617,9 @@ def test_an_endless_python_loop_is_noted_then_stopped_at_the_busy_timeout_at_its
 
 def test_a_deadlocked_data_loader_worker_is_named_and_stopped_with_its_rank(zoo):
     run = zoo.launched("dataloader_worker_hang")
-    _assert_error(run, "rank_stuck", [1], {0: "backward", 1: "next_batch"})
+    finding = _assert_error(run, "rank_stuck", [1], {0: "backward", 1: "next_batch"})
+    # Its worker processes, read from outside: the deadlocked one at its __getitem__'s wait.
+    assert f"at {run.line('deadlock')}, not running" in finding["message"], run.explain()
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if "zoo/dataloader_worker_hang.py" in " ".join(p.info["cmdline"] or [])]
     assert left == [], "the ranks' DataLoader workers are stopped with them (the deadlocked one never exits alone)"
 

@@ -34,10 +34,10 @@ from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
 from gradsync.run.jobwide import JobBoard, StoreAddress, round_of, world_size_of
-from gradsync.run.outside import read_from_outside
+from gradsync.run.outside import read_children, read_from_outside
 from gradsync.run.stacks import StacksRequest
 from gradsync.run.options import RunOptions
-from gradsync.run.analysis.working import busy_note
+from gradsync.run.analysis.working import LOADER_WORKERS, busy_note, waits_on
 from gradsync.run.stall import (
     IDLE, WORKING, Busy, Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read,
 )
@@ -197,6 +197,17 @@ class Monitor(threading.Thread):
         view.snapshot = {**snapshot, "stack": read.stack, "location": read.location or snapshot.get("location"),
                          "activity": activity, "outside_read": read.as_dict(), "silent_s": round(silent_s, 1)}
 
+    def _read_loader_workers(self, view: RankView, ours: set[int]) -> None:
+        """A rank of this node that waits on its DataLoader's workers has them read from outside
+        (gradsync.run.outside.read_children): where each worker is, for a loader that hangs. Kept in
+        the snapshot as "children"."""
+        snapshot = view.snapshot or {}
+        if snapshot.get("remote") or snapshot.get("pid") not in ours or waits_on(view) != LOADER_WORKERS:
+            return
+        children = read_children(snapshot["pid"], snapshot.get("cwd"))
+        if children:
+            view.snapshot = {**snapshot, "children": children}
+
     def _read_main_threads(self, snapshots, ours: set[int], now: float) -> None:
         """Read this node's ranks' main threads from /proc, noting when each was last seen using
         CPU: what the stall rule asks of a rank whose snapshots stopped coming."""
@@ -308,6 +319,7 @@ class Monitor(threading.Thread):
         for rank in alive:
             views[rank].alive = True
             self._read_silent_rank(views[rank], ours, now)
+            self._read_loader_workers(views[rank], ours)
         for rank, view in views.items():
             # Of another node, its state stale and no word of its end: what it last said is old news.
             view.unreachable = bool((view.snapshot or {}).get("remote")) and not view.alive and view.exit is None and view.exitcode is None

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from gradsync.callsite import is_user_file, short_path
 
 READ_TIMEOUT_S = 10.0  # a dump of a live process takes well under a second
@@ -84,3 +86,23 @@ def parse_dump(threads: list[dict[str, Any]], pid: int, working_dir: str | None,
     gil = None if holder is None else "the main thread" if holder is main else f"thread {holder.get('thread_name') or holder.get('os_thread_id')}"
     return OutsideRead(at, stack, None if user is None else f"{short_path(user['filename'], working_dir)}:{user['line']}",
                        bool(main.get("active")), gil)
+
+
+CHILDREN_READ = 8  # a rank's child processes read at most (a DataLoader's workers)
+
+
+def read_children(pid: int, working_dir: str | None = None) -> list[dict[str, Any]]:
+    """Each child process of `pid` (its DataLoader's workers, say) read from outside: its pid, the
+    user's line its main thread is at and whether it runs, or why it could not be read."""
+    try:
+        children = psutil.Process(pid).children()[:CHILDREN_READ]
+    except psutil.Error:
+        return []
+    found = []
+    for child in children:
+        read = read_from_outside(child.pid, working_dir)
+        if isinstance(read, str):
+            found.append({"pid": child.pid, "failed": read})
+        else:
+            found.append({"pid": child.pid, "location": read.location, "running": read.running})
+    return found

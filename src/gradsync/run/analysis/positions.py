@@ -13,7 +13,7 @@ from gradsync.run.analysis.views import (
     P2P_PEER, RankView, group_members, last_position, reached_on, read_from_outside_text, unrecorded_wait, where_is,
 )
 from gradsync.run.analysis.working import (
-    SUGGEST_BUSY, activity, held_location, holding_text, is_working, outside_text, waits_on, working_location, working_text,
+    SUGGEST_BUSY, activity, children_text, held_location, holding_text, is_working, outside_text, waits_on, working_location, working_text,
 )
 from gradsync.run.analysis.wording import NEVER_HEARD_OF, SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
@@ -98,7 +98,7 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
         # it stayed at), with that evidence; an idle one where it stands.
         busy = {r for r, v in running.items() if is_working(v)}
         stuck = listing([(r, f"rank {r} {working_text(v, now)}" if r in busy
-                          else f"rank {r} at {v.location or '?'}{read_from_outside_text(v)}")
+                          else f"rank {r} at {v.location or '?'}{read_from_outside_text(v)}{children_text(v)}")
                          for r, v in sorted(running.items())])
         details = {"stacks": {str(r): (v.snapshot or {}).get("stack", [])[-12:] for r, v in sorted(running.items())}}
         if busy:
@@ -265,5 +265,7 @@ def _outside_collectives(alive: list[RankView]) -> Finding:
         "their shards), raise --busy-timeout.",
         locations={str(v.rank): v.location or "?" for v in alive},
         details={"stacks": {str(v.rank): (v.snapshot or {}).get("stack", [])[-12:] for v in alive},
-                 "waits_on": {str(v.rank): waits_on(v) for v in alive}},
+                 "waits_on": {str(v.rank): waits_on(v) for v in alive},
+                 **({"children": children} if (children := {str(v.rank): v.snapshot["children"] for v in alive
+                                                            if (v.snapshot or {}).get("children")}) else {})},
     )

@@ -117,8 +117,9 @@ def busy_note(views: dict[int, RankView], busy: Busy, now: float, attempt: int, 
 # files, as the snapshot writes them): the first of these, most specific first, that one of them runs
 # (a DataLoader waits in a queue, which waits on a lock).
 INNERMOST_FRAMES = 8
+LOADER_WORKERS = "its DataLoader's worker processes"
 _WAITS_ON = (
-    ("torch/utils/data/", "its DataLoader's worker processes"),
+    ("torch/utils/data/", LOADER_WORKERS),
     ("multiprocessing/", "another process (a multiprocessing queue or pipe)"),
     ("subprocess.py", "a subprocess"),
     ("concurrent/futures/", "a thread or process pool's futures"),
@@ -171,10 +172,20 @@ def held_location(view: RankView) -> str | None:
     return next((t.get("started_at") or t.get("at") for t in threads if t.get("started_at") or t.get("at")), None)
 
 
+def children_text(view: RankView) -> str:
+    """' (its workers, read from outside: pid 812 at data.py:40, not running; ...)' for a rank whose
+    child processes the launcher read (gradsync.run.outside.read_children); '' otherwise."""
+    children = (view.snapshot or {}).get("children") or []
+    said = [f"pid {c['pid']} " + (f"could not be read ({c['failed']})" if c.get("failed") else
+                                  f"at {c.get('location') or 'no line of yours'}, {'running' if c.get('running') else 'not running'}")
+            for c in children]
+    return f" (its workers, read from outside: {'; '.join(said)})" if said else ""
+
+
 def outside_text(views: list[RankView]) -> str:
     """'rank 0 at x.py:48, waiting on its DataLoader's worker processes; rank 1 at ...'."""
     return listing([(v.rank, f"rank {v.rank} {held_text(v)}" if v.held_at_exit is not None else
-                     f"rank {v.rank} at {v.location or '?'}" + (f", waiting on {what}" if (what := waits_on(v)) else ""))
+                     f"rank {v.rank} at {v.location or '?'}" + (f", waiting on {what}{children_text(v)}" if (what := waits_on(v)) else ""))
                     for v in views])
 
 
