@@ -772,3 +772,13 @@ def test_the_busy_note_says_a_held_rank_ended_its_script_and_what_holds_it():
     note = busy_note(views, Busy(8.0, (), (), stop=False, outside=(0,)), 700.0, 0, 5.0, 600.0)
     assert "rank 0 ended its script (finished) 12 s before its last report, and its process waits for its non-daemon thread 'beat'" in note.message, note.message
     assert note.working == {"0": "?"}
+
+
+def test_a_position_older_than_a_report_or_two_says_how_old_it_is():
+    views = {0: view(0, [record(1)], alive=True, location="train.py:37"),
+             1: view(1, [record(1), record(2, op="barrier", state="entered", site="train.py:38")], alive=True)}
+    views[0].snapshot["time"] = 88.0
+    views[1].snapshot["time"] = 100.0
+    lines = diagnose(views, trigger="stall", now=100.5)["ranks"]
+    assert lines["0"] == "running outside collectives at train.py:37 (as its report of 12 s before said)", lines
+    assert lines["1"].startswith("waiting in barrier #2") and "report" not in lines["1"], lines

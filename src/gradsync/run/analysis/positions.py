@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 
 from gradsync.run.analysis.exits import ended_at, where_it_ended
-from gradsync.run.analysis.rank_lines import rank_line
+from gradsync.run.analysis.rank_lines import rank_line, report_age
 from gradsync.run.analysis.views import (
     P2P_PEER, RankView, group_members, last_position, reached_on, read_from_outside_text, unrecorded_wait, where_is,
 )
@@ -98,7 +98,7 @@ def position_finding(views: dict[int, RankView], now: float, trigger: str) -> Fi
         # it stayed at), with that evidence; an idle one where it stands.
         busy = {r for r, v in running.items() if is_working(v)}
         stuck = listing([(r, f"rank {r} {working_text(v, now)}" if r in busy
-                          else f"rank {r} at {v.location or '?'}{read_from_outside_text(v)}{children_text(v)}")
+                          else f"rank {r} at {v.location or '?'}{read_from_outside_text(v) or report_age(v, now)}{children_text(v)}")
                          for r, v in sorted(running.items())])
         details = {"stacks": {str(r): (v.snapshot or {}).get("stack", [])[-12:] for r, v in sorted(running.items())}}
         if busy:

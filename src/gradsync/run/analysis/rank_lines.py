@@ -71,8 +71,21 @@ def rank_line(
     if wait is not None:
         return f"waiting in {wait} at {view.location or '?'}"
     if is_working(view):  # its own looks found its process tree using CPU, or its position moving
-        return f"working outside collectives at {working_location(view) or '?'}"
-    return f"running outside collectives at {view.location or '?'}{read_from_outside_text(view)}"
+        return f"working outside collectives at {working_location(view) or '?'}{report_age(view, now)}"
+    outside = read_from_outside_text(view)
+    return f"running outside collectives at {view.location or '?'}{outside or report_age(view, now)}"
+
+
+STALE_REPORT_S = 2.0  # a rank reports about once a second: a position older than this says its age
+
+
+def report_age(view: RankView, now: float) -> str:
+    """' (as its report of 12 s before said)' for a position older than a report or two: where the
+    rank was then, not necessarily where it is."""
+    seen = (view.snapshot or {}).get("time")
+    if not now or not isinstance(seen, (int, float)) or now - seen < STALE_REPORT_S:
+        return ""
+    return f" (as its report of {now - seen:.0f} s before said)"
 
 
 def unexplained_failure(views: dict[int, RankView], trigger: str) -> Finding:
