@@ -590,10 +590,12 @@ def test_differing_device_meshes_are_named_as_the_cause_of_whatever_error_follow
     assert finding["message"].startswith("The ranks built different device meshes (their mesh #2: rank 0: shape (2, 2) ('dp', 'tp')")
     assert "What followed: The job hung" in finding["message"]
     assert finding["locations"] == {"0": "train.py:3", "1": "train.py:3"}
-    # A rank that built one mesh fewer differs too.
+    assert finding["ranks"] == [0, 1], "two ranks, two shapes: which one is wrong is not for the records to say"
+    # A rank that built one mesh fewer differs too: the one that built the extra mesh is named.
     views[1] = _with_meshes(hung(1, "barrier", "train.py:12"), [mesh])
     (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]
     assert "their mesh #2: rank 0: shape (2, 2)" in finding["message"] and "rank 1: none" in finding["message"]
+    assert finding["ranks"] == [0]
     # The same meshes everywhere: the finding is about the collectives alone.
     views[1] = _with_meshes(hung(1, "barrier", "train.py:12"), [mesh, mesh])
     (finding,) = diagnose(views, trigger="stall", now=200.0)["findings"]

@@ -10,23 +10,26 @@ import threading
 
 import pytest
 
+from gradsync.run import script_exit
 from gradsync.run.harmless import Bookkeeping
-from gradsync.run.script_exit import ThreadStarts, holding_threads
+from gradsync.run.script_exit import ThreadSites, holding_threads
 from tests.harness import REPO_ROOT
 
 
-def test_a_non_daemon_thread_is_listed_with_the_line_it_is_at_and_the_line_that_started_it(monkeypatch):
+def test_a_non_daemon_thread_is_listed_with_the_line_it_is_at_and_the_lines_that_created_and_started_it(monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", threading.Thread.start)  # undone after the test
-    starts = ThreadStarts(Bookkeeping("test"))
-    starts.install()
+    monkeypatch.setattr(threading.Thread, "__init__", threading.Thread.__init__)
+    sites = ThreadSites(Bookkeeping("test"))
+    sites.install()
     release = threading.Event()
-    held = threading.Thread(target=release.wait, name="held")
+    held = threading.Thread(target=release.wait, name="held"); created = sys._getframe().f_lineno  # noqa: E702
     daemon = threading.Thread(target=release.wait, name="daemon", daemon=True)
-    held.start(); line = sys._getframe().f_lineno  # noqa: E702 - the line number of the start itself
+    held.start(); started = sys._getframe().f_lineno  # noqa: E702 - the line number of the start itself
     daemon.start()
     try:
-        (thread,) = [t for t in holding_threads(starts) if t["thread"] in ("held", "daemon")]
-        assert thread["thread"] == "held" and thread["started_at"].endswith(f"test_script_exit.py:{line}")
+        (thread,) = [t for t in holding_threads(sites) if t["thread"] in ("held", "daemon")]
+        assert thread["thread"] == "held" and thread["started_at"].endswith(f"test_script_exit.py:{started}")
+        assert thread["created_at"].endswith(f"test_script_exit.py:{created}")
         assert thread["at"] is None, "its frames are threading's, none is the user's"
         assert any("threading.py" in frame for frame in thread["stack"])
     finally:
@@ -35,11 +38,15 @@ def test_a_non_daemon_thread_is_listed_with_the_line_it_is_at_and_the_line_that_
         daemon.join()
 
 
-def test_a_thread_start_that_fails_to_note_its_site_still_starts(monkeypatch):
+def test_a_thread_whose_sites_cannot_be_noted_is_still_created_and_started(monkeypatch):
     monkeypatch.setattr(threading.Thread, "start", threading.Thread.start)
-    starts = ThreadStarts(Bookkeeping("test"))
-    starts.install()
-    starts._sites = None  # every note fails
+    monkeypatch.setattr(threading.Thread, "__init__", threading.Thread.__init__)
+    ThreadSites(Bookkeeping("test")).install()
+
+    def fails(frame):
+        raise RuntimeError("no frame")
+
+    monkeypatch.setattr(script_exit, "location", fails)  # every note fails
     ran = []
     thread = threading.Thread(target=ran.append, args=(1,))
     thread.start()

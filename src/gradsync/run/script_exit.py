@@ -15,6 +15,7 @@ inside its script.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -26,39 +27,46 @@ from gradsync.run.harmless import Bookkeeping
 HELD_FRAMES = 8  # innermost frames kept of each holding thread: what it waits on (analysis.working.waits_on)
 
 
-class ThreadStarts:
-    """Where the script started each thread: its innermost user line at `Thread.start()`, kept in a
-    weak map keyed by the thread (nothing is added to the user's thread objects)."""
+class ThreadSites:
+    """Where the script created and started each thread: its innermost user line at
+    `Thread(...)` (where `daemon=` is decided) and at `Thread.start()`, kept in weak maps keyed by
+    the thread (nothing is added to the user's thread objects)."""
 
     def __init__(self, bookkeeping: Bookkeeping) -> None:
         self.bookkeeping = bookkeeping
-        self._sites: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
+        self._created: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
+        self._started: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()
 
     def install(self) -> None:
-        start = threading.Thread.start
-        starts = self
+        threading.Thread.__init__ = self._noting(threading.Thread.__init__, self._created)  # type: ignore[method-assign]
+        threading.Thread.start = self._noting(threading.Thread.start, self._started)  # type: ignore[method-assign]
 
-        def start_noting_where(thread: threading.Thread, *args: Any, **kwargs: Any) -> Any:
-            with starts.bookkeeping:
+    def _noting(self, method: Any, sites: weakref.WeakKeyDictionary) -> Any:
+        """`method` as it is, then the caller's user line noted in `sites` (never raising)."""
+        bookkeeping = self.bookkeeping
+
+        @functools.wraps(method)
+        def noting_where(thread: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+            result = method(thread, *args, **kwargs)
+            with bookkeeping:
                 site = location(user_frame(sys._getframe(1)))
                 if site is not None:
-                    starts._sites[thread] = site
-            return start(thread, *args, **kwargs)
+                    sites[thread] = site
+            return result
 
-        start_noting_where.__wrapped__ = start  # type: ignore[attr-defined]
-        start_noting_where.__name__ = start.__name__
-        start_noting_where.__qualname__ = start.__qualname__
-        start_noting_where.__doc__ = start.__doc__
-        threading.Thread.start = start_noting_where  # type: ignore[method-assign]
+        return noting_where
 
-    def site(self, thread: threading.Thread) -> str | None:
-        return self._sites.get(thread)
+    def created(self, thread: threading.Thread) -> str | None:
+        return self._created.get(thread)
+
+    def started(self, thread: threading.Thread) -> str | None:
+        return self._started.get(thread)
 
 
-def holding_threads(starts: ThreadStarts | None) -> list[dict[str, Any]]:
+def holding_threads(sites: ThreadSites | None) -> list[dict[str, Any]]:
     """The non-daemon threads but the main one still alive: what CPython's exit joins. Each with
-    its name, the user's line it is at (None: none of its frames is the user's), the line that
-    started it, and its innermost frames."""
+    its name, the user's line it is at (None: none of its frames is the user's), the lines that
+    created and started it, and its innermost frames."""
     frames = sys._current_frames()
     held = []
     for thread in threading.enumerate():
@@ -68,7 +76,8 @@ def holding_threads(starts: ThreadStarts | None) -> list[dict[str, Any]]:
         held.append({
             "thread": thread.name,
             "at": location(user_frame(frame)),
-            "started_at": starts.site(thread) if starts is not None else None,
+            "created_at": sites.created(thread) if sites is not None else None,
+            "started_at": sites.started(thread) if sites is not None else None,
             "stack": stack_summary(frame, limit=HELD_FRAMES),
         })
     return held

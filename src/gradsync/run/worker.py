@@ -48,7 +48,7 @@ from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.harmless import Bookkeeping, exception_text
 from gradsync.run.moments import probe_named
-from gradsync.run.script_exit import ThreadStarts, holding_threads, join_script_threads
+from gradsync.run.script_exit import ThreadSites, holding_threads, join_script_threads
 from gradsync.run.script_facts import ScriptCheck
 from gradsync.run.stacks import RequestWatch, thread_stacks
 from gradsync.run.stall import WORKING, CpuReading, in_native_call, rank_state, tree_worked
@@ -107,7 +107,7 @@ class SnapshotWriter(threading.Thread):
         # `gradsync report` on scripts that do not use gradsync's trainer.
         self.system = SystemSampler(self.interval_s, backend_interface())
         self.system_log = run.system(identity["attempt"], identity["rank"])
-        self.thread_starts = ThreadStarts(recorder.bookkeeping["gradsync run's thread start sites"])
+        self.thread_sites = ThreadSites(recorder.bookkeeping["gradsync run's thread creation sites"])
         # How the script ended, once it has, while the process waits for its non-daemon threads.
         self.ending: dict[str, Any] | None = None
 
@@ -196,7 +196,7 @@ class SnapshotWriter(threading.Thread):
         }
         ending = self.ending
         if ending is not None and not self.stopped.is_set():  # the script ended; its threads hold the process
-            state["ending"] = {**ending, "threads": holding_threads(self.thread_starts)}
+            state["ending"] = {**ending, "threads": holding_threads(self.thread_sites)}
         request = self.stacks.current(now)
         if (all_threads or request is not None or "ending" in state
                 or now - max(recorder.last_progress, self.worked_at) >= self.quiet_threads_s):
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     recorder.phase = "running"
     flight_on = flight.enable(options.flight_recorder_entries)  # before the script creates a process group
     writer = SnapshotWriter(recorder, options, identity, flight_on)
-    writer.thread_starts.install()
+    writer.thread_sites.install()
     check = None
     if options.doctor_steps is not None:
         check = _install_script_check(recorder, writer, options, identity)

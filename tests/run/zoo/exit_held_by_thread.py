@@ -23,7 +23,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = int(os.environ["RANK"])
     stop, beats = threading.Event(), []
-    beating = threading.Thread(target=heartbeat, args=(stop, beats), name="heartbeat")
+    beating = threading.Thread(target=heartbeat, args=(stop, beats), name="heartbeat")  # zoo: thread_create
     beating.start()  # zoo: thread_start
     atexit.register(stop.set)
 

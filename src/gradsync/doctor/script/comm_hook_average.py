@@ -100,6 +100,7 @@ class CommHookWatch:
         # touched it yet (a clip or the next backward comes later). Read here, not in a callback on
         # the future, which may run after the next backward has refilled the bucket.
         issued, self._issued = self._issued, []
+        self._in_hook.clear()  # a hook that raised never said it returned: no collective after this is its
         for entry, future in issued:
             if future.done():
                 value = future.value()

@@ -223,14 +223,33 @@ def _checkpoint_divergence(views: dict[int, RankView], group: str, ranks: Iterab
     return None
 
 
-def _odd_ones_out(records: dict[int, dict[str, Any]]) -> list[int]:
-    """The ranks that did the unusual thing: a minority call site, or a user collective facing DDP's."""
+def _off_the_common_path(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> list[int]:
+    """The ranks whose line at the parting no other rank ever called a collective from, while the
+    other ranks' lines there are ones these ranks called too (a collective only rank 0 makes, met by
+    the other rank's next training-loop collective, which rank 0 also made before): they left the
+    path the ranks share. Empty when that does not single some ranks out (each side at a line of its
+    own: two branches)."""
+    sites = {rank: {r.get("site") for r in view.records} for rank, view in views.items()}
+    alone = [rank for rank, record in records.items()
+             if record.get("site") and not any(record["site"] in seen for other, seen in sites.items() if other != rank)]
+    common = [record.get("site") for rank, record in records.items() if rank not in alone]
+    if not alone or len(alone) == len(records) or not all(site in sites.get(rank, ()) for rank in alone for site in common):
+        return []
+    return sorted(alone)
+
+
+def _odd_ones_out(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> list[int]:
+    """The ranks that did the unusual thing: a minority call site, a line off the path the ranks
+    share, or a user collective facing DDP's."""
     by_site: dict[tuple, list[int]] = {}
     for rank, record in records.items():
         by_site.setdefault((_key(record), record.get("site")), []).append(rank)
     sizes = sorted(len(ranks) for ranks in by_site.values())
     if len(sizes) > 1 and sizes[0] < sizes[-1]:
         return sorted(r for ranks in by_site.values() if len(ranks) == sizes[0] for r in ranks)
+    off_path = _off_the_common_path(records, views)
+    if off_path:
+        return off_path
     user = sorted(rank for rank, record in records.items() if not record["kind"].startswith("DDP"))
     if 0 < len(user) < len(records):
         return user
@@ -355,7 +374,7 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
     locations = {str(rank): record.get("site") or "?" for rank, record in sorted(records.items())}
     for rank, view in views.items():
         locations.setdefault(str(rank), view.location or last_site(view) or "?")
-    ranks = list(divergence.extra) or _odd_ones_out(records)
+    ranks = list(divergence.extra) or _odd_ones_out(records, views)
     if divergence.group == GROUP_CREATIONS:
         return _creation_finding(divergence, views, ranks, locations)
     sides = listing([(rank, _side(rank, record)) for rank, record in sorted(records.items())])

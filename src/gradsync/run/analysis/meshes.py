@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gradsync.run.analysis.views import RankView
 from gradsync.run.analysis.wording import listing
 from gradsync.rundir.records import Finding
@@ -37,5 +39,20 @@ def blame_differing_meshes(findings: list[Finding], views: dict[int, RankView]) 
         )
         # The line to fix is where the meshes were built, whatever line the symptom showed at.
         error.locations = {str(r): b["site"] or "?" for r, b in built.items() if b is not None}
+        error.ranks = _odd_meshes(built)
         error.details["meshes"] = {str(r): b for r, b in built.items()}
         return
+
+
+def _odd_meshes(built: dict[int, dict[str, Any] | None]) -> list[int]:
+    """The ranks whose mesh differs from most ranks'; where none is most, the ranks that built one
+    the others did not build at all (an extra creation), else every rank."""
+    alike: dict[Any, list[int]] = {}
+    for rank, mesh in built.items():
+        alike.setdefault(None if mesh is None else (tuple(mesh["shape"]), tuple(mesh["names"] or ())), []).append(rank)
+    sizes = sorted(len(ranks) for ranks in alike.values())
+    if sizes[-2] < sizes[-1]:
+        return sorted(r for ranks in alike.values() if len(ranks) < sizes[-1] for r in ranks)
+    if None in alike:
+        return sorted(r for r, mesh in built.items() if mesh is not None)
+    return sorted(built)

@@ -150,7 +150,9 @@ def holding_text(view: RankView) -> str:
         return "its process has not exited yet"
     said = []
     for thread in threads:
-        text = f"'{thread.get('thread')}'" + (f" (started at {thread['started_at']})" if thread.get("started_at") else "")
+        made = [f"{what} at {thread[key]}" for what, key in (("created", "created_at"), ("started", "started_at"))
+                if thread.get(key) and (key == "created_at" or thread[key] != thread.get("created_at"))]
+        text = f"'{thread.get('thread')}'" + (f" ({', '.join(made)})" if made else "")
         text += f", at {thread['at']}" if thread.get("at") else ""
         what = stack_waits_on(thread.get("stack") or [])
         said.append(text + (f", waiting on {what}" if what else ""))
@@ -167,9 +169,10 @@ def held_text(view: RankView) -> str:
 
 
 def held_location(view: RankView) -> str | None:
-    """Where to change a rank held at its exit: the start of the first thread holding it, else its line."""
+    """Where to change a rank held at its exit: where the first thread holding it was created
+    (where `daemon=` is decided), else started, else the line it is at."""
     threads = (view.held_at_exit or {}).get("threads") or []
-    return next((t.get("started_at") or t.get("at") for t in threads if t.get("started_at") or t.get("at")), None)
+    return next((where for t in threads if (where := t.get("created_at") or t.get("started_at") or t.get("at"))), None)
 
 
 def children_text(view: RankView) -> str:
