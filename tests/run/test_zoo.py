@@ -37,7 +37,7 @@ from tests.conftest import ZOO_OPTION
 from tests.harness import REPO_ROOT, fixture_timeout_s
 from tests.run import user_view
 from tests.run.recordings import Runs, assert_every_field_recorded, is_current, keep, launched_names, record, recording, remade
-from tests.run.user_view import TEARDOWN_ABORT, UserView, differences, plain_key, recorded_plain
+from tests.run.user_view import UserView, differences, plain_key, recorded_plain
 from tests.timed_findings import untimed, untimed_warning_lines
 
 ZOO = Path(__file__).parent / "zoo"
@@ -257,9 +257,11 @@ class PlainRun:
     out_dir: Path
 
 
-# Gloo's teardown race (../shared/README.md): a torch-only script can abort after its last line,
-# in the process group's destructor. Under plain torchrun nothing prevents it, so a reference run
-# that ended that way is run again (at most twice) rather than failing gradsync's comparison.
+# The scripts compared here exit 0 under plain torchrun. A reference run that did not says nothing
+# of gradsync: Gloo's teardown race (../shared/README.md) can abort a torch-only script after its
+# last line, and on a loaded machine torchrun's own rendezvous can fail (once in CI, exit 1 with no
+# word from the script). So a failed reference run is run again, at most twice, and the test then
+# shows what it printed.
 def _plain_torchrun(name: str, root: Path) -> PlainRun:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC.get(name, 2)),
@@ -270,7 +272,7 @@ def _plain_torchrun(name: str, root: Path) -> PlainRun:
             command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
             env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
         )
-        if done.returncode == 0 or TEARDOWN_ABORT not in done.stderr:
+        if done.returncode == 0:
             break
     return PlainRun(done.returncode, done.stdout, done.stderr, root / f"{name}.out")
 
@@ -485,7 +487,8 @@ def _exit_handler_error(output: str) -> tuple[str, bool] | None:
 
 def test_a_collective_an_exit_handler_runs_after_the_peer_left_is_a_warning_and_fails_as_without_gradsync(zoo, under_torchrun):
     run, plain = zoo.launched("atexit_flush_after_peer_left"), under_torchrun["atexit_flush_after_peer_left"]
-    assert run.returncode == plain.returncode == 0, run.explain()
+    assert plain.returncode == 0, f"plain torchrun, three times: {plain.stderr[-3000:]}"
+    assert run.returncode == 0, run.explain()
     assert run.diagnosis["status"] == "ok" and "gradsync run: ok: 2 ranks finished" in run.output, run.explain()
     (finding,) = run.findings()
     assert finding["category"] == "collective_after_peer_left" and finding["severity"] == "warning", run.explain()
