@@ -3,6 +3,7 @@
 import functools
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from gradsync.run.analysis.wording import describe
 from gradsync.run.collectives import CollectiveRecorder, Record, WaitClock, install
+from gradsync.rundir.records import RECORD_FIELDS
 from tests.harness import launch
 from tests.run.side_by_side import gloo_world, gradsync_warnings, outcome
 
@@ -111,6 +114,26 @@ def test_issued_collectives_are_finished_by_polling_once_their_futures_complete(
     recorder.settle()
     assert records[2].state == "finished" and not recorder.issued
 
+
+
+def test_a_collective_the_script_makes_from_its_own_thread_says_which_thread():
+    recorder = CollectiveRecorder()
+    made: list = []
+    worker = threading.Thread(target=lambda: made.append(recorder.enter("all_reduce", None, "float32[1] op=SUM", site="x.py:9")),
+                              name="heartbeat")
+    worker.start()
+    worker.join()
+    on_main = recorder.enter("all_reduce", None, "float32[1] op=SUM", site="x.py:9")
+    ddp_on_a_device_thread: list = []
+    worker = threading.Thread(target=lambda: ddp_on_a_device_thread.append(
+        recorder.enter("all_reduce", None, "float32[9]", kind="DDP gradient bucket 0", site="x.py:24")))
+    worker.start()
+    worker.join()
+    assert made[0].args == {"thread": "heartbeat"} and on_main.args is None
+    assert ddp_on_a_device_thread[0].args is None  # DDP's own buckets say what issued them already
+    # Said, never compared: the thread is in neither the signature nor the kind.
+    assert (made[0].signature, made[0].kind) == (on_main.signature, on_main.kind)
+    assert "from thread 'heartbeat'" in describe({name: getattr(made[0], name) for name in RECORD_FIELDS})
 
 class Net(torch.nn.Module):
     def __init__(self):

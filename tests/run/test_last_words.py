@@ -184,6 +184,24 @@ def test_a_rank_killed_by_a_signal_is_named_at_the_call_faulthandler_saw_it_in()
     assert "PYTHONFAULTHANDLER" in finding["suggestion"]
 
 
+
+def test_a_native_crash_inside_a_one_line_wrapper_is_named_at_the_wrappers_caller(tmp_path):
+    # decode() is one statement around ctypes: its caller, under the condition that chose the
+    # record, is the line to look at. A helper that does more than forward is named itself.
+    (tmp_path / "train.py").write_text(NATIVE_CRASH)
+    crashed = _killed(1, [record(1, site="train.py:9")], "SIGSEGV", None)
+    crashed.snapshot["cwd"] = str(tmp_path)
+    crashed.fatal_stack = ["train.py:4", "train.py:11", "train.py:15"]
+    views = {0: view(0, [record(1, site="train.py:9"), record(2, site="train.py:9", state="entered")], alive=True),
+             1: crashed}
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["locations"] == {"1": "train.py:11"}
+    assert "inside a call made at train.py:11" in finding["message"]
+    (tmp_path / "train.py").write_text(NATIVE_CRASH.replace("def decode(record):\n", "def decode(record):\n    record = bytes(record)\n"))
+    crashed.fatal_stack = ["train.py:5", "train.py:12", "train.py:16"]
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["locations"] == {"1": "train.py:5"}
+
 def _run(tmp_path, script: str, **env: str) -> tuple[subprocess.CompletedProcess, dict]:
     (tmp_path / "train.py").write_text(script)
     done = subprocess.run([sys.executable, "-m", "gradsync", "run", "--standalone", "--nproc-per-node", "2",
@@ -198,7 +216,8 @@ def test_a_native_crash_under_gradsync_run_is_named_at_the_users_line_that_made_
     assert done.returncode == 1, done.stderr
     finding = diagnosis["findings"][0]
     assert finding["category"] == "rank_crashed" and finding["ranks"] == [1], finding
-    assert finding["locations"] == {"1": "train.py:4"} and "train.py:4 <- train.py:11" in finding["message"]
+    # decode() only forwards to ctypes: named at its caller, the stack at the signal in the message.
+    assert finding["locations"] == {"1": "train.py:11"} and "train.py:4 <- train.py:11" in finding["message"]
     assert "Fatal Python error" not in done.stdout + done.stderr  # the dump went to the run folder only
     assert "Current thread" in (tmp_path / "run" / "workers" / "attempt0" / "fatal-rank1.txt").read_text()
 

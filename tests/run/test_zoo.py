@@ -697,19 +697,27 @@ def test_ranks_blocked_in_different_groups_are_named_with_their_lines(zoo):
 
 
 def test_a_rank0_only_full_tensor_is_named_though_dtensor_collectives_are_not_recorded(zoo):
-    # gradsync's recorder does not see the DTensor's all_gather; Flight Recorder does.
+    # gradsync's recorder does not see the DTensor's all_gather; Flight Recorder does. Rank 1 stands
+    # past the line of rank 0's all_gather in the same function, having made as many collectives:
+    # rank 0 is the one whose path went its own way.
     run = zoo["full_tensor_on_rank0"]
-    finding = _assert_error(run, "collective_mismatch", [0, 1], {0: "full_tensor", 1: "barrier"})
+    finding = _assert_error(run, "collective_mismatch", [0], {0: "full_tensor", 1: "barrier"})
     assert "all_gather" in finding["message"] and "Flight Recorder" in finding["message"], run.explain()
+    assert "Their paths parted in main" in finding["message"], run.explain()
 
 
 def test_an_fsdp_rank_that_skips_a_forward_is_named_at_its_all_gather(zoo):
     # FSDP2's all-gathers pass through torch.distributed: the recorder sees them, at the user's forward.
     run = zoo["fsdp_skip_forward"]
     # Rank 1 ran one forward fewer: its barrier is at a line rank 0 never reached, off the path
-    # both share, where rank 0's all-gather is one rank 1 made at every earlier step.
-    finding = _assert_error(run, "collective_mismatch", [1], {0: "forward", 1: "barrier"})
+    # both share, where rank 0's all-gather is one rank 1 made at every earlier step. It stands past
+    # the training loop rank 0 is still in: named at the condition of the loop's `continue`, the
+    # line above the one marked "skip".
+    finding = _assert_error(run, "collective_mismatch", [1], {0: "forward"})
+    path, line = run.line("skip").rsplit(":", 1)
+    assert finding["locations"]["1"] == f"{path}:{int(line) - 1}", run.explain()
     assert finding["collective"] == "all_gather_single/barrier", run.explain()
+    assert "rank 1 had left the loop" in finding["message"], run.explain()
 
 
 def test_a_tensor_parallel_rank_that_skips_a_forward_is_named_though_dtensor_collectives_are_not_recorded(zoo):

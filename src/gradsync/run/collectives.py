@@ -195,6 +195,11 @@ class CollectiveRecorder:
         if self.issued:
             self.settle()
         key = key or self.group_key(group)
+        thread = threading.current_thread()
+        if not kind and thread is not threading.main_thread():
+            # The script's own collective from a thread it started: which thread is said (ranks
+            # whose threads race the main thread for the process group pair collectives by chance).
+            args = {**(args or {}), "thread": thread.name}
         record = Record(self.count, key, None, op, signature, kind, site or caller_location(), args)
         sequence = None
         if op not in POINT_TO_POINT:

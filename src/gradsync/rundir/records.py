@@ -35,7 +35,8 @@ class RingRecord(TypedDict):
     kind: str  # "", or what issued it ("DDP gradients of a backward pass", ...)
     site: str | None  # the user's file:line
     # Arguments that legitimately differ between ranks, so they are never compared as the signature
-    # is, but that say what disagreed once the backend found a mismatch: an all_to_all's split sizes.
+    # is, but that say what disagreed once the backend found a mismatch: an all_to_all's split sizes;
+    # "thread", the name of the script's thread that made it when that is not the main thread.
     args: dict[str, Any] | None
     state: str  # "entered", "issued", "finished", "failed"
     entered: float

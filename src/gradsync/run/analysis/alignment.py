@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from gradsync.run.analysis.paths import Parting, parting
 from gradsync.run.analysis.views import RankView, group_members, last_site
 from gradsync.run.analysis.wording import SUGGEST_SAME_COLLECTIVES, describe, listing, ranks_text
 from gradsync.rundir.records import GROUP_CREATIONS, Finding
@@ -45,7 +46,9 @@ def find_divergence(views: dict[int, RankView]) -> Divergence | None:
     # each rank's records (not one per group, of which a large job has hundreds).
     by_group: dict[str, dict[int, dict[int, dict[str, Any]]]] = {}
     for rank, view in views.items():
-        tables = {group: by_group.setdefault(group, {}).setdefault(rank, {}) for group in (view.snapshot or {}).get("groups", {})}
+        # A rank that died before its first snapshot named its groups: the groups of its records.
+        groups = (view.snapshot or {}).get("groups") or {record["group"] for record in view.records}
+        tables = {group: by_group.setdefault(group, {}).setdefault(rank, {}) for group in groups}
         for record in view.records:
             table = tables.get(record["group"])
             if table is not None and record["seq"] is not None:
@@ -238,9 +241,10 @@ def _off_the_common_path(records: dict[int, dict[str, Any]], views: dict[int, Ra
     return sorted(alone)
 
 
-def _odd_ones_out(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> list[int]:
+def _odd_ones_out(records: dict[int, dict[str, Any]], views: dict[int, RankView], parted: Parting | None) -> list[int]:
     """The ranks that did the unusual thing: a minority call site, a line off the path the ranks
-    share, or a user collective facing DDP's."""
+    share, the rank whose path through the script went its own way (paths.parting), or a user
+    collective facing DDP's."""
     by_site: dict[tuple, list[int]] = {}
     for rank, record in records.items():
         by_site.setdefault((_key(record), record.get("site")), []).append(rank)
@@ -250,6 +254,8 @@ def _odd_ones_out(records: dict[int, dict[str, Any]], views: dict[int, RankView]
     off_path = _off_the_common_path(records, views)
     if off_path:
         return off_path
+    if parted is not None:  # its odd ones, or none: two branches of one `if`
+        return list(parted.odd) or sorted(records)
     user = sorted(rank for rank, record in records.items() if not record["kind"].startswith("DDP"))
     if 0 < len(user) < len(records):
         return user
@@ -374,7 +380,8 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
     locations = {str(rank): record.get("site") or "?" for rank, record in sorted(records.items())}
     for rank, view in views.items():
         locations.setdefault(str(rank), view.location or last_site(view) or "?")
-    ranks = list(divergence.extra) or _odd_ones_out(records, views)
+    parted = None if divergence.group == GROUP_CREATIONS else parting(records, views)
+    ranks = list(divergence.extra) or _odd_ones_out(records, views, parted)
     if divergence.group == GROUP_CREATIONS:
         return _creation_finding(divergence, views, ranks, locations)
     sides = listing([(rank, _side(rank, record)) for rank, record in sorted(records.items())])
@@ -445,12 +452,18 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
             ahead = (f" {ranks_text(ahead_ranks)} had called a collective its peers never reached (one issued where "
                      "they do not issue it, such as inside a hook during backward), so the backend paired it with the "
                      "collective they were in.")
+    parting_text = ""
+    # Told where it agrees with the ranks named (an older rule may have decided otherwise).
+    if parted is not None and not ahead and sorted(parted.odd or records) == sorted(ranks):
+        parting_text = parted.text()
+        for rank in parted.odd:
+            locations[str(rank)] = parted.site(rank)
     return Finding(
         "collective_mismatch",
         "error",
         ranks,
         f"The job {verb} because the ranks' collectives stopped matching at collective #{divergence.seq} "
-        f"on {group}: {sides}.{ahead}",
+        f"on {group}: {sides}.{ahead}{parting_text}",
         SUGGEST_SAME_COLLECTIVES,
         locations=locations,
         collective=collective,

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from gradsync.run.analysis.alignment import Divergence
+from gradsync.run.analysis.source import only_forwards
 from gradsync.run.analysis.views import RankView, group_members, last_position, last_site, reached_on, where_is
 from gradsync.run.analysis.wording import SUGGEST_SAME_COLLECTIVES, first_line
 from gradsync.rundir.records import Finding
@@ -233,7 +234,7 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
     if view.fatal_stack:
         # faulthandler's stack at the signal: the call the rank was in when it died, not the last
         # place it reported (a snapshot a second old, or a collective long finished).
-        where = view.fatal_stack[0]
+        where = _native_call_site(view)
         called = " <- ".join(view.fatal_stack[:3])
         said = (f"Rank {view.rank} was killed by {view.signal or 'a signal'} (exit code {view.exitcode}) inside a call "
                 f"made at {where} (its Python stack at the signal, read from faulthandler's dump: {called}); its last "
@@ -483,3 +484,13 @@ def teardown_finding(teardown: list[RankView], views: dict[int, RankView]) -> Fi
         "known Gloo teardown race and does not affect what the script produced.",
         locations={str(v.rank): v.location or "?" for v in teardown},
     )
+
+
+def _native_call_site(view: RankView) -> str:
+    """The user's line that made the native call a fatal signal stopped: the innermost of its
+    frames, or that frame's caller when the innermost only forwards the call (a one-line
+    `release()` around `lib.free`), since the caller decides when and with what it runs."""
+    frames = view.fatal_stack or ["?"]
+    if len(frames) > 1 and only_forwards(view, frames[0]):
+        return frames[1]
+    return frames[0]

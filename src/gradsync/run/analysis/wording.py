@@ -14,7 +14,8 @@ def describe(record: dict[str, Any]) -> str:
     """'all_reduce #12 (DDP gradient bucket 0, float32[1234])' for a record."""
     if record.get("group") == GROUP_CREATIONS:
         return f"{record['op']}({record.get('signature') or ''}) (group creation #{record.get('seq')})"
-    inside = ", ".join(part for part in (record.get("kind"), record.get("signature")) if part)
+    thread = (record.get("args") or {}).get("thread")
+    inside = ", ".join(part for part in (record.get("kind"), record.get("signature"), thread and f"from thread '{thread}'") if part)
     number = f" #{record['seq']}" if record.get("seq") is not None else ""
     group = "" if record.get("group") == "default" else f" on {record.get('group')}"
     return f"{record['op']}{number}{group}" + (f" ({inside})" if inside else "")

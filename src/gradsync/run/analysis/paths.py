@@ -1,0 +1,178 @@
+"""Where the ranks' paths through the script part: the function, on every rank's stack, in which
+they stand at two different lines when their collectives stopped matching, and what that says
+about which ranks went their own way.
+
+The collective a rank waits in is often far from the decision that brought it there: an
+`all_gather` inside an accelerator's `gather_for_metrics`, reached from `evaluate()`, called under
+`if is_main_process:`; a barrier after a training loop that one rank left early. Read outermost
+first, the two ranks' stacks agree down to one function and then stand at two of its lines: that
+pair of lines, read against the function's own syntax, tells the story:
+
+- one line inside a loop and the other past its end: the second rank left the loop first (fewer
+  batches, a `break` on a condition of its own, a `continue` that skipped a step's collectives);
+  the line to change is the condition of that `break`/`return`/`continue`;
+- the two lines in the two branches of one `if`: the ranks replaced one collective by another,
+  neither is the odd one out;
+- otherwise the rank at the earlier line is making a collective its peer went past without (the
+  peer stands further on in the same function, having made as many collectives): the earlier
+  line, the call under the condition only that rank met, is where the paths parted.
+
+Stacks come from what each rank left: its last snapshot's main thread for a rank still waiting in
+the collective, faulthandler's dump for one a fatal signal stopped there. Source is read from the
+rank's working folder; without it (another node, a file since changed) nothing is said.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from gradsync.callsite import OWN, file_kind
+from gradsync.run.analysis.source import FUNCTIONS, function_holding, own_body_holds, source_tree, spans
+from gradsync.run.analysis.views import RankView
+from gradsync.run.analysis.wording import ranks_text
+
+
+@dataclass(frozen=True)
+class Parting:
+    """The ranks' paths at the function where they part: two sides, each of ranks at one line."""
+
+    path: str  # the file, as the ranks' stacks name it
+    function: str
+    lines: dict[int, int]  # rank -> its line in that function
+    odd: tuple[int, ...]  # the ranks that went their own way (empty: two branches of one `if`)
+    left_loop: int | None = None  # the header line of the loop the odd ranks left first
+    # The line to change on the odd ranks: the condition of the `break`/`continue` that took them
+    # out of the loop (None: the loop has none, it simply ran fewer times on them).
+    exit_condition: int | None = None
+
+    def site(self, rank: int) -> str:
+        line = self.exit_condition if self.exit_condition is not None and rank in self.odd else self.lines[rank]
+        return f"{self.path}:{line}"
+
+    def text(self) -> str:
+        """What the parting says, as a sentence of a finding."""
+        sides: dict[int, list[int]] = {}
+        for rank, line in sorted(self.lines.items()):
+            sides.setdefault(line, []).append(rank)
+        at = " and ".join(f"{ranks_text(ranks).lower()} at line {line}" for line, ranks in sorted(sides.items(), key=lambda side: side[1]))
+        said = f" Their paths parted in {self.function} ({self.path}), {at}"
+        if not self.odd:
+            return f"{said}: two branches of one `if`, each calling a different collective."
+        odd = ranks_text(list(self.odd))
+        if self.left_loop is not None:
+            how = f"{odd.lower()} had left the loop at line {self.left_loop} while the others were still in it"
+            if self.exit_condition is not None:
+                how += f" (the condition at line {self.exit_condition} took it out, or past the rest of a step)"
+            return f"{said}: {how}."
+        return (f"{said}: {odd.lower()} made a collective at line {self.lines[self.odd[0]]} that the others went "
+                "past without making.")
+
+
+def parting(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> Parting | None:
+    """Where the ranks, each stopped in its record of `records` (the collectives at which they
+    stopped matching), stand at two different lines of one function, each line held by some of
+    them; None without every rank's stack, when the stacks make more than two sides, or when they
+    do not meet in one function."""
+    stacks = {rank: _user_stack(views[rank], record) for rank, record in records.items() if rank in views}
+    if len(stacks) != len(records) or not all(stacks.values()):
+        return None
+    sides: dict[tuple, list[int]] = {}
+    for rank, stack in sorted(stacks.items()):
+        sides.setdefault(tuple(stack), []).append(rank)
+    if len(sides) != 2:
+        return None
+    (path_a, ranks_a), (path_b, ranks_b) = sides.items()
+    for frame_a, frame_b in zip(path_a, path_b):
+        if frame_a == frame_b:
+            continue
+        (file_a, line_a), (file_b, line_b) = frame_a, frame_b
+        if file_a != file_b:
+            return None
+        function = function_holding(source_tree(views[ranks_a[0]], file_a), line_a, line_b)
+        if function is None:
+            return None
+        return _read_parting(file_a, function, {line_a: ranks_a, line_b: ranks_b})
+    return None
+
+
+def _read_parting(path: str, function: ast.AST, sides: dict[int, list[int]]) -> Parting:
+    name = getattr(function, "name", "<module>")
+    lines = {rank: line for line, ranks in sides.items() for rank in ranks}
+    (line_a, ranks_a), (line_b, ranks_b) = sorted(sides.items())
+    if _branches_of_one_if(function, line_a, line_b):
+        return Parting(path, name, lines, ())
+    loop = _loop_left(function, inside=line_a, past=line_b)
+    if loop is not None:
+        return Parting(path, name, lines, tuple(ranks_b), left_loop=loop.lineno, exit_condition=_exit_condition(loop))
+    return Parting(path, name, lines, tuple(ranks_a))
+
+
+def _user_stack(view: RankView, record: dict[str, Any]) -> list[tuple[str, int]]:
+    """The rank's user frames (file, line), outermost first, while it stood in `record`: its main
+    thread's last stack if it still waits there, faulthandler's stack if it died there; [] else."""
+    snapshot = view.snapshot or {}
+    if view.fatal_stack and view.records and _same(view.records[-1], record):
+        return [_frame(site) for site in reversed(view.fatal_stack) if _frame(site)]
+    waiting = view.waiting_on() if view.alive or not view.exit else None
+    if waiting is None or not _same(waiting, record):
+        return []
+    cwd = snapshot.get("cwd") or "."
+    frames = []
+    for entry in snapshot.get("stack") or []:
+        place = entry.split(" in ", 1)[0]
+        frame = _frame(place)
+        if frame and file_kind(os.path.join(cwd, frame[0])) == OWN:
+            frames.append(frame)
+    return frames
+
+
+def _same(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    return one.get("group") == other.get("group") and one.get("seq") == other.get("seq") and one.get("op") == other.get("op")
+
+
+def _frame(site: str) -> tuple[str, int] | None:
+    path, _, line = site.rpartition(":")
+    return (path, int(line)) if path and line.isdigit() else None
+
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _branches_of_one_if(function: ast.AST, line_a: int, line_b: int) -> bool:
+    for node in ast.walk(function):
+        if isinstance(node, ast.If) and node.orelse:
+            body = any(spans(statement, line_a) for statement in node.body), any(spans(statement, line_b) for statement in node.body)
+            orelse = any(spans(statement, line_a) for statement in node.orelse), any(spans(statement, line_b) for statement in node.orelse)
+            if (body[0] and orelse[1]) or (body[1] and orelse[0]):
+                return True
+    return False
+
+
+def _loop_left(function: ast.AST, inside: int, past: int) -> ast.AST | None:
+    """The outermost loop of `function` that holds line `inside` and ended before line `past`."""
+    loops = [node for node in ast.walk(function) if isinstance(node, _LOOPS) and spans(node, inside)
+             and (node.end_lineno or node.lineno) < past and own_body_holds(function, node.lineno)]
+    return min(loops, key=lambda node: node.lineno) if loops else None
+
+
+def _exit_condition(loop: ast.AST) -> int | None:
+    """The line of the condition that takes a rank out of `loop` early (a `break` or `return` of
+    the loop itself), else past the rest of a step (a `continue`): the `if` that guards it, or the
+    statement itself. None when the loop has neither: it simply ran fewer times."""
+    found: dict[type, int] = {}
+
+    def visit(node: ast.AST, guard: int | None, depth: int) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (*FUNCTIONS, ast.ClassDef, ast.Lambda)):
+                continue
+            inner_loop = isinstance(child, _LOOPS)
+            if isinstance(child, (ast.Break, ast.Continue)) and depth == 0 or isinstance(child, ast.Return):
+                found.setdefault(type(child) if not isinstance(child, ast.Return) else ast.Break, guard or child.lineno)
+            visit(child, child.lineno if isinstance(child, ast.If) else guard, depth + inner_loop)
+
+    for statement in getattr(loop, "body", []):
+        visit(ast.Module(body=[statement], type_ignores=[]), None, 0)
+    return found.get(ast.Break, found.get(ast.Continue))
