@@ -3,6 +3,7 @@
 import functools
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -134,6 +135,27 @@ def test_a_collective_the_script_makes_from_its_own_thread_says_which_thread():
     # Said, never compared: the thread is in neither the signature nor the kind.
     assert (made[0].signature, made[0].kind) == (on_main.signature, on_main.kind)
     assert "from thread 'heartbeat'" in describe({name: getattr(made[0], name) for name in RECORD_FIELDS})
+
+
+def test_collectives_entered_by_two_threads_at_once_get_numbers_and_ring_slots_of_their_own():
+    recorder = CollectiveRecorder(ring_size=4096)
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: the race shows
+    try:
+        def enter_many(site):
+            for _ in range(1000):
+                recorder.enter("all_reduce", None, "float32[1] op=SUM", site=site)
+
+        workers = [threading.Thread(target=enter_many, args=(f"x.py:{line}",)) for line in (9, 24)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(previous)
+    records = list(recorder.ring)
+    assert sorted(r.index for r in records) == list(range(2000))
+    assert sorted(r.seq for r in records) == list(range(1, 2001))
 
 class Net(torch.nn.Module):
     def __init__(self):

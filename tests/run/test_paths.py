@@ -74,6 +74,23 @@ def test_two_branches_of_one_if_single_out_no_rank(tmp_path):
     assert finding["ranks"] == [0, 1]
 
 
+def test_a_rank_under_a_condition_its_peer_did_not_meet_is_odd_though_its_line_comes_later(tmp_path):
+    # A time-based evaluation: rank 1 evaluates after its step; rank 0 skipped it this time and
+    # stands at the next step's backward, an earlier line of the same loop.
+    _script(tmp_path, """
+    def main():
+        for step in range(40):
+            model(x).sum().backward()
+            if time.monotonic() - last_eval > 0.5:
+                report(evaluate(model))
+        dist.barrier()
+    """)
+    views = {0: _waiting(tmp_path, 0, "all_reduce", [3]), 1: _waiting(tmp_path, 1, "all_reduce", [5, 2])}
+    found = _parting(views)
+    assert found.odd == (1,) and found.took_branch and found.site(1) == "train.py:5"
+    assert "rank 1 took the branch of line 5" in found.text()
+
+
 EARLY_STOP = """
 def fit():
     for epoch in range(8):

@@ -141,6 +141,10 @@ class CollectiveRecorder:
         self._warned: set[str] = set()
         self.bookkeeping = BookkeepingByKind()  # each hook's, by kind (gradsync.run.harmless)
         self.calling = threading.local()  # .active inside a recorded call on this thread
+        # Numbering a record is a read-then-write of the count and the group's sequence: a script's
+        # thread making collectives beside the main thread's must not be given the same number
+        # (and the same ring slot, where one record would overwrite the other).
+        self._numbering = threading.Lock()
         self.creating = threading.local()  # .active inside a recorded process-group creation on this thread
         # What a pipeline stage's sends and receives carry (stage, micro-batch), named in their records' kind.
         self.pipeline_labels = PipelineLabels()
@@ -200,20 +204,22 @@ class CollectiveRecorder:
             # The script's own collective from a thread it started: which thread is said (ranks
             # whose threads race the main thread for the process group pair collectives by chance).
             args = {**(args or {}), "thread": thread.name}
-        record = Record(self.count, key, None, op, signature, kind, site or caller_location(), args)
-        sequence = None
-        if op not in POINT_TO_POINT:
-            sequence = self._sequence(key, group)
-            record.seq = sequence.seq + 1
-            record.crc = zlib.crc32(f"{op}|{signature}|{kind}".encode(), sequence.crc)
-        if self.sink is not None:
-            self.sink.write(record)
-        if sequence is not None:
-            sequence.seq, sequence.crc = record.seq, record.crc
-            if record.seq % CHECKPOINT_EVERY == 0:
-                sequence.checkpoints.append((record.seq, record.crc))
-        self.count += 1
-        self.ring.append(record)
+        site = site or caller_location()
+        with self._numbering:
+            record = Record(self.count, key, None, op, signature, kind, site, args)
+            sequence = None
+            if op not in POINT_TO_POINT:
+                sequence = self._sequence(key, group)
+                record.seq = sequence.seq + 1
+                record.crc = zlib.crc32(f"{op}|{signature}|{kind}".encode(), sequence.crc)
+            if self.sink is not None:
+                self.sink.write(record)
+            if sequence is not None:
+                sequence.seq, sequence.crc = record.seq, record.crc
+                if record.seq % CHECKPOINT_EVERY == 0:
+                    sequence.checkpoints.append((record.seq, record.crc))
+            self.count += 1
+            self.ring.append(record)
         self.last_progress = record.entered
         return record
 

@@ -13,9 +13,14 @@ pair of lines, read against the function's own syntax, tells the story:
   the line to change is the condition of that `break`/`return`/`continue`;
 - the two lines in the two branches of one `if`: the ranks replaced one collective by another,
   neither is the odd one out;
+- one line under an `if` that does not hold the other: that rank took a branch its peer did not
+  take this time (an evaluation every N seconds, a rank-0-only log), whichever line comes first
+  (the peer may stand earlier in the loop's next turn);
 - otherwise the rank at the earlier line is making a collective its peer went past without (the
-  peer stands further on in the same function, having made as many collectives): the earlier
-  line, the call under the condition only that rank met, is where the paths parted.
+  peer stands further on in the same function, having made as many collectives).
+
+The line to change on that rank is its line in the shared function: the call under the condition
+only it met, or the condition of the loop exit it took.
 
 Stacks come from what each rank left: its last snapshot's main thread for a rank still waiting in
 the collective, faulthandler's dump for one a fatal signal stopped there. Source is read from the
@@ -43,6 +48,7 @@ class Parting:
     function: str
     lines: dict[int, int]  # rank -> its line in that function
     odd: tuple[int, ...]  # the ranks that went their own way (empty: two branches of one `if`)
+    took_branch: bool = False  # the odd ranks stand under an `if` the others' line is not under
     left_loop: int | None = None  # the header line of the loop the odd ranks left first
     # The line to change on the odd ranks: the condition of the `break`/`continue` that took them
     # out of the loop (None: the loop has none, it simply ran fewer times on them).
@@ -67,8 +73,10 @@ class Parting:
             if self.exit_condition is not None:
                 how += f" (the condition at line {self.exit_condition} took it out, or past the rest of a step)"
             return f"{said}: {how}."
-        return (f"{said}: {odd.lower()} made a collective at line {self.lines[self.odd[0]]} that the others went "
-                "past without making.")
+        line = self.lines[self.odd[0]]
+        if self.took_branch:
+            return f"{said}: {odd.lower()} took the branch of line {line}, which the others did not take this time."
+        return f"{said}: {odd.lower()} made a collective at line {line} that the others went past without making."
 
 
 def parting(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> Parting | None:
@@ -107,6 +115,9 @@ def _read_parting(path: str, function: ast.AST, sides: dict[int, list[int]]) -> 
     loop = _loop_left(function, inside=line_a, past=line_b)
     if loop is not None:
         return Parting(path, name, lines, tuple(ranks_b), left_loop=loop.lineno, exit_condition=_exit_condition(loop))
+    conditional_a, conditional_b = _under_own_condition(function, line_a, line_b), _under_own_condition(function, line_b, line_a)
+    if conditional_a != conditional_b:
+        return Parting(path, name, lines, tuple(ranks_b if conditional_b else ranks_a), took_branch=True)
     return Parting(path, name, lines, tuple(ranks_a))
 
 
@@ -149,6 +160,13 @@ def _branches_of_one_if(function: ast.AST, line_a: int, line_b: int) -> bool:
             if (body[0] and orelse[1]) or (body[1] and orelse[0]):
                 return True
     return False
+
+
+def _under_own_condition(function: ast.AST, line: int, other: int) -> bool:
+    """Whether `line` is inside an `if` of `function` that does not hold `other`: a rank there took
+    a branch the other rank, in the same loop or not, did not take this time."""
+    return any(isinstance(node, ast.If) and spans(node, line) and not spans(node, other) and node.test.lineno != line
+               for node in ast.walk(function))
 
 
 def _loop_left(function: ast.AST, inside: int, past: int) -> ast.AST | None:
