@@ -9,8 +9,10 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
+import torch
 
 from gradsync.run.analysis.last_words import classify, read_fatal_stack, read_last_words
 from gradsync.run.analysis.rules import diagnose
@@ -166,6 +168,25 @@ def test_faulthandlers_dump_is_read_for_the_user_frames_of_the_crashed_thread(tm
     (tmp_path / "empty.txt").write_text("")  # the rank ended otherwise: faulthandler wrote nothing
     assert read_fatal_stack(tmp_path / "empty.txt") is None
 
+
+def test_a_signal_on_a_thread_that_runs_no_python_reads_the_main_threads_stack(tmp_path):
+    # Gloo aborting on its own thread ("terminate called ..."): faulthandler names no current
+    # thread, only "Thread 0x..." blocks; the main thread is the one threading did not start.
+    dump = tmp_path / "fatal.txt"
+    dump.write_text(
+        "Fatal Python error: Aborted\n\n"
+        "Thread 0x00007f2dac8d56c0 (most recent call first):\n"
+        f'  File "{tmp_path}/train.py", line 30 in poll\n'
+        f'  File "{threading.__file__}", line 1045 in _bootstrap_inner\n'
+        f'  File "{threading.__file__}", line 1002 in _bootstrap\n\n'
+        "Thread 0x00007f2dcf5f8b80 (most recent call first):\n"
+        f'  File "{os.path.dirname(torch.__file__)}/distributed/distributed_c10d.py", line 3252 in all_reduce\n'
+        f'  File "{tmp_path}/train.py", line 10 in evaluate\n'
+        f'  File "{tmp_path}/train.py", line 27 in main\n'
+        '  File "<frozen runpy>", line 88 in _run_code\n')
+    assert read_fatal_stack(dump, str(tmp_path)) == ["train.py:10", "train.py:27"]
+    dump.write_text(dump.read_text().replace("Thread 0x00007f2dac8d56c0", "Current thread 0x00007f2dac8d56c0"))
+    assert read_fatal_stack(dump, str(tmp_path)) == ["train.py:30"]
 
 def test_a_rank_killed_by_a_signal_is_named_at_the_call_faulthandler_saw_it_in():
     crashed = _killed(1, [record(1, site="train.py:9")], "SIGSEGV", None)

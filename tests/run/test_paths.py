@@ -21,7 +21,7 @@ def _record(seq, op, site, state="entered"):
 
 def _waiting(tmp_path, rank, op, lines, *, seq=3):
     """A live rank waiting in `op` #seq, its user frames at `lines` (outermost first) of train.py."""
-    stack = [f"train.py:{line} in f" for line in lines] + [TORCH_FRAME]
+    stack = ["<frozen runpy>:198 in _run_module_as_main"] + [f"train.py:{line} in f" for line in lines] + [TORCH_FRAME]
     records = [_record(s, "all_reduce", "train.py:2", "finished") for s in range(1, seq)] + [_record(seq, op, f"train.py:{lines[-1]}")]
     snapshot = {"rank": rank, "cwd": str(tmp_path), "stack": stack, "location": f"train.py:{lines[-1]}", "records": records,
                 "time": 10.0, "groups": {"default": {"ranks": [0, 1], "seq": seq, "crc": 0, "checkpoints": []}}}
@@ -204,3 +204,21 @@ def test_a_rank_that_died_before_its_first_snapshot_is_compared_on_the_groups_of
     views[0].alive, views[0].signal, views[0].exitcode = False, "SIGABRT", -6
     (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
     assert finding["category"] == "collective_mismatch" and finding["locations"]["0"] == "train.py:9"
+
+
+def test_a_rank_whose_exception_came_out_of_the_collective_is_read_from_its_traceback(tmp_path):
+    _script(tmp_path, HELPER_UNDER_RANK_CHECK)
+    failed = _waiting(tmp_path, 1, "barrier", [7, 11])
+    failed.alive, failed.exitcode = False, 1
+    failed.snapshot["stack"] = ["train.py:8 in main"]  # its last report predates the collective
+    failed.exit = {"status": "exception", "type": "RuntimeError", "message": "Connection reset by peer",
+                   "collective": {"group": "default", "seq": 3, "op": "barrier", "site": "train.py:11"},
+                   "traceback": "Traceback (most recent call last):\n"
+                                f'  File "{tmp_path}/train.py", line 7, in <module>\n    main()\n'
+                                f'  File "{tmp_path}/train.py", line 11, in main\n    dist.barrier()\n'
+                                '  File "/usr/lib/python3/site-packages/torch/distributed/c10d_logger.py", line 83, in wrapper\n'
+                                "RuntimeError: Connection reset by peer\n"}
+    views = {0: _waiting(tmp_path, 0, "all_gather", [7, 10, 3]), 1: failed}
+    assert _parting(views).lines == {0: 10, 1: 11}
+    failed.exit["collective"]["seq"] = 2  # it came out of another collective: its traceback says nothing of this one
+    assert _parting(views) is None

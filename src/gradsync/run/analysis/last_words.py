@@ -169,10 +169,11 @@ def read_last_words(path: Path) -> LastWords | None:
     return words if words.lines else None
 
 
-# faulthandler's dump: "Current thread 0x... (most recent call first):" (the thread the signal
-# stopped), then one '  File "...", line N in function' per frame, innermost first.
-_CRASHED_THREAD = re.compile(r"^Current thread 0x[0-9a-fA-F]+")
-_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in ')
+# faulthandler's dump: one block per Python thread, "Current thread 0x... (most recent call
+# first):" for the thread the signal stopped and "Thread 0x... (...)" for the others, each followed
+# by one '  File "...", line N in function' per frame, innermost first.
+_THREAD = re.compile(r"^(?P<current>Current thread|Thread) 0x[0-9a-fA-F]+")
+_FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<function>\S+)')
 FATAL_BYTES = 65536  # of faulthandler's dump: every thread's stack, 100 frames each at most
 
 
@@ -180,21 +181,28 @@ def read_fatal_stack(path: Path, working_dir: str | None = None) -> list[str] | 
     """The user's frames (file:line, innermost first, relative to `working_dir`, the rank's) of the
     thread a fatal signal stopped, from faulthandler's dump at `path` (gradsync run's worker
     writes one per rank); [] when the thread ran none of the user's code, None when there is no
-    dump (the rank ended otherwise, or an older gradsync ran it)."""
+    dump (the rank ended otherwise, or an older gradsync ran it).
+
+    A signal raised on a thread that runs no Python (a backend's own thread aborting on a size
+    mismatch, `terminate called ...`) leaves no "Current thread": the main thread's stack, where
+    the script made the call that thread serves, is taken instead."""
     try:
         with open(path, "rb") as dump:
             text = dump.read(FATAL_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return None
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if _CRASHED_THREAD.match(line)), None)
-    if start is None:
-        return None
-    frames = []
-    for line in lines[start + 1:]:
+    threads: list[tuple[bool, list[tuple[str, str, str]]]] = []  # (stopped by the signal, frames)
+    for line in text.splitlines():
+        thread = _THREAD.match(line)
+        if thread is not None:
+            threads.append((thread["current"] == "Current thread", []))
+            continue
         frame = _FRAME.match(line)
-        if frame is None:
-            break
-        if is_user_file(frame["file"]):
-            frames.append(f"{short_path(frame['file'], working_dir)}:{frame['line']}")
-    return frames
+        if frame is not None and threads:
+            threads[-1][1].append((frame["file"], frame["line"], frame["function"]))
+    chosen = next((frames for current, frames in threads if current), None)
+    if chosen is None:  # the main thread: the one threading did not start (its outermost frame is no _bootstrap)
+        chosen = next((frames for _, frames in threads if frames and frames[-1][2] != "_bootstrap"), None)
+    if chosen is None:
+        return None
+    return [f"{short_path(file, working_dir)}:{line}" for file, line, _ in chosen if is_user_file(file)]

@@ -23,7 +23,8 @@ The line to change on that rank is its line in the shared function: the call und
 only it met, or the condition of the loop exit it took.
 
 Stacks come from what each rank left: its last snapshot's main thread for a rank still waiting in
-the collective, faulthandler's dump for one a fatal signal stopped there. Source is read from the
+the collective, faulthandler's dump for one a fatal signal stopped there, the traceback of an
+exception that came out of it. Source is read from the
 rank's working folder; without it (another node, a file since changed) nothing is said.
 """
 
@@ -31,10 +32,11 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from gradsync.callsite import OWN, file_kind
+from gradsync.callsite import is_user_file, short_path
 from gradsync.run.analysis.source import FUNCTIONS, function_holding, own_body_holds, source_tree, spans
 from gradsync.run.analysis.views import RankView
 from gradsync.run.analysis.wording import ranks_text
@@ -122,22 +124,32 @@ def _read_parting(path: str, function: ast.AST, sides: dict[int, list[int]]) -> 
 
 
 def _user_stack(view: RankView, record: dict[str, Any]) -> list[tuple[str, int]]:
-    """The rank's user frames (file, line), outermost first, while it stood in `record`: its main
-    thread's last stack if it still waits there, faulthandler's stack if it died there; [] else."""
+    """The rank's user frames (file, line), outermost first, while it stood in `record`: the
+    traceback of an exception that came out of it, faulthandler's stack if a signal stopped the
+    rank there, its main thread's last stack if it still waits there; [] else."""
     snapshot = view.snapshot or {}
+    cwd = snapshot.get("cwd") or "."
+    failed = view.exception()
+    if failed is not None:
+        if not _same(failed.get("collective") or {}, record):
+            return []
+        frames = (_TRACEBACK_FRAME.match(line) for line in str(failed.get("traceback") or "").splitlines())
+        return [(short_path(found["file"], cwd), int(found["line"])) for found in frames
+                if found is not None and is_user_file(found["file"])]
     if view.fatal_stack and view.records and _same(view.records[-1], record):
         return [_frame(site) for site in reversed(view.fatal_stack) if _frame(site)]
     waiting = view.waiting_on() if view.alive or not view.exit else None
     if waiting is None or not _same(waiting, record):
         return []
-    cwd = snapshot.get("cwd") or "."
     frames = []
     for entry in snapshot.get("stack") or []:
-        place = entry.split(" in ", 1)[0]
-        frame = _frame(place)
-        if frame and file_kind(os.path.join(cwd, frame[0])) == OWN:
+        frame = _frame(entry.split(" in ", 1)[0])
+        if frame and not frame[0].startswith("<") and is_user_file(os.path.join(cwd, frame[0])):
             frames.append(frame)
     return frames
+
+
+_TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+), in ')
 
 
 def _same(one: dict[str, Any], other: dict[str, Any]) -> bool:
