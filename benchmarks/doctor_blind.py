@@ -19,18 +19,14 @@ that checkout with this one's scoring (how the before-and-after counts are taken
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository's root
+from benchmarks.blind_sets import arguments, manifest_of, run_diagnosed, score_set  # noqa: E402
+
 RUN_TIMEOUT_S = 400
-AT_A_TIME = 2
 
 
 @dataclass
@@ -72,19 +68,8 @@ def score(script: Path, entry: dict, diagnosis: dict, seconds: float) -> Score:
 
 
 def run_one(script: Path, entry: dict, steps: int, out: Path) -> Score:
-    run_dir = out / script.stem
-    command = [sys.executable, "-m", "gradsync", "doctor", "--nproc-per-node", "2", "--steps", str(steps),
-               "--run-dir", str(run_dir), str(script)]
-    started = time.monotonic()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out)}
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
-        (out / f"{script.stem}.out").write_text(done.stdout + done.stderr)
-    except subprocess.TimeoutExpired:
-        (out / f"{script.stem}.out").write_text("timed out")
-    path = run_dir / "diagnosis.json"
-    diagnosis = json.loads(path.read_text()) if path.exists() else {"findings": [], "missing": True}
-    return score(script, entry, diagnosis, time.monotonic() - started)
+    diagnosis, _, seconds = run_diagnosed(["doctor", "--nproc-per-node", "2", "--steps", str(steps)], script, out, RUN_TIMEOUT_S)
+    return score(script, entry, diagnosis, seconds)
 
 
 def table(scores: list[Score]) -> str:
@@ -103,26 +88,10 @@ def table(scores: list[Score]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="a blind set: scripts and their manifest.json")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--only", default=None, help="comma-separated script names to run (default: all)")
-    parser.add_argument("--output", type=Path, default=None, help="default gradsync_runs/doctor-blind-<set>-<time>")
-    args = parser.parse_args(argv)
-    manifest = {entry["script"]: entry for entry in json.loads((args.folder / "manifest.json").read_text())}
-    if args.only:
-        manifest = {name: manifest[name] for name in args.only.split(",")}
-    out = (args.output or Path("gradsync_runs") / f"doctor-blind-{args.folder.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=AT_A_TIME) as pool:
-        scores = list(pool.map(lambda name: run_one((args.folder / name).resolve(), manifest[name], args.steps, out),
-                               sorted(manifest)))
-    (out / "scores.json").write_text(json.dumps([asdict(s) for s in scores], indent=1) + "\n")
-    text = table(scores)
-    (out / "table.md").write_text(text + "\n")
-    print(text)
-    print(f"\n(runs in {out})")
-    return 0
+    args = arguments(__doc__.split("\n\n")[0], "doctor-blind", argv,
+                     lambda parser: parser.add_argument("--steps", type=int, default=20))
+    return score_set(args.folder, manifest_of(args.folder, args.only), args.output,
+                     lambda script, entry, out: run_one(script, entry, args.steps, out), table)
 
 
 if __name__ == "__main__":

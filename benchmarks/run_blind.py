@@ -22,19 +22,15 @@ that checkout with this one's scoring (how the before-and-after counts are taken
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository's root
+from benchmarks.blind_sets import arguments, manifest_of, run_diagnosed, score_set  # noqa: E402
 
 OPTIONS = ["--nproc-per-node", "2", "--stall-timeout", "10", "--busy-timeout", "30"]
 RUN_TIMEOUT_S = 300
-AT_A_TIME = 2
 
 
 @dataclass
@@ -78,20 +74,8 @@ def score(script: Path, entry: dict, diagnosis: dict, returncode: int | None, se
 
 
 def run_one(script: Path, entry: dict, out: Path) -> Score:
-    run_dir = out / script.stem
-    command = [sys.executable, "-m", "gradsync", "run", "--standalone", *OPTIONS, "--run-dir", str(run_dir), str(script)]
-    started = time.monotonic()
-    returncode = None
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out)}
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, cwd=script.parent)
-        returncode = done.returncode
-        (out / f"{script.stem}.out").write_text(done.stdout + done.stderr)
-    except subprocess.TimeoutExpired:
-        (out / f"{script.stem}.out").write_text("timed out")
-    path = run_dir / "diagnosis.json"
-    diagnosis = json.loads(path.read_text()) if path.exists() else {"findings": [], "missing": True}
-    return score(script, entry, diagnosis, returncode, time.monotonic() - started)
+    diagnosis, returncode, seconds = run_diagnosed(["run", "--standalone", *OPTIONS], script, out, RUN_TIMEOUT_S, cwd=script.parent)
+    return score(script, entry, diagnosis, returncode, seconds)
 
 
 def table(scores: list[Score]) -> str:
@@ -110,24 +94,8 @@ def table(scores: list[Score]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="a blind set: scripts and their manifest.json")
-    parser.add_argument("--only", default=None, help="comma-separated script names to run (default: all)")
-    parser.add_argument("--output", type=Path, default=None, help="default gradsync_runs/run-blind-<set>-<time>")
-    args = parser.parse_args(argv)
-    manifest = {entry["script"]: entry for entry in json.loads((args.folder / "manifest.json").read_text())}
-    if args.only:
-        manifest = {name: manifest[name] for name in args.only.split(",")}
-    out = (args.output or Path("gradsync_runs") / f"run-blind-{args.folder.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=AT_A_TIME) as pool:
-        scores = list(pool.map(lambda name: run_one((args.folder / name).resolve(), manifest[name], out), sorted(manifest)))
-    (out / "scores.json").write_text(json.dumps([asdict(s) for s in scores], indent=1) + "\n")
-    text = table(scores)
-    (out / "table.md").write_text(text + "\n")
-    print(text)
-    print(f"\n(runs in {out})")
-    return 0
+    args = arguments(__doc__.split("\n\n")[0], "run-blind", argv)
+    return score_set(args.folder, manifest_of(args.folder, args.only), args.output, run_one, table)
 
 
 if __name__ == "__main__":

@@ -284,7 +284,7 @@ def divergence_finding(divergence: Divergence, views: dict[int, RankView], trigg
     return finding
 
 
-def _creation_finding(divergence: Divergence, views: dict[int, RankView], ranks: list[int], locations: dict[str, str]) -> Finding:
+def _creation_finding(divergence: Divergence, ranks: list[int], locations: dict[str, str]) -> Finding:
     """The ranks' process-group creations part (GROUP_CREATIONS): named at the creation some ranks
     made and the others did not, or made otherwise."""
     records = divergence.records
@@ -383,7 +383,7 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
     parted = None if divergence.group == GROUP_CREATIONS else parting(records, views)
     ranks = list(divergence.extra) or _odd_ones_out(records, views, parted)
     if divergence.group == GROUP_CREATIONS:
-        return _creation_finding(divergence, views, ranks, locations)
+        return _creation_finding(divergence, ranks, locations)
     sides = listing([(rank, _side(rank, record)) for rank, record in sorted(records.items())])
     if divergence.surfaced_at is not None:
         later = divergence.surfaced_at
