@@ -156,6 +156,6 @@ def test_a_stall_outside_collectives_names_where_the_waiting_ranks_workers_are()
                                      {"pid": 813, "failed": "py-spy could not read it: Permission Denied"}]
     (finding,) = [f for f in diagnose(views, trigger="stall", now=700.0)["findings"] if f["severity"] == "error"]
     assert finding["category"] == "stalled_outside_collectives", finding
-    assert ("rank 0 at train.py:60, waiting on its DataLoader's worker processes (its workers, read from outside: pid 812 "
+    assert ("rank 0 at train.py:60, waiting on its DataLoader's worker processes (its child processes, read from outside: pid 812 "
             "at data.py:40, not running; pid 813 could not be read (py-spy could not read it: Permission Denied))") in finding["message"]
     assert finding["details"]["children"] == {"0": views[0].snapshot["children"]}

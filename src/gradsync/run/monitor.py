@@ -37,7 +37,7 @@ from gradsync.run.jobwide import JobBoard, StoreAddress, round_of, world_size_of
 from gradsync.run.outside import read_children, read_from_outside
 from gradsync.run.stacks import StacksRequest
 from gradsync.run.options import RunOptions
-from gradsync.run.analysis.working import LOADER_WORKERS, busy_note, waits_on
+from gradsync.run.analysis.working import SERVED_BY_CHILDREN, busy_note, waits_on
 from gradsync.run.stall import (
     IDLE, WORKING, Busy, Observation, RemoteRead, StallRules, ThreadCpu, judge, main_thread_worked, progressing, remote_read,
 )
@@ -197,12 +197,13 @@ class Monitor(threading.Thread):
         view.snapshot = {**snapshot, "stack": read.stack, "location": read.location or snapshot.get("location"),
                          "activity": activity, "outside_read": read.as_dict(), "silent_s": round(silent_s, 1)}
 
-    def _read_loader_workers(self, view: RankView, ours: set[int]) -> None:
-        """A rank of this node that waits on its DataLoader's workers has them read from outside
-        (gradsync.run.outside.read_children): where each worker is, for a loader that hangs. Kept in
-        the snapshot as "children"."""
+    def _read_children(self, view: RankView, ours: set[int]) -> None:
+        """A rank of this node that waits on what its child processes serve (its DataLoader's
+        workers, a multiprocessing pool or queue, a subprocess) has them read from outside
+        (gradsync.run.outside.read_children): where each is, for a loader or a pool that hangs. Kept
+        in the snapshot as "children"."""
         snapshot = view.snapshot or {}
-        if snapshot.get("remote") or snapshot.get("pid") not in ours or waits_on(view) != LOADER_WORKERS:
+        if snapshot.get("remote") or snapshot.get("pid") not in ours or waits_on(view) not in SERVED_BY_CHILDREN:
             return
         children = read_children(snapshot["pid"], snapshot.get("cwd"))
         if children:
@@ -319,7 +320,7 @@ class Monitor(threading.Thread):
         for rank in alive:
             views[rank].alive = True
             self._read_silent_rank(views[rank], ours, now)
-            self._read_loader_workers(views[rank], ours)
+            self._read_children(views[rank], ours)
         for rank, view in views.items():
             # Of another node, its state stale and no word of its end: what it last said is old news.
             view.unreachable = bool((view.snapshot or {}).get("remote")) and not view.alive and view.exit is None and view.exitcode is None

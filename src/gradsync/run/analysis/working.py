@@ -118,11 +118,16 @@ def busy_note(views: dict[int, RankView], busy: Busy, now: float, attempt: int, 
 # (a DataLoader waits in a queue, which waits on a lock).
 INNERMOST_FRAMES = 8
 LOADER_WORKERS = "its DataLoader's worker processes"
+OTHER_PROCESS = "another process (a multiprocessing queue or pipe)"
+SUBPROCESS = "a subprocess"
+POOL = "a thread or process pool's futures"
+# What the rank's own child processes may be serving: where they are says why the rank waits.
+SERVED_BY_CHILDREN = frozenset({LOADER_WORKERS, OTHER_PROCESS, SUBPROCESS, POOL})
 _WAITS_ON = (
     ("torch/utils/data/", LOADER_WORKERS),
-    ("multiprocessing/", "another process (a multiprocessing queue or pipe)"),
-    ("subprocess.py", "a subprocess"),
-    ("concurrent/futures/", "a thread or process pool's futures"),
+    ("multiprocessing/", OTHER_PROCESS),
+    ("subprocess.py", SUBPROCESS),
+    ("concurrent/futures/", POOL),
     ("queue.py", "a queue"),
     ("threading.py", "a lock or an event of another thread"),
     ("socket.py", "the network"),
@@ -176,13 +181,13 @@ def held_location(view: RankView) -> str | None:
 
 
 def children_text(view: RankView) -> str:
-    """' (its workers, read from outside: pid 812 at data.py:40, not running; ...)' for a rank whose
-    child processes the launcher read (gradsync.run.outside.read_children); '' otherwise."""
+    """' (its child processes, read from outside: pid 812 at data.py:40, not running; ...)' for a rank
+    whose child processes the launcher read (gradsync.run.outside.read_children); '' otherwise."""
     children = (view.snapshot or {}).get("children") or []
     said = [f"pid {c['pid']} " + (f"could not be read ({c['failed']})" if c.get("failed") else
                                   f"at {c.get('location') or 'no line of yours'}, {'running' if c.get('running') else 'not running'}")
             for c in children]
-    return f" (its workers, read from outside: {'; '.join(said)})" if said else ""
+    return f" (its child processes, read from outside: {'; '.join(said)})" if said else ""
 
 
 def outside_text(views: list[RankView]) -> str:
