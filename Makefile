@@ -119,6 +119,7 @@ bench-doctor-blind: $(STAMP)
 # fault, how many healthy look-alikes run untouched (~15 min per set).
 bench-run-blind: $(STAMP)
 	$(BIN)/python benchmarks/run_blind.py benchmarks/run_blind/set1
+	$(BIN)/python benchmarks/run_blind.py benchmarks/run_blind/set2
 
 # Test accuracy and loss curve of the digits demo under each gradient compressor.
 bench-compression-accuracy: $(STAMP)

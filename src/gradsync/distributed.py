@@ -262,6 +262,16 @@ def end_process(code: int) -> NoReturn:
     exit_now(code)
 
 
+# Captured at import, before `gradsync run`'s worker notes the script's own os._exit calls
+# (gradsync.run.script_exit.HardExits): gradsync's endings are not the script's.
+_process_exit = os._exit
+
+
+def exit_on_the_spot(code: int) -> NoReturn:
+    """os._exit as Python gives it: gradsync's own immediate endings (an injected fault's exit)."""
+    _process_exit(code)
+
+
 def exit_now(code: int) -> NoReturn:
     """end_process's ending, wherever it is called from: for gradsync's own code that must end
     the process on the spot, inside a wrapped script too (the doctor's stop after K steps)."""
@@ -274,4 +284,4 @@ def exit_now(code: int) -> NoReturn:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(code)
+        _process_exit(code)

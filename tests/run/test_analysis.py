@@ -97,6 +97,24 @@ def test_rank_that_finished_early_is_named():
     assert finding["category"] == "rank_exited" and finding["ranks"] == [0]
 
 
+
+def test_a_rank_that_ended_itself_is_named_at_its_sys_exit_or_its_threads_os_exit():
+    # Rank 0 called sys.exit(0) on an empty shard, before any collective: named at that call.
+    ended = {"status": "finished", "code": 0, "how": "sys.exit", "location": "train.py:28", "time": 5.0}
+    views = {0: view(0, [], exit=ended, exitcode=0),
+             1: view(1, [record(1, state="entered", kind="DDP construction")], alive=True)}
+    (finding,) = diagnose(views, trigger="stall", now=20.0)["findings"]
+    assert finding["category"] == "rank_exited" and finding["locations"]["0"] == "train.py:28", finding
+    assert "ended the script with sys.exit(0) at train.py:28" in finding["message"], finding
+    # Rank 1's watchdog thread ended it with os._exit(1): no traceback, but its line and thread.
+    killed = {"status": "exit_code", "code": 1, "how": "os._exit", "location": "train.py:55", "thread": "watchdog", "time": 5.0}
+    views = {0: view(0, [record(1, state="failed")], exit=exception("Connection closed by peer", time=6.0), exitcode=1),
+             1: view(1, [], exit=killed, exitcode=1, location="train.py:39")}
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1]
+    assert finding["locations"] == {"1": "train.py:55"}
+    assert "Rank 1 called os._exit(1) from thread 'watchdog' at train.py:55" in finding["message"]
+
 def test_rank_running_outside_collectives_while_others_wait_is_stuck():
     views = {
         0: view(0, [record(1)], alive=True, location="train.py:99"),

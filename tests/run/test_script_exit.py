@@ -3,6 +3,7 @@ exit handlers, and what holds a process whose script ended."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -76,3 +77,47 @@ def test_threads_are_joined_as_cpython_joins_them_before_exit_handlers():
     done = subprocess.run([sys.executable, "-c", ENDING], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["thread done", "joined", "atexit ran"], done.stdout
+
+
+# A watchdog thread ends the process with os._exit; a forked child ends by os._exit as
+# multiprocessing's children do; a wrong argument raises as os._exit's own would.
+HARD_EXIT = textwrap.dedent("""\
+    import json, os, sys, threading
+    from gradsync.run.harmless import Bookkeeping
+    from gradsync.run.script_exit import HardExits
+    HardExits(lambda outcome: print(json.dumps(outcome), flush=True), Bookkeeping("test")).install()
+    try:
+        os._exit("not a code")
+    except TypeError as error:
+        print("TypeError", flush=True)
+    child = os.fork()
+    if child == 0:
+        os._exit(7)  # the child's end: no record of its parent's
+    print("child", os.waitpid(child, 0)[1] >> 8, flush=True)
+    def watchdog():
+        os._exit(3)
+    threading.Thread(target=watchdog, name="watchdog").start()
+    threading.Event().wait()
+    """)
+
+
+def test_an_os_exit_from_a_thread_leaves_its_line_and_thread_then_ends_the_process_as_it_would(tmp_path):
+    (tmp_path / "watch.py").write_text(HARD_EXIT)
+    done = subprocess.run([sys.executable, "watch.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT / "src")})
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["TypeError", "child 7"], done.stdout
+    outcome = json.loads(lines[2])
+    assert len(lines) == 3, "recorded once, for the worker's own process only"
+    assert {k: outcome[k] for k in ("status", "code", "how", "location", "thread")} == {
+        "status": "exit_code", "code": 3, "how": "os._exit", "location": "watch.py:14", "thread": "watchdog"}
+
+
+def test_a_sys_exit_is_placed_at_the_users_line_that_raised_it():
+    def leave():
+        sys.exit(2)
+
+    with pytest.raises(SystemExit) as raised:
+        leave()
+    assert script_exit.exit_site(raised.value).endswith(f"test_script_exit.py:{leave.__code__.co_firstlineno + 1}")

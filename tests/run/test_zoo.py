@@ -48,7 +48,7 @@ STALL_TIMEOUT_S_OF = {"timeout_waiting_for_poller": 30, "init_timeout_skipped_ba
 # Scripts whose rank keeps working while the other waits for it, without end: stopped at a busy
 # timeout short enough for the suite, but over twice the stall timeout so that the note comes first.
 BUSY_TIMEOUT_S = 12
-EXTRA_OPTIONS_OF = {name: ["--busy-timeout", str(BUSY_TIMEOUT_S)] for name in ("endless_loop", "exit_held_by_thread")}
+EXTRA_OPTIONS_OF = {name: ["--busy-timeout", str(BUSY_TIMEOUT_S)] for name in ("endless_loop", "exit_held_by_thread", "exit_held_by_queue")}
 HEALTHY = [
     "healthy_ddp",
     "healthy_join",
@@ -68,6 +68,7 @@ HEALTHY = [
     "healthy_wrapped_model_copied",
     "healthy_threads_at_exit",
     "healthy_groups_on_every_rank",
+    "healthy_exit_after_queue_drained",
 ]
 # Scripts launched with another --nproc-per-node than 2.
 NPROC = {"healthy_spawn": 1}
@@ -119,6 +120,7 @@ BROKEN = [
     "pipeline_schedule_differs",
     "pipeline_sequence_grows",
     "exit_held_by_thread",
+    "exit_held_by_queue",
     "new_group_on_one_rank",
 ]
 # tests/run/zoo/redteam: scripts written from public failure reports by a helper that had not read
@@ -147,6 +149,7 @@ LIVE = [
     "dataloader_worker_hang",
     "busy_thread_masks_hang",
     "timed_hang",
+    "exit_held_by_queue",  # the launcher's own reading of a rank whose exit record is written and whose process lives on
 ]
 # Each zoo job's hang guard; the session's `zoo` fixture runs them AT_A_TIME at a time.
 RUN_TIMEOUT_S = 150
@@ -581,6 +584,16 @@ def test_a_process_its_threads_keep_from_exiting_is_named_where_the_thread_was_c
             f"{run.line('heartbeat_wait')}") in finding["message"], run.explain()
     assert "waiting on a lock or an event of another thread" in finding["message"], run.explain()
 
+
+
+def test_a_process_an_exit_handler_keeps_from_exiting_is_named_with_what_the_handler_waits_on(zoo):
+    # Past the script's threads: multiprocessing's exit handler joins a queue's feeder thread that
+    # waits for good on a full pipe. Rank 0's exit record is written, its process never ends.
+    run = zoo["exit_held_by_queue"]
+    finding = _assert_error(run, "exit_held_by_threads", [0])
+    assert "did not end after the script's exit handlers began" in finding["message"], run.explain()
+    assert "_finalize_join" in finding["message"] and "a multiprocessing queue" in finding["message"], run.explain()
+    assert "cancel_join_thread" in finding["suggestion"], run.explain()
 
 def test_a_group_created_on_one_rank_only_is_named_at_its_creation_before_what_it_breaks_later(zoo):
     run = zoo["new_group_on_one_rank"]

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from gradsync import events
+from gradsync.distributed import exit_on_the_spot
 from gradsync.run.faults import FaultSpec
 from gradsync.rundir import write_json
 
@@ -67,7 +68,7 @@ def fire(spec: FaultSpec, record_path: Path | None) -> None:
     if spec.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif spec.action == "exit":
-        os._exit(spec.code)
+        exit_on_the_spot(spec.code)
     elif spec.action == "stop":
         # Frozen whole, threads included, as a process in an uninterruptible wait or on a
         # suspended machine: only the stall detector can notice. A SIGCONT lets it go on.

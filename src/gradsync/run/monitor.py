@@ -148,6 +148,7 @@ class Monitor(threading.Thread):
         self._publish(attempt, snapshots, exits, ours)  # after a stall too: the others learn what was stopped
         if attempt in self.stall_diagnoses:
             return
+        snapshots, exits = self._held_after_exit(snapshots, exits, ours, self.clock())
         expected = max(s.get("local_world_size", 1) for s in snapshots.values())
         if len(snapshots) < expected:
             return  # still starting
@@ -169,6 +170,25 @@ class Monitor(threading.Thread):
             self._on_stall(attempt, snapshots, exits, verdict.alive, now, ours, busy=verdict.busy)
         elif verdict.busy is not None:
             self._note_busy(attempt, snapshots, exits, verdict.busy, now)
+
+    def _held_after_exit(self, snapshots, exits, ours: set[int], now: float) -> tuple[dict, dict]:
+        """A rank of this node that left its exit record more than the stall timeout ago and whose
+        process still runs is held at its exit past the script's threads: an exit handler (one
+        joining a multiprocessing queue's feeder thread), a library's destructor at interpreter
+        exit. Judged as a rank whose script ended and whose process waits (gradsync.run.script_exit):
+        its record is its last state, with `ending` saying how the script ended, and no exit."""
+        held = [rank for rank, record in exits.items()
+                if record.get("pid") in ours and not record.get("remote") and isinstance(record.get("exit"), dict)
+                and now - record["exit"].get("time", now) > self.rules.stall_timeout_s and pid_alive(record["pid"])]
+        if not held:
+            return snapshots, exits
+        snapshots, exits = dict(snapshots), dict(exits)
+        for rank in held:
+            record = exits.pop(rank)
+            ending = {**record["exit"], "threads": [], "after_exit_handlers": True}
+            snapshots[rank] = {**{k: v for k, v in record.items() if k != "exit"}, "ending": ending,
+                               "activity": {**(record.get("activity") or {}), "state": IDLE, "position": None}}
+        return snapshots, exits
 
     def _observe(self, snapshots, exits, ours: set[int], now: float) -> Observation:
         """What the stall rule judges: the states as read and, of the ranks this launcher runs

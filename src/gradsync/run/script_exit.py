@@ -10,18 +10,22 @@ the job under torchrun and never under `gradsync run`.
 While the join waits, the rank's snapshots say so (`ending`: how the script ended, and each
 non-daemon thread that holds the process, with the line it is at and the line that started it),
 so that a process that never exits is named at those threads, not taken for a rank that stalled
-inside its script.
+inside its script. A script's own ending is recorded where it was made: the line of a `sys.exit`,
+and an `os._exit` from any thread (HardExits), which would otherwise end the rank without a word.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
+import time
+import traceback
 import weakref
-from typing import Any
+from typing import Any, NoReturn
 
-from gradsync.callsite import location, stack_summary, user_frame
+from gradsync.callsite import innermost_user_location, location, stack_summary, user_frame
 from gradsync.run.harmless import Bookkeeping
 
 HELD_FRAMES = 8  # innermost frames kept of each holding thread: what it waits on (analysis.working.waits_on)
@@ -91,3 +95,39 @@ def join_script_threads() -> None:
     if shutdown is None or threading.current_thread() is not threading.main_thread():
         return
     shutdown()
+
+
+def exit_site(error: BaseException) -> str | None:
+    """The user's line a `sys.exit(...)` (a SystemExit) was raised at: the innermost frame of the
+    user's files in its traceback; None when none is (raised by a library alone)."""
+    return innermost_user_location([(frame.filename, frame.lineno) for frame in traceback.extract_tb(error.__traceback__)])
+
+
+class HardExits:
+    """A script's `os._exit(n)` (a watchdog thread giving up on a slow rank, a library's own timeout)
+    ends the process on the spot: no exception, no exit handlers, so the rank would leave no exit
+    record and be read as killed by something unknown. Installed in the worker, os._exit first
+    hands `record` the ending (code, the user's line, the thread), then ends the process as it
+    would have. Only in the worker's own process (a forked DataLoader worker ends by os._exit too,
+    and must not write its parent's record), once, and for the arguments os._exit accepts.
+    gradsync's own endings use the original (gradsync.distributed.exit_now)."""
+
+    def __init__(self, record: Any, bookkeeping: Bookkeeping) -> None:
+        self.record = record  # called with the outcome, {"status", "code", "how", "location", "thread", "time"}
+        self.bookkeeping = bookkeeping
+        self.pid = os.getpid()
+        self.original = os._exit
+        self.recorded = False
+
+    def install(self) -> None:
+        os._exit = self.exit
+
+    def exit(self, code: int) -> NoReturn:
+        if isinstance(code, int) and os.getpid() == self.pid and not self.recorded:
+            self.recorded = True
+            with self.bookkeeping:
+                thread = threading.current_thread()
+                self.record({"status": "finished" if code == 0 else "exit_code", "code": code, "how": "os._exit",
+                             "location": location(user_frame(sys._getframe(1))),
+                             "thread": None if thread is threading.main_thread() else thread.name, "time": time.time()})
+        self.original(code)

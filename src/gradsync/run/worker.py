@@ -48,7 +48,7 @@ from gradsync.run.output import WorkerOutput
 from gradsync.run.collectives import CollectiveRecorder, failed_collective, install
 from gradsync.run.harmless import Bookkeeping, exception_text
 from gradsync.run.moments import probe_named
-from gradsync.run.script_exit import ThreadSites, holding_threads, join_script_threads
+from gradsync.run.script_exit import HardExits, ThreadSites, exit_site, holding_threads, join_script_threads
 from gradsync.run.script_facts import ScriptCheck
 from gradsync.run.stacks import RequestWatch, thread_stacks
 from gradsync.run.stall import WORKING, CpuReading, in_native_call, rank_state, tree_worked
@@ -259,9 +259,11 @@ class SnapshotWriter(threading.Thread):
                 or any("torch/distributed/" in line and _WAITING_FUNCTION.search(line) for line in stack[-WAIT_FRAMES:])
                 or (native and bool(self.recorder.issued)))
 
-    def finish(self, outcome: dict[str, Any]) -> None:
+    def finish(self, outcome: dict[str, Any], dump_flight: bool = True) -> None:
         """Leave the exit record saying how the rank ended (`outcome`). Never raises: how the
-        script ends must not change because gradsync could not record it."""
+        script ends must not change because gradsync could not record it. Without the Flight
+        Recorder dump (`dump_flight` False) for an ending on the spot, from any thread, while the
+        main thread may be blocked in the backend, which a dump would wait for."""
         self.stopped.set()
         state = None
         with self.bookkeeping:
@@ -272,7 +274,8 @@ class SnapshotWriter(threading.Thread):
         with self.bookkeeping, contextlib.suppress(OSError):
             # After the state (the dump then covers everything the rank did) and before the exit
             # record (the launcher reads a rank's files once it has ended).
-            self.dump_flight()
+            if dump_flight:
+                self.dump_flight()
         with self.bookkeeping:
             write_json(self.exit_path, state)
 
@@ -388,6 +391,10 @@ def main(argv: list[str] | None = None) -> None:
     # Registered before the script runs, so it runs after every exit handler the script registers.
     atexit.register(teardown)
 
+    # The script's os._exit, from any thread, leaves the exit record first; gradsync's own endings
+    # (after finish) do not pass through it.
+    HardExits(lambda outcome: None if writer.stopped.is_set() else writer.finish(outcome, dump_flight=False), ending).install()
+
     def finish(outcome: dict[str, Any]) -> None:
         if check is not None:
             check.write()
@@ -408,6 +415,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(code, file=sys.stderr)  # what Python does with sys.exit("message")
                 code = 1
             outcome = {"status": "exit_code", "code": code, "time": time.time()}
+        with ending:
+            outcome = {**outcome, "how": "sys.exit", "location": exit_site(exiting)}
     except BaseException as error:
         described = {"type": type(error).__name__, "message": exception_text(error)[:4000], "location": None,
                      "traceback": "", "collective": None}

@@ -146,6 +146,10 @@ class ExitOutcome(TypedDict, total=False):
     time: float
     code: int
     stopped_after_steps: int  # --doctor-steps
+    # How a script's own ending was made: "sys.exit" or "os._exit" (from any thread: `thread`
+    # names it when not the main one); `location` is then the user's line that made it.
+    how: str
+    thread: str | None
     type: str  # an exception's
     message: str
     location: str | None

@@ -12,7 +12,7 @@ from typing import Any
 
 from gradsync.run.analysis.alignment import Divergence
 from gradsync.run.analysis.source import only_forwards
-from gradsync.run.analysis.views import RankView, group_members, last_position, last_site, reached_on, where_is
+from gradsync.run.analysis.views import RankView, exit_call, exit_site, group_members, last_position, last_site, reached_on, where_is
 from gradsync.run.analysis.wording import SUGGEST_SAME_COLLECTIVES, first_line
 from gradsync.rundir.records import Finding
 
@@ -220,12 +220,13 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
             details=_traceback_details(view),
         )
     if view.exit and view.exit.get("status") == "exit_code":
-        where = view.location or last_site(view) or "?"
+        where = exit_site(view) or view.location or last_site(view) or "?"
+        call = exit_call(view) or f"sys.exit({view.exit.get('code')})"
         return Finding(
             "rank_crashed",
             "error",
             [view.rank],
-            f"Rank {view.rank} called sys.exit({view.exit.get('code')}) while the others still needed it.{consequence}",
+            f"Rank {view.rank} called {call} at {where} while the others still needed it.{consequence}",
             "Exit with an error on every rank together, or fix what made this rank exit.",
             locations={str(view.rank): where},
         )
@@ -352,7 +353,7 @@ def _same_failure_finding(first: RankView, alike: list[RankView]) -> Finding:
         what = f"{exception['type']}: {first_line(exception['message'])} (at {where})"
         suggestion = "Fix that error in the script: it is not one rank's problem, every rank hits it."
     elif first.exit and first.exit.get("status") == "exit_code":
-        where = first.location or last_site(first) or "?"
+        where = exit_site(first) or first.location or last_site(first) or "?"
         what = f"it exited with code {first.exit.get('code')} (at {where})"
         suggestion = ("Read the script's own message above (a bad command-line argument ends an argparse "
                       "script with code 2 on every rank).")

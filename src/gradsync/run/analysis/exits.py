@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gradsync.run.analysis.views import P2P_PEER, RankView, group_members, reached_on
+from gradsync.run.analysis.views import P2P_PEER, RankView, exit_call, exit_site, group_members, reached_on
 from gradsync.run.analysis.working import holding_text
 from gradsync.run.analysis.wording import clipped, describe, first_line, listing, ranks_text
 from gradsync.rundir.records import POINT_TO_POINT, Finding
@@ -31,17 +31,20 @@ def where_it_ended(view: RankView) -> str:
             else "before any collective")
     left = (view.snapshot or {}).get("left_group")
     said += f", and left the process group at {left['site']}" if left else ""
+    call = exit_call(view)
+    said += f", and ended the script with {call} at {exit_site(view) or '?'}" if call else ""
     if view.alive and view.held_at_exit is not None:  # the script ended; its threads hold the process
         said += f" ({holding_text(view)})"
     return said
 
 
 def ended_at(view: RankView) -> str:
-    """The one line that says where a finished rank ended: where it left the group, else its last
-    collective's line, else its last known line."""
+    """The one line that says where a finished rank ended: where it ended the script itself (a
+    sys.exit or os._exit call), else where it left the group, else its last collective's line,
+    else its last known line."""
     left = (view.snapshot or {}).get("left_group")
     last_site = next((r["site"] for r in reversed(view.records) if r.get("site")), None)
-    return (left or {}).get("site") or last_site or view.location or "?"
+    return exit_site(view) or (left or {}).get("site") or last_site or view.location or "?"
 
 
 @dataclass(frozen=True)

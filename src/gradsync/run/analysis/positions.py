@@ -232,20 +232,29 @@ def _held_at_exit(held: list[RankView]) -> Finding:
     alike: dict[str, list[int]] = {}  # ranks held alike are said once
     for view in held:
         alike.setdefault(holding_text(view), []).append(view.rank)
+    if all((v.held_at_exit or {}).get("after_exit_handlers") for v in held):
+        why = (". The script's threads were joined; what waits comes after them: an atexit handler (multiprocessing's "
+               "own joins a queue's feeder thread, which waits for good to hand a reader that is gone what was put "
+               "on the queue) or a native library's destructor at interpreter exit.")
+        fix = ("Release what the exit waits for before the script returns: read or drop what is left on a "
+               "multiprocessing queue (or call its cancel_join_thread()), stop a native library's background "
+               "threads with its own stop or shutdown call at the end of training.")
+    else:
+        why = (". Python joins every non-daemon thread before it runs the atexit handlers, so a thread that "
+               "nothing stops before the script returns (or only an atexit handler does) keeps the process, and "
+               "the job, alive for good.")
+        fix = ("Stop and join the thread before the script returns (a `finally:` after the training loop, not "
+               "an atexit handler, which runs only after the join), or start it with daemon=True if it may be "
+               "cut off at exit.")
     return Finding(
         "exit_held_by_threads",
         "error",
         sorted(ranks),
         f"{ranks_text(ranks)} ended {'its' if len(held) == 1 else 'their'} script, but "
         f"{'its process' if len(held) == 1 else 'their processes'} never exited: "
-        + "; ".join(f"{ranks_text(members).lower()}: {text}" for text, members in alike.items())
-        + ". Python joins every non-daemon thread before it runs the atexit handlers, so a thread that "
-        "nothing stops before the script returns (or only an atexit handler does) keeps the process, and "
-        "the job, alive for good.",
-        "Stop and join the thread before the script returns (a `finally:` after the training loop, not "
-        "an atexit handler, which runs only after the join), or start it with daemon=True if it may be "
-        "cut off at exit.",
-        locations={str(v.rank): held_location(v) or "?" for v in held},
+        + "; ".join(f"{ranks_text(members).lower()}: {text}" for text, members in alike.items()) + why,
+        fix,
+        locations={str(v.rank): held_location(v) or last_position(v) for v in held},
         details={"threads": {str(v.rank): (v.held_at_exit or {}).get("threads") or [] for v in held}},
     )
 

@@ -165,6 +165,21 @@ def read_from_outside_text(view: RankView) -> str:
     return ""
 
 
+def exit_call(view: RankView) -> str | None:
+    """"sys.exit(3)", or "os._exit(1) from thread 'watchdog'", for a rank whose script ended itself
+    with one (gradsync.run.script_exit); None otherwise."""
+    ending = view.exit or {}
+    if ending.get("how") not in ("sys.exit", "os._exit"):
+        return None
+    thread = f" from thread '{ending['thread']}'" if ending.get("thread") else ""
+    return f"{ending['how']}({ending.get('code', 0)}){thread}"
+
+
+def exit_site(view: RankView) -> str | None:
+    """The user's line where the script ended itself (a sys.exit or os._exit call), if known."""
+    return (view.exit or {}).get("location") if exit_call(view) else None
+
+
 def where_is(view: RankView) -> str:
     """The line a rank is at: where it waits, else its last snapshot's line, else its last collective's."""
     waiting = view.waiting_on()

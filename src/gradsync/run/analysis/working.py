@@ -150,7 +150,10 @@ def waits_on(view: RankView) -> str | None:
 def holding_text(view: RankView) -> str:
     """"its process waits for its non-daemon thread 'uploader' (started at x.py:30), at x.py:22,
     waiting on a queue": what keeps a rank whose script ended from exiting."""
-    threads = (view.held_at_exit or {}).get("threads") or []
+    ending = view.held_at_exit or {}
+    threads = ending.get("threads") or []
+    if ending.get("after_exit_handlers"):
+        return f"its process did not end after the script's exit handlers began: {_holding_at_exit(view)}"
     if not threads:
         return "its process has not exited yet"
     said = []
@@ -165,6 +168,24 @@ def holding_text(view: RankView) -> str:
     return f"its process waits for its non-daemon {kind} {'; '.join(said)}"
 
 
+def _holding_at_exit(view: RankView) -> str:
+    """What holds a process past its exit handlers, as read from outside: an atexit handler's wait,
+    or, where Python had shut down, native code at interpreter exit (a library's destructor)."""
+    snapshot = view.snapshot or {}
+    read = snapshot.get("outside_read")
+    if read:
+        stack = snapshot.get("stack") or []
+        what = stack_waits_on(stack)
+        inner = " <- ".join(reversed([frame.split("/")[-1] for frame in stack[-3:]]))
+        return (f"an exit handler holds it (its main thread, read from outside: {inner or 'no Python frame'}"
+                + (f", waiting on {what}" if what else "") + ")")
+    failed = snapshot.get("outside_read_failed")
+    if failed is None:  # not read yet (a note at the stall timeout)
+        return "an exit handler or a library's destructor holds it"
+    return ("native code at interpreter exit holds it, past Python's own shutdown (a library's destructor or exit "
+            f"hook joining a thread that never stops; it could not be read from outside: {failed})")
+
+
 def held_text(view: RankView) -> str:
     """"ended its script (finished) 14 s before, and its process waits for ...": a rank held at its exit."""
     ending, seen = view.held_at_exit or {}, (view.snapshot or {}).get("time")
@@ -177,7 +198,9 @@ def held_location(view: RankView) -> str | None:
     """Where to change a rank held at its exit: where the first thread holding it was created
     (where `daemon=` is decided), else started, else the line it is at."""
     threads = (view.held_at_exit or {}).get("threads") or []
-    return next((where for t in threads if (where := t.get("created_at") or t.get("started_at") or t.get("at"))), None)
+    found = next((where for t in threads if (where := t.get("created_at") or t.get("started_at") or t.get("at"))), None)
+    # Held past its exit handlers: no thread of the script's to name, the line where the script ended.
+    return found or ((view.held_at_exit or {}).get("location") if (view.held_at_exit or {}).get("after_exit_handlers") else None)
 
 
 def children_text(view: RankView) -> str:
