@@ -802,3 +802,23 @@ def test_a_position_older_than_a_report_or_two_says_how_old_it_is():
     lines = diagnose(views, trigger="stall", now=100.5)["ranks"]
     assert lines["0"] == "running outside collectives at train.py:37 (as its report of 12 s before said)", lines
     assert lines["1"].startswith("waiting in barrier #2") and "report" not in lines["1"], lines
+
+
+def test_a_collective_reissued_on_one_rank_while_its_first_call_was_unfinished_names_that_rank():
+    # Rank 0's wait on its loss all_reduce timed out and it called it again; the first call still
+    # completed with rank 1's, so the retry met rank 1's next gradient bucket.
+    ddp = dict(kind="DDP gradients of a backward pass", signature="float32[769]", site="train.py:42")
+    views = {
+        0: view(0, [record(1, site="train.py:20"), record(2, **ddp), record(3, site="train.py:20", state="entered"),
+                    record(4, site="train.py:20", state="entered")], exitcode=-6, signal="SIGABRT"),
+        1: view(1, [record(1, site="train.py:20"), record(2, **ddp), record(3, site="train.py:20"),
+                    record(4, state="failed", **ddp)], exit=exception("Connection reset by peer"), exitcode=1),
+    }
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "collective_mismatch" and finding["ranks"] == [0], finding
+    assert finding["locations"]["0"] == "train.py:20"
+    assert "Rank 0 issued it again" in finding["message"]
+    # A call that finished before the same line's next one is no retry: the next step's own call.
+    views[0].snapshot["records"][2]["state"] = "finished"
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert "issued it again" not in finding["message"]

@@ -222,3 +222,21 @@ def test_a_rank_whose_exception_came_out_of_the_collective_is_read_from_its_trac
     assert _parting(views).lines == {0: 10, 1: 11}
     failed.exit["collective"]["seq"] = 2  # it came out of another collective: its traceback says nothing of this one
     assert _parting(views) is None
+
+
+def test_a_rank_past_an_inner_loop_is_not_said_to_have_left_it_while_an_outer_loop_holds_both(tmp_path):
+    # Rank 0 runs the epoch's validation hook; rank 1, whose hook raised and was caught, is in the
+    # next epoch's batches already: the outer loop holds both lines, so neither left a loop early.
+    _script(tmp_path, """
+    def fit():
+        for epoch in range(3):
+            for x in data:
+                model(x).sum().backward()
+            try:
+                validate_and_reduce()
+            except ValueError:
+                pass
+    """)
+    views = {0: _waiting(tmp_path, 0, "all_reduce", [6]), 1: _waiting(tmp_path, 1, "all_reduce", [4])}
+    found = _parting(views)
+    assert found.left_loop is None and found.odd == (1,)

@@ -241,6 +241,20 @@ def _off_the_common_path(records: dict[int, dict[str, Any]], views: dict[int, Ra
     return sorted(alone)
 
 
+def _retried(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> list[int]:
+    """The ranks whose collective at the parting is the same call, at the same line, as their own
+    one before it, which never finished: issued again on those ranks only (a retry after a wait
+    that timed out), so it pairs with whatever their peers call next."""
+    retried = []
+    for rank, record in records.items():
+        own = [r for r in views[rank].records if r["group"] == record["group"] and r["seq"] is not None] if rank in views else []
+        before = next((r for r in reversed(own) if r["seq"] == record["seq"] - 1), None)
+        if (before is not None and before["state"] in ("entered", "issued") and before.get("site") == record.get("site")
+                and _key(before) == _key(record)):
+            retried.append(rank)
+    return sorted(retried) if 0 < len(retried) < len(records) else []
+
+
 def _odd_ones_out(records: dict[int, dict[str, Any]], views: dict[int, RankView], parted: Parting | None) -> list[int]:
     """The ranks that did the unusual thing: a minority call site, a line off the path the ranks
     share, the rank whose path through the script went its own way (paths.parting), or a user
@@ -251,6 +265,9 @@ def _odd_ones_out(records: dict[int, dict[str, Any]], views: dict[int, RankView]
     sizes = sorted(len(ranks) for ranks in by_site.values())
     if len(sizes) > 1 and sizes[0] < sizes[-1]:
         return sorted(r for ranks in by_site.values() if len(ranks) == sizes[0] for r in ranks)
+    retried = _retried(records, views)
+    if retried:
+        return retried
     off_path = _off_the_common_path(records, views)
     if off_path:
         return off_path
@@ -452,6 +469,12 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
             ahead = (f" {ranks_text(ahead_ranks)} had called a collective its peers never reached (one issued where "
                      "they do not issue it, such as inside a hook during backward), so the backend paired it with the "
                      "collective they were in.")
+    retried = _retried(records, views)
+    if retried and retried == sorted(ranks):
+        ahead += (f" {ranks_text(retried)} issued it again while {'its' if len(retried) == 1 else 'their'} own call at "
+                  "the same line before it had not finished: a collective re-issued on some ranks only (a retry after "
+                  "a wait that timed out) pairs with whatever the others call next. Keep waiting on the first call, "
+                  "or decide to retry on every rank together.")
     parting_text = ""
     # Told where it agrees with the ranks named (an older rule may have decided otherwise).
     if parted is not None and not ahead and sorted(parted.odd or records) == sorted(ranks):

@@ -182,10 +182,15 @@ def _under_own_condition(function: ast.AST, line: int, other: int) -> bool:
 
 
 def _loop_left(function: ast.AST, inside: int, past: int) -> ast.AST | None:
-    """The outermost loop of `function` that holds line `inside` and ended before line `past`."""
-    loops = [node for node in ast.walk(function) if isinstance(node, _LOOPS) and spans(node, inside)
-             and (node.end_lineno or node.lineno) < past and own_body_holds(function, node.lineno)]
-    return min(loops, key=lambda node: node.lineno) if loops else None
+    """The outermost loop of `function` that holds line `inside` and ended before line `past`; None
+    when a loop holds both lines: the rank past the inner loop may stand in an earlier turn of the
+    outer one than its peer (a validation after the epoch's batches, the peer already in the next
+    epoch's), so which rank left first is not told by the lines."""
+    loops = [node for node in ast.walk(function) if isinstance(node, _LOOPS) and own_body_holds(function, node.lineno)]
+    if any(spans(node, inside) and spans(node, past) for node in loops):
+        return None
+    left = [node for node in loops if spans(node, inside) and (node.end_lineno or node.lineno) < past]
+    return min(left, key=lambda node: node.lineno) if left else None
 
 
 def _exit_condition(loop: ast.AST) -> int | None:
