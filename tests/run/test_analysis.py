@@ -822,3 +822,20 @@ def test_a_collective_reissued_on_one_rank_while_its_first_call_was_unfinished_n
     views[0].snapshot["records"][2]["state"] = "finished"
     (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
     assert "issued it again" not in finding["message"]
+
+
+def test_an_error_a_checkpoint_library_raised_on_every_rank_is_named_on_the_ranks_it_came_from():
+    gathered = ("CheckpointException ranks:dict_keys([1])\nTraceback (most recent call last): (RANK 1)\n"
+                '  File "/x/torch/distributed/checkpoint/state_dict_loader.py", line 265, in local_step\n'
+                "    raise AssertionError(msg)\nAssertionError: metadata is None; No such file: ckpt/step_10_rank1/.metadata\n")
+    views = {rank: view(rank, [record(1)], exit=exception(gathered, "CheckpointException", "train.py:49", time=10.0 + rank),
+                        exitcode=1) for rank in (0, 1)}
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1], finding
+    assert finding["locations"] == {"1": "train.py:49"}
+    assert "AssertionError: metadata is None" in finding["message"]
+    # Every rank failed inside it: one failure of the script, told once.
+    for rank in (0, 1):
+        views[rank].exit["message"] = gathered.replace("[1]", "[0, 1]")
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "script_failed" and finding["ranks"] == [0, 1]

@@ -13,7 +13,7 @@ from typing import Any
 from gradsync.run.analysis.alignment import Divergence
 from gradsync.run.analysis.source import only_forwards
 from gradsync.run.analysis.views import RankView, exit_call, exit_site, group_members, last_position, last_site, reached_on, where_is
-from gradsync.run.analysis.wording import SUGGEST_SAME_COLLECTIVES, first_line
+from gradsync.run.analysis.wording import SUGGEST_SAME_COLLECTIVES, clipped, first_line, ranks_text
 from gradsync.rundir.records import Finding
 
 
@@ -157,6 +157,9 @@ def failure_signature(view: RankView) -> tuple:
 
 def first_crash_finding(crashes: list[RankView], views: dict[int, RankView]) -> Finding:
     """The finding for the rank that failed first, told once for all when every rank failed alike."""
+    gathered = _gathered_failure(crashes)
+    if gathered is not None:
+        return gathered
     first = min(crashes, key=failure_time)
     alike = [v for v in crashes if failure_signature(v) == failure_signature(first)]
     return _crash_finding(first, views, alike if len(views) > 1 and len(alike) == len(views) else [first])
@@ -370,6 +373,38 @@ def _same_failure_finding(first: RankView, alike: list[RankView]) -> Finding:
         locations={str(v.rank): (v.exception() or {}).get("location") or v.location or last_site(v) or "?" for v in alike},
         step=None if before_any_collective else (first.snapshot or {}).get("backward_passes"),
         details=_traceback_details(first),
+    )
+
+
+# torch.distributed.checkpoint runs each step on every rank, gathers the ranks' errors and raises
+# them on every rank as one CheckpointException, whose message lists the ranks that failed and,
+# per rank, its traceback: "CheckpointException ranks:dict_keys([1])\nTraceback ... (RANK 1)\n...".
+_GATHERED = re.compile(r"^CheckpointException ranks:dict_keys\(\[(?P<ranks>[\d, ]+)\]\)")
+
+
+def _gathered_failure(crashes: list[RankView]) -> Finding | None:
+    """Every rank raised the error a checkpoint library gathered from some of them: named on the
+    ranks it came from (their own words, the last line of their traceback), not on all."""
+    said = [(view, _GATHERED.match((view.exception() or {}).get("message") or "")) for view in crashes]
+    if not said or not all(found for _, found in said):
+        return None
+    failed = sorted({int(rank) for rank in said[0][1]["ranks"].split(",")})
+    origin = [view for view, _ in said if view.rank in failed]
+    if not origin or len(failed) == len(crashes):
+        return None
+    message = origin[0].exception()["message"]
+    inner = next((line for line in reversed(message.splitlines()) if line.strip() and not line.startswith(" ")), "")
+    return Finding(
+        "rank_crashed",
+        "error",
+        failed,
+        f"{ranks_text(failed)} failed inside torch.distributed.checkpoint, which gathered the error and raised it on "
+        f"every rank (CheckpointException): {clipped(inner, 300)}. The other ranks raised it only because the "
+        "checkpoint step is collective.",
+        "Fix what failed on that rank (a path, a file or a state only it has: every rank must pass the same "
+        "checkpoint_id and see the same storage); the others only report it.",
+        locations={str(view.rank): (view.exception() or {}).get("location") or view.location or "?" for view in origin},
+        details=_traceback_details(origin[0]),
     )
 
 
