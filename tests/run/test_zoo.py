@@ -531,6 +531,9 @@ def test_unused_parameter_crash_names_the_parameters(zoo):
     finding = run.findings("error")[0]
     assert finding["category"] == "unused_parameters", run.explain()
     assert finding["details"]["parameters"] == ["unused_head.weight", "unused_head.bias"], run.explain()
+    # Named where the fix usually goes, the wrapper's construction; where it stopped in the message.
+    assert set(finding["locations"].values()) == {run.line("ddp_wrap")}, run.explain()
+    assert f"at {run.line('forward')}" in finding["message"], run.explain()
 
 
 def test_unused_parameters_with_find_unused_is_a_warning(zoo):

@@ -181,16 +181,23 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
         if unused is not None:
             names = ", ".join(unused) or "(see the message)"
             stopped = f"every rank ({', '.join(str(v.rank) for v in alike)})" if len(alike) > 1 else f"rank {view.rank}"
+            raised = exception.get("location") or view.location or "?"
+            built = _ddp_built_at(view)
             return Finding(
                 "unused_parameters",
                 "error",
                 sorted(v.rank for v in alike),
-                f"DDP stopped {stopped}: parameters got no gradient in the previous iteration "
-                f"({names}), so its gradient reduction never finished.{consequence}",
-                "Make the forward pass use every parameter that requires a gradient, freeze the unused "
-                "ones (requires_grad=False), or pass find_unused_parameters=True to DDP (it costs an "
-                "extra graph traversal and some overlap each step).",
-                locations={str(v.rank): (v.exception() or {}).get("location") or v.location or "?" for v in alike},
+                f"DDP stopped {stopped} at {raised}: parameters got no gradient in the previous iteration "
+                f"({names}), so its gradient reduction never finished"
+                + (f"; the DDP wrapper was built at {built} without find_unused_parameters" if built else "")
+                + f".{consequence}",
+                "Make the forward pass use every parameter that requires a gradient on every rank (a head only some "
+                "ranks' data reach: add its output times zero to the loss), freeze the unused ones "
+                "(requires_grad=False), or pass find_unused_parameters=True to DDP (it costs an extra graph "
+                "traversal and some overlap each step).",
+                # Where the fix usually goes: the wrapper's construction, else where it stopped.
+                locations={str(v.rank): _ddp_built_at(v) or (v.exception() or {}).get("location") or v.location or "?"
+                           for v in alike},
                 details={"parameters": unused},
             )
     if len(alike) > 1:
@@ -520,6 +527,11 @@ def teardown_finding(teardown: list[RankView], views: dict[int, RankView]) -> Fi
         "known Gloo teardown race and does not affect what the script produced.",
         locations={str(v.rank): v.location or "?" for v in teardown},
     )
+
+
+def _ddp_built_at(view: RankView) -> str | None:
+    """The user's line that built the rank's DDP wrapper (its construction's record), if recorded."""
+    return next((r.get("site") for r in view.records if r.get("kind", "").startswith("DDP construction") and r.get("site")), None)
 
 
 def _native_call_site(view: RankView) -> str:
