@@ -243,6 +243,39 @@ def test_a_native_crash_under_gradsync_run_is_named_at_the_users_line_that_made_
     assert "Current thread" in (tmp_path / "run" / "workers" / "attempt0" / "fatal-rank1.txt").read_text()
 
 
+
+# Rank 1's DataLoader worker reads address 0 through ctypes in the dataset: the worker dies of
+# SIGSEGV (torch's own handler says so on stderr), and the rank raises "DataLoader worker ...
+# exited unexpectedly" at its loop.
+LOADER_WORKER_CRASH = """\
+import ctypes
+import torch, torch.distributed as dist
+class Records(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        if dist.get_rank() == 1 and i == 5:
+            ctypes.string_at(0)                 # line 8: the native call that crashes
+        return torch.ones(4)
+dist.init_process_group("gloo")
+for batch in torch.utils.data.DataLoader(Records(), batch_size=2, num_workers=1):   # line 11
+    dist.all_reduce(batch)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.launches
+def test_a_data_loader_workers_native_crash_is_named_at_the_datasets_line(tmp_path):
+    done, diagnosis = _run(tmp_path, LOADER_WORKER_CRASH)
+    assert done.returncode == 1, done.stderr
+    finding = diagnosis["findings"][0]
+    assert finding["category"] == "rank_crashed" and finding["ranks"] == [1], finding
+    assert finding["locations"] == {"1": "train.py:8"}, finding
+    # What the rank raised, wherever torch's SIGCHLD handler made it raise (its loop or its all_reduce).
+    assert "inside a call made at train.py:8" in finding["message"] and "DataLoader worker (pid" in finding["message"], finding
+    # The worker still dies as it would: torch's handler speaks after faulthandler's dump.
+    assert "Unexpected segmentation fault encountered in worker" in done.stdout + done.stderr
+
 @pytest.mark.launches
 def test_a_faulthandler_the_user_asked_for_is_left_to_write_where_they_asked(tmp_path):
     """The healthy twin: PYTHONFAULTHANDLER=1 (faulthandler on stderr before the script) and a script
@@ -296,3 +329,11 @@ def test_the_same_collective_called_from_each_ranks_own_branch_is_no_extra_call(
     finding = diagnosis["findings"][0]
     assert finding["category"] == "shape_mismatch" and "extra collective" not in finding["message"], finding
     assert finding["locations"] == {"0": "a.py:30", "1": "a.py:30"}, finding
+
+
+def test_a_rank_whose_data_loader_worker_died_is_told_by_either_of_torchs_messages():
+    from gradsync.run.analysis.last_words import LOADER_WORKER_DIED
+
+    assert LOADER_WORKER_DIED.search("DataLoader worker (pid(s) 26647) exited unexpectedly")
+    assert LOADER_WORKER_DIED.search("DataLoader worker (pid 812) is killed by signal: Segmentation fault. ")
+    assert not LOADER_WORKER_DIED.search("DataLoader timed out after 30 seconds")

@@ -368,6 +368,7 @@ def main(argv: list[str] | None = None) -> None:
     output = WorkerOutput(run.log(identity["attempt"], identity["rank"]), options.show_backend_logs)
     atexit.register(output.close)  # run last by end_process, after the script's own exit handlers
     _keep_last_words(run.fatal(identity["attempt"], identity["rank"]))
+    _keep_loader_workers_last_words(run.fatal_of_loader_workers(identity["attempt"], identity["rank"]))
     recorder = CollectiveRecorder(options.ring_size)
     recorder.sink = RingWriter(run.ring(identity["attempt"], identity["rank"]), options.ring_size)
     install(recorder, record_buckets=options.record_buckets or options.doctor_steps is not None)
@@ -456,6 +457,43 @@ def _keep_last_words(path: Path) -> None:
 
 
 _LAST_WORDS: list[Any] = []  # the open file faulthandler writes into: kept alive for the process's life
+
+
+def _keep_loader_workers_last_words(path: Path) -> None:
+    """A DataLoader worker process replaces the fatal-signal handlers with torch's own, which only
+    say "Unexpected segmentation fault encountered in worker", and its rank then raises "DataLoader
+    worker (pid(s) N) exited unexpectedly" at its `for batch in loader` line. Right after torch sets
+    them, each worker turns faulthandler on again, appending into one file of the rank's (`path`):
+    at a fatal signal its Python stack (the dataset's line that made the native call) is written
+    first, then torch's handler runs as before and the worker dies of the same signal. Only where
+    faulthandler is gradsync's in the rank (_keep_last_words)."""
+    if not _LAST_WORDS:
+        return
+    from torch.utils.data._utils import signal_handling
+
+    original = signal_handling._set_worker_signal_handlers
+
+    @functools.wraps(original)
+    def set_worker_signal_handlers(*args: Any, **kwargs: Any) -> Any:
+        handle = None
+        try:
+            handle = open(path, "a")  # noqa: SIM115 - held open for the worker's life, as _keep_last_words'
+            # Inherited from the rank, faulthandler counts as on, and enabling it again would only
+            # change its file: off first, so that it is installed after torch's handlers and keeps
+            # them as the ones to hand the signal on to.
+            faulthandler.disable()
+        except Exception:  # noqa: BLE001 - the worker runs as without gradsync
+            handle = None
+        result = original(*args, **kwargs)
+        if handle is not None:
+            try:
+                faulthandler.enable(handle, all_threads=True)
+                _LAST_WORDS.append(handle)
+            except Exception:  # noqa: BLE001
+                pass
+        return result
+
+    signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
 
 
 def _install_script_check(recorder: CollectiveRecorder, writer: SnapshotWriter, options: RunOptions, identity: dict[str, Any]) -> ScriptCheck:

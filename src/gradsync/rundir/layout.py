@@ -17,6 +17,7 @@ LOG = "rank{}.log"
 SYSTEM = "system-rank{}.jsonl"
 FAULT = "fault-rank{}.json"
 FATAL = "fatal-rank{}.txt"
+FATAL_OF_LOADER_WORKERS = "fatal-rank{}-loader-workers.txt"
 SCRIPT_CHECK = "script-check-rank{}.json"
 FLIGHT = "flight-rank{}.json"
 PROFILE_TRACE = "rank{}.trace.json"
@@ -139,6 +140,10 @@ class RunDir:
         """Every thread's Python stack at a fatal signal (SIGSEGV, SIGABRT...), as faulthandler
         writes it; empty when the rank ended otherwise."""
         return self.attempt(attempt) / FATAL.format(rank)
+
+    def fatal_of_loader_workers(self, attempt: int, rank: int) -> Path:
+        """faulthandler's dumps of the rank's DataLoader worker processes at a fatal signal, appended."""
+        return self.attempt(attempt) / FATAL_OF_LOADER_WORKERS.format(rank)
 
     def script_check(self, attempt: int, rank: int) -> Path:
         """What a rank saw of its own run under --doctor-steps."""

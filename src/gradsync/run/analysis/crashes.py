@@ -218,6 +218,23 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
                 locations={str(view.rank): where},
                 details=_traceback_details(view),
             )
+        if view.loader_worker_fatal_stack:
+            # The worker's own stack at the signal: the dataset's line that made the native call.
+            crashed_at = view.loader_worker_fatal_stack[0]
+            return Finding(
+                "rank_crashed",
+                "error",
+                [view.rank],
+                f"Rank {view.rank} failed first: one of its DataLoader's worker processes died of a fatal signal "
+                f"inside a call made at {crashed_at} (the worker's Python stack, read from faulthandler's dump: "
+                f"{' <- '.join(view.loader_worker_fatal_stack[:3])}), and the rank raised {exception['type']}: "
+                f"{first_line(exception['message'])} (at {where}).{consequence}",
+                "Look at the native call made at that line in the dataset's code (a C library reached through ctypes, "
+                "an extension, memory read past its end); run the loader with num_workers=0 to see it in the rank itself.",
+                locations={str(view.rank): crashed_at},
+                step=(view.snapshot or {}).get("backward_passes"),
+                details={**_traceback_details(view), "loader_worker_fatal_stack": {str(view.rank): view.loader_worker_fatal_stack}},
+            )
         return Finding(
             "rank_crashed",
             "error",

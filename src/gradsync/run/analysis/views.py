@@ -34,6 +34,9 @@ class RankView:
     # The user's frames of the thread a fatal signal stopped, innermost first, from faulthandler's
     # dump (None: no dump, the rank ended otherwise): where a native crash was called from.
     fatal_stack: list[str] | None = None
+    # The same, of one of its DataLoader worker processes, when the rank raised because a worker
+    # died ("DataLoader worker (pid(s) N) exited unexpectedly"): where the worker's native call was made.
+    loader_worker_fatal_stack: list[str] | None = None
     # The tail of the rank's log and what it says the rank died of (None: no log on this node).
     last_words: LastWords | None = None
 
