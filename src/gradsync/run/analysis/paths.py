@@ -109,6 +109,8 @@ def parting(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> P
 
 
 def _read_parting(path: str, function: ast.AST, sides: dict[int, list[int]]) -> Parting:
+    """What the two lines of `function` (line -> the ranks there) say, in the order of the module's
+    docstring: two branches, a loop left first, a branch only one side took, else the earlier line."""
     name = getattr(function, "name", "<module>")
     lines = {rank: line for line, ranks in sides.items() for rank in ranks}
     (line_a, ranks_a), (line_b, ranks_b) = sorted(sides.items())
@@ -165,6 +167,7 @@ _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
 def _branches_of_one_if(function: ast.AST, line_a: int, line_b: int) -> bool:
+    """Whether the two lines stand in the two branches (body and else) of one `if` of `function`."""
     for node in ast.walk(function):
         if isinstance(node, ast.If) and node.orelse:
             body = any(spans(statement, line_a) for statement in node.body), any(spans(statement, line_b) for statement in node.body)
@@ -199,15 +202,15 @@ def _exit_condition(loop: ast.AST) -> int | None:
     statement itself. None when the loop has neither: it simply ran fewer times."""
     found: dict[type, int] = {}
 
-    def visit(node: ast.AST, guard: int | None, depth: int) -> None:
+    def visit(node: ast.AST, guard: int | None, depth: int) -> None:  # depth: loops inside `loop` around node
+        if isinstance(node, (*FUNCTIONS, ast.ClassDef, ast.Lambda)):
+            return
+        if isinstance(node, ast.Return) or (isinstance(node, (ast.Break, ast.Continue)) and depth == 0):
+            found.setdefault(ast.Continue if isinstance(node, ast.Continue) else ast.Break, guard or node.lineno)
+        inner, guard = depth + isinstance(node, _LOOPS), node.lineno if isinstance(node, ast.If) else guard
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (*FUNCTIONS, ast.ClassDef, ast.Lambda)):
-                continue
-            inner_loop = isinstance(child, _LOOPS)
-            if isinstance(child, (ast.Break, ast.Continue)) and depth == 0 or isinstance(child, ast.Return):
-                found.setdefault(type(child) if not isinstance(child, ast.Return) else ast.Break, guard or child.lineno)
-            visit(child, child.lineno if isinstance(child, ast.If) else guard, depth + inner_loop)
+            visit(child, guard, inner)
 
     for statement in getattr(loop, "body", []):
-        visit(ast.Module(body=[statement], type_ignores=[]), None, 0)
+        visit(statement, None, 0)
     return found.get(ast.Break, found.get(ast.Continue))
