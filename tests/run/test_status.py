@@ -7,8 +7,10 @@ each waits (with a generous bound) until the job has reached the state it asks a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +29,7 @@ from gradsync.run.stacks import HOLD_S, RequestWatch, StacksRequest, thread_stac
 from gradsync.run.status import JobState, job_line, newest_run, rank_status, read_job, status_lines, statuses
 from gradsync.rundir import RunDir
 from tests.harness import REPO_ROOT
+from tests.run.test_outside import HOLDS_THE_GIL
 
 BIN = Path(sys.executable).parent
 JOB = REPO_ROOT / "tests/run/status_job.py"
@@ -90,6 +93,29 @@ def test_the_job_line_names_the_slowest_rank_and_who_waits_for_whom():
     lines = status_lines(ended)
     assert len(lines) == 3 and lines[1].startswith("  rank 0 | host0 pid 100 | ended: finished | step 12 | 0.25 s/step")
 
+
+
+@pytest.mark.launches
+def test_a_rank_of_this_host_whose_reports_stopped_is_read_from_outside(tmp_path):
+    # Its main thread holds the GIL in a C call: its own reports stop, py-spy reads its line.
+    (tmp_path / "hold.py").write_text(HOLDS_THE_GIL)
+    held = subprocess.Popen([sys.executable, "hold.py"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # into the C call
+        run = RunDir(tmp_path / "run")
+        run.attempt(0).mkdir(parents=True)
+        now = time.time()
+        state = _state(0, now - 20, host=socket.gethostname(), pid=held.pid, cwd=str(tmp_path), location="hold.py:5")
+        run.snapshot(0, 0).write_text(json.dumps(state))
+        (line,) = [r.state for r in statuses(read_job(run.root, now=lambda: now))]
+    finally:
+        held.kill()
+        held.wait()
+    assert line.startswith("not heard of for 20 s; read from outside: at hold.py:3 (read from outside by py-spy"), line
+    assert "its main thread held the GIL" in line, line
+    # A rank of another host, or one whose process is gone, shows its last report.
+    assert rank_status(0, _state(0, now - 20), now).state == "not heard of for 20 s; last at train.py:30"
 
 def test_the_newest_run_folder_is_the_default_and_a_folder_without_workers_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="no run of `gradsync run` under"):

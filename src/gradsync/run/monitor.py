@@ -34,7 +34,7 @@ from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
 from gradsync.run.jobwide import JobBoard, StoreAddress, round_of, world_size_of
-from gradsync.run.outside import read_children, read_from_outside
+from gradsync.run.outside import read_children, with_outside_read
 from gradsync.run.stacks import StacksRequest
 from gradsync.run.options import RunOptions
 from gradsync.run.analysis.working import SERVED_BY_CHILDREN, busy_note, waits_on
@@ -209,13 +209,7 @@ class Monitor(threading.Thread):
         silent_s = now - snapshot.get("time", now)
         if silent_s <= self.rules.snapshot_max_age_s(remote=False):
             return
-        read = read_from_outside(snapshot["pid"], snapshot.get("cwd"))
-        if isinstance(read, str):
-            view.snapshot = {**snapshot, "outside_read_failed": read, "silent_s": round(silent_s, 1)}
-            return
-        activity = {**(snapshot.get("activity") or {}), "state": WORKING if read.running else IDLE, "position": None}
-        view.snapshot = {**snapshot, "stack": read.stack, "location": read.location or snapshot.get("location"),
-                         "activity": activity, "outside_read": read.as_dict(), "silent_s": round(silent_s, 1)}
+        view.snapshot = with_outside_read(snapshot, silent_s, WORKING, IDLE)
 
     def _read_children(self, view: RankView, ours: set[int]) -> None:
         """A rank of this node that waits on what its child processes serve (its DataLoader's

@@ -106,3 +106,15 @@ def read_children(pid: int, working_dir: str | None = None) -> list[dict[str, An
         else:
             found.append({"pid": child.pid, "location": read.location, "running": read.running})
     return found
+
+
+def with_outside_read(snapshot: dict[str, Any], silent_s: float, running_state: str, idle_state: str) -> dict[str, Any]:
+    """`snapshot` of a rank whose reports stopped `silent_s` ago, read from outside: its stack,
+    line and activity (`running_state` or `idle_state`) replaced by what py-spy read, kept as
+    "outside_read"; where the read fails, the snapshot as it was with why ("outside_read_failed")."""
+    read = read_from_outside(snapshot["pid"], snapshot.get("cwd"))
+    if isinstance(read, str):
+        return {**snapshot, "outside_read_failed": read, "silent_s": round(silent_s, 1)}
+    activity = {**(snapshot.get("activity") or {}), "state": running_state if read.running else idle_state, "position": None}
+    return {**snapshot, "stack": read.stack, "location": read.location or snapshot.get("location"),
+            "activity": activity, "outside_read": read.as_dict(), "silent_s": round(silent_s, 1)}

@@ -12,16 +12,21 @@ ended, marked as such.
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
 from gradsync.errors import ConfigError
-from gradsync.run.analysis.views import RankView
+from gradsync.run.analysis.views import RankView, read_from_outside_text
 from gradsync.run.analysis.working import holding_text
 from gradsync.run.analysis.wording import describe
 from gradsync.run.jobwide import JobBoard, StoreAddress, round_of, world_size_of
+from gradsync.run.outside import with_outside_read
+from gradsync.run.stall import IDLE, WORKING
 from gradsync.run.stacks import StacksRequest
 from gradsync.rundir import RunDir, read_attempt, read_json
 from gradsync.rundir.layout import RUNS_ROOT
@@ -76,7 +81,20 @@ def read_job(run_dir: str | Path, board: JobBoard | None = None, now: Callable[[
         remote = board.read(round_of(attempt, states), world_size_of(states), set(states), max_age_s=0.0)
         states = {**remote, **states}
     diagnosis = read_json(run.diagnosis)
-    return JobState(run.root, attempt, dict(sorted(states.items())), now(), diagnosis if isinstance(diagnosis, dict) else None, board)
+    seen = now()
+    states = {rank: _read_if_silent(state, seen) for rank, state in states.items()}
+    return JobState(run.root, attempt, dict(sorted(states.items())), seen, diagnosis if isinstance(diagnosis, dict) else None, board)
+
+
+def _read_if_silent(state: dict[str, Any], now: float) -> dict[str, Any]:
+    """A rank of this host whose reports stopped while its process runs (its main thread holds the
+    GIL in a native call, or it is stopped) read from outside, as the launcher reads it at a stall
+    (gradsync.run.outside); any other rank as it reported itself."""
+    silent_s = now - float(state.get("time") or now)
+    if ("exit" in state or state.get("remote") or silent_s < STALE_AFTER_S or state.get("host") != socket.gethostname()
+            or not isinstance(state.get("pid"), int) or not psutil.pid_exists(state["pid"])):
+        return state
+    return with_outside_read(state, silent_s, WORKING, IDLE)
 
 
 # -- one line per rank --------------------------------------------------------------------------
@@ -115,7 +133,9 @@ def rank_status(rank: int, state: dict[str, Any], now: float) -> RankStatus:
     elif view.held_at_exit is not None:
         text = f"script ended, exit held: {holding_text(view)}"
     elif now - float(state.get("time") or 0) >= STALE_AFTER_S:
-        text = f"not heard of for {now - float(state.get('time') or 0):.0f} s; last at {view.location or '?'}"
+        text = (f"not heard of for {now - float(state.get('time') or 0):.0f} s; "
+                + ("read from outside: at " if state.get("outside_read") else "last at ")
+                + (view.location or "?") + read_from_outside_text(view))
     else:
         waiting = view.waiting_on()
         if waiting is not None:
