@@ -189,7 +189,7 @@ def test_a_rank_that_works_while_the_other_waits_is_noted_then_stopped_at_the_bu
         run = RunDir(tmp_path)
         progressed = NOW - 6.0  # the last collective, past the 5 s stall timeout
 
-        def write(now: float) -> None:
+        def write(now: float, progressed: float = progressed) -> None:
             position = {"location": "train.py:17", "loop": "train.py:23", "moved": True, "since": progressed,
                         "still_since": now - 1, "looks": 6}
             write_json(run.snapshot(0, 0), {
@@ -215,8 +215,15 @@ def test_a_rank_that_works_while_the_other_waits_is_noted_then_stopped_at_the_bu
         notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gradsync run: note:")]
         assert len(notes) == 1 and "rank 0 works at train.py:17, within the loop at train.py:23" in notes[0], notes
         assert "rank 1 waits in all_reduce #1 (float32[1]) at train.py:40" in notes[0], notes
+        # A progress that leaves the same ranks at the same lines (a peer that entered its wait late,
+        # on a loaded machine) starts a new spell of the same situation: not said again.
+        progressed += 3.0
+        clock[0] = progressed + 5.5
+        write(clock[0], progressed)
+        monitor.poll()
+        assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("gradsync run: note:")]
         clock[0] = progressed + 12.0
-        write(clock[0])
+        write(clock[0], progressed)
         monitor.poll()
         (diagnosis,) = reports
         (finding,) = [f for f in diagnosis["findings"] if f["severity"] == "error"]

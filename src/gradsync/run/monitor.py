@@ -320,6 +320,11 @@ class Monitor(threading.Thread):
         self.noted[attempt] = progressed
         views = build_views(snapshots, exits, failures={}, stopped=set(), fired={})
         note = busy_note(views, busy, now, attempt, self.options.stall_timeout_s, self.rules.busy_timeout_s).as_dict()
+        earlier = (self.notes.get(attempt) or [None])[-1]
+        if earlier is not None and (earlier["working"], earlier["waiting"]) == (note["working"], note["waiting"]):
+            # The same ranks at the same lines: a peer that only now entered the collective it waits
+            # in (a slow start) moved the spell's start, not the situation. Said once.
+            return
         self.notes.setdefault(attempt, []).append(note)
         try:
             print(f"gradsync run: note: {note['message']}", file=sys.stderr, flush=True)
