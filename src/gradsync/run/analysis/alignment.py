@@ -255,17 +255,17 @@ def _retried(records: dict[int, dict[str, Any]], views: dict[int, RankView]) -> 
     return sorted(retried) if 0 < len(retried) < len(records) else []
 
 
-def _odd_ones_out(records: dict[int, dict[str, Any]], views: dict[int, RankView], parted: Parting | None) -> list[int]:
-    """The ranks that did the unusual thing: a minority call site, a line off the path the ranks
-    share, the rank whose path through the script went its own way (paths.parting), or a user
-    collective facing DDP's."""
+def _odd_ones_out(records: dict[int, dict[str, Any]], views: dict[int, RankView], retried: list[int],
+                  parted: Parting | None) -> list[int]:
+    """The ranks that did the unusual thing: a minority call site, a collective issued again
+    (`retried`, _retried), a line off the path the ranks share, the rank whose path through the
+    script went its own way (paths.parting), or a user collective facing DDP's."""
     by_site: dict[tuple, list[int]] = {}
     for rank, record in records.items():
         by_site.setdefault((_key(record), record.get("site")), []).append(rank)
     sizes = sorted(len(ranks) for ranks in by_site.values())
     if len(sizes) > 1 and sizes[0] < sizes[-1]:
         return sorted(r for ranks in by_site.values() if len(ranks) == sizes[0] for r in ranks)
-    retried = _retried(records, views)
     if retried:
         return retried
     off_path = _off_the_common_path(records, views)
@@ -398,7 +398,8 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
     for rank, view in views.items():
         locations.setdefault(str(rank), view.location or last_site(view) or "?")
     parted = None if divergence.group == GROUP_CREATIONS else parting(records, views)
-    ranks = list(divergence.extra) or _odd_ones_out(records, views, parted)
+    retried = _retried(records, views)
+    ranks = list(divergence.extra) or _odd_ones_out(records, views, retried, parted)
     if divergence.group == GROUP_CREATIONS:
         return _creation_finding(divergence, ranks, locations)
     sides = listing([(rank, _side(rank, record)) for rank, record in sorted(records.items())])
@@ -469,7 +470,6 @@ def _divergence_finding_of_records(divergence: Divergence, views: dict[int, Rank
             ahead = (f" {ranks_text(ahead_ranks)} had called a collective its peers never reached (one issued where "
                      "they do not issue it, such as inside a hook during backward), so the backend paired it with the "
                      "collective they were in.")
-    retried = _retried(records, views)
     if retried and retried == sorted(ranks):
         ahead += (f" {ranks_text(retried)} issued it again while {'its' if len(retried) == 1 else 'their'} own call at "
                   "the same line before it had not finished: a collective re-issued on some ranks only (a retry after "
