@@ -331,6 +331,21 @@ def test_the_same_collective_called_from_each_ranks_own_branch_is_no_extra_call(
     assert finding["locations"] == {"0": "a.py:30", "1": "a.py:30"}, finding
 
 
+
+def test_a_data_loader_workers_crash_in_a_one_line_wrapper_is_named_at_the_wrappers_caller(tmp_path):
+    # The dataset calls decode() (one statement around ctypes) at line 11: as for a rank's own
+    # crash, the caller is named, not the wrapper.
+    (tmp_path / "train.py").write_text(NATIVE_CRASH)
+    raised = exception("DataLoader worker (pid 812) is killed by signal: Segmentation fault.", location="train.py:15")
+    failed = view(1, [record(1, site="train.py:9")], exit=raised, exitcode=1)
+    failed.snapshot["cwd"] = str(tmp_path)
+    failed.loader_worker_fatal_stack = ["train.py:4", "train.py:11"]
+    views = {0: view(0, [record(1, site="train.py:9"), record(2, site="train.py:9", state="entered")], alive=True),
+             1: failed}
+    (finding,) = diagnose(views, trigger="failure", now=20.0)["findings"]
+    assert finding["category"] == "rank_crashed" and finding["locations"] == {"1": "train.py:11"}, finding
+    assert "inside a call made at train.py:11" in finding["message"]
+
 def test_a_rank_whose_data_loader_worker_died_is_told_by_either_of_torchs_messages():
     from gradsync.run.analysis.last_words import LOADER_WORKER_DIED
 

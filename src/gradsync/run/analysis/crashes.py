@@ -220,7 +220,7 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
             )
         if view.loader_worker_fatal_stack:
             # The worker's own stack at the signal: the dataset's line that made the native call.
-            crashed_at = view.loader_worker_fatal_stack[0]
+            crashed_at = _native_call_site(view, view.loader_worker_fatal_stack)
             return Finding(
                 "rank_crashed",
                 "error",
@@ -262,7 +262,7 @@ def _crash_finding(view: RankView, views: dict[int, RankView], alike: list[RankV
     if view.fatal_stack:
         # faulthandler's stack at the signal: the call the rank was in when it died, not the last
         # place it reported (a snapshot a second old, or a collective long finished).
-        where = _native_call_site(view)
+        where = _native_call_site(view, view.fatal_stack)
         called = " <- ".join(view.fatal_stack[:3])
         said = (f"Rank {view.rank} was killed by {view.signal or 'a signal'} (exit code {view.exitcode}) inside a call "
                 f"made at {where} (its Python stack at the signal, read from faulthandler's dump: {called}); its last "
@@ -551,11 +551,12 @@ def _ddp_built_at(view: RankView) -> str | None:
     return next((r.get("site") for r in view.records if r.get("kind", "").startswith("DDP construction") and r.get("site")), None)
 
 
-def _native_call_site(view: RankView) -> str:
-    """The user's line that made the native call a fatal signal stopped: the innermost of its
-    frames, or that frame's caller when the innermost only forwards the call (a one-line
-    `release()` around `lib.free`), since the caller decides when and with what it runs."""
-    frames = view.fatal_stack or ["?"]
+def _native_call_site(view: RankView, frames: list[str]) -> str:
+    """The user's line that made the native call a fatal signal stopped, from the user's frames
+    (innermost first) of the thread it stopped, the rank's or its DataLoader worker's: the innermost,
+    or its caller when the innermost only forwards the call (a one-line `release()` around
+    `lib.free`), since the caller decides when and with what it runs."""
+    frames = frames or ["?"]
     if len(frames) > 1 and only_forwards(view, frames[0]):
         return frames[1]
     return frames[0]
