@@ -101,6 +101,7 @@ HARD_EXIT = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.launches
 def test_an_os_exit_from_a_thread_leaves_its_line_and_thread_then_ends_the_process_as_it_would(tmp_path):
     (tmp_path / "watch.py").write_text(HARD_EXIT)
     done = subprocess.run([sys.executable, "watch.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
