@@ -448,15 +448,21 @@ def _keep_last_words(path: Path) -> None:
     has written, so the process ends by the same signal, with the same exit code."""
     if faulthandler.is_enabled():
         return
-    try:
-        handle = open(path, "w")  # noqa: SIM115 - held open for the process's life: the handler writes to its descriptor
-    except OSError:
-        return
-    faulthandler.enable(handle, all_threads=True)
-    _LAST_WORDS.append(handle)
+    _dump_fatal_stacks_into(path, "w")
 
 
 _LAST_WORDS: list[Any] = []  # the open file faulthandler writes into: kept alive for the process's life
+
+
+def _dump_fatal_stacks_into(path: Path, mode: str) -> None:
+    """faulthandler on, writing into `path` (opened with `mode`, held open for the process's life:
+    the handler writes to its descriptor); left as it was where the file cannot be opened."""
+    try:
+        handle = open(path, mode)  # noqa: SIM115 - held open in _LAST_WORDS
+        faulthandler.enable(handle, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+        return
+    _LAST_WORDS.append(handle)
 
 
 def _keep_loader_workers_last_words(path: Path) -> None:
@@ -475,22 +481,13 @@ def _keep_loader_workers_last_words(path: Path) -> None:
 
     @functools.wraps(original)
     def set_worker_signal_handlers(*args: Any, **kwargs: Any) -> Any:
-        handle = None
-        try:
-            handle = open(path, "a")  # noqa: SIM115 - held open for the worker's life, as _keep_last_words'
-            # Inherited from the rank, faulthandler counts as on, and enabling it again would only
-            # change its file: off first, so that it is installed after torch's handlers and keeps
-            # them as the ones to hand the signal on to.
-            faulthandler.disable()
-        except Exception:  # noqa: BLE001 - the worker runs as without gradsync
-            handle = None
+        # Inherited from the rank, faulthandler counts as on, and enabling it again would only
+        # change its file: off first, so that it is installed after torch's handlers and keeps them
+        # as the ones to hand the signal on to (where its file cannot be opened, the worker keeps
+        # torch's handlers alone, as without gradsync).
+        faulthandler.disable()
         result = original(*args, **kwargs)
-        if handle is not None:
-            try:
-                faulthandler.enable(handle, all_threads=True)
-                _LAST_WORDS.append(handle)
-            except Exception:  # noqa: BLE001
-                pass
+        _dump_fatal_stacks_into(path, "a")
         return result
 
     signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
