@@ -66,14 +66,14 @@ def run_status(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 200)
     try:
         run_dir = args.run_dir or newest_run()
-        job = read_job(run_dir)
+        job = read_job(run_dir, read_silent=True)
         if not args.watch:
             print("\n".join(status_lines(job)))
             return 0
         with Live(table(job), console=console, refresh_per_second=4, screen=False) as live:
             while not job.ended:
                 time.sleep(WATCH_EVERY_S)
-                job = read_job(run_dir, job.board)
+                job = read_job(run_dir, job.board, read_silent=True)
                 live.update(table(job))
     except GradsyncError as error:
         print(f"gradsync status: {error}", file=sys.stderr)

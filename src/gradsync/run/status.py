@@ -65,9 +65,12 @@ class JobState:
         return not fresh and self.diagnosis is not None
 
 
-def read_job(run_dir: str | Path, board: JobBoard | None = None, now: Callable[[], float] = time.time) -> JobState:
+def read_job(run_dir: str | Path, board: JobBoard | None = None, now: Callable[[], float] = time.time,
+             read_silent: bool = False) -> JobState:
     """The job's ranks as they are: this node's from the run folder, the other nodes' from the
-    job board (through the rendezvous store, when the launcher left its address in the folder)."""
+    job board (through the rendezvous store, when the launcher left its address in the folder).
+    `read_silent`: a rank of this host whose reports stopped is read from outside (py-spy, up to a
+    second each: for `gradsync status`, not for the polls of a stacks request)."""
     run = RunDir(Path(run_dir))
     attempt = run.latest_attempt()
     if attempt is None:
@@ -82,7 +85,8 @@ def read_job(run_dir: str | Path, board: JobBoard | None = None, now: Callable[[
         states = {**remote, **states}
     diagnosis = read_json(run.diagnosis)
     seen = now()
-    states = {rank: _read_if_silent(state, seen) for rank, state in states.items()}
+    if read_silent:
+        states = {rank: _read_if_silent(state, seen) for rank, state in states.items()}
     return JobState(run.root, attempt, dict(sorted(states.items())), seen, diagnosis if isinstance(diagnosis, dict) else None, board)
 
 
