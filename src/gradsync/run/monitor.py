@@ -29,7 +29,7 @@ import psutil
 
 from gradsync.run import faults
 from gradsync.run.analysis.attempts import earlier_attempts_finding, regrouped_finding, unfired_fault_findings
-from gradsync.run.analysis.last_words import LOADER_WORKER_DIED, classify, read_fatal_stack, read_last_words
+from gradsync.run.analysis.last_words import classify, read_fatal_stack, read_last_words
 from gradsync.run.analysis.evidence import Evidence
 from gradsync.run.analysis.stragglers import StragglerTracker
 from gradsync.run.analysis.views import RankView
@@ -526,7 +526,9 @@ class Monitor(threading.Thread):
                 view.last_words = read_last_words(self.folder.log(attempt, rank))
                 if view.signal is not None:  # faulthandler writes only at a fatal signal
                     view.fatal_stack = read_fatal_stack(self.folder.fatal(attempt, rank), snapshot.get("cwd"))
-                if LOADER_WORKER_DIED.search(str((view.exception() or {}).get("message") or "")):
+                # The worker's dump is the evidence, whatever the rank raised first: torch's "DataLoader
+                # worker ... is killed by signal", or a ConnectionResetError from the dying worker's queue.
+                if view.exception() is not None:
                     view.loader_worker_fatal_stack = read_fatal_stack(self.folder.fatal_of_loader_workers(attempt, rank),
                                                                       snapshot.get("cwd"))
             else:

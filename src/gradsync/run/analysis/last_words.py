@@ -177,10 +177,6 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.+)", line (?P<line>\d+) in (?P<functio
 FATAL_BYTES = 65536  # of faulthandler's dump: every thread's stack, 100 frames each at most
 
 
-# What a rank raises when one of its DataLoader's worker processes died (of a signal, or exited).
-LOADER_WORKER_DIED = re.compile(r"DataLoader worker \(pid(\(s\))? [\d, ]+\) (exited unexpectedly|is killed by signal)")
-
-
 def read_fatal_stack(path: Path, working_dir: str | None = None) -> list[str] | None:
     """The user's frames (file:line, innermost first, relative to `working_dir`, the rank's) of the
     thread a fatal signal stopped, from faulthandler's dump at `path` (gradsync run's worker
